@@ -1,0 +1,27 @@
+"""jaxrobust: empirical adversarial robustness in JAX.
+
+Pure, jit-compiled, vmap-vectorised attacks with exact norm projections feed stateless metric
+reducers, so a whole robustness curve compiles into one XLA program.
+
+Examples:
+  >>> import jax, jax.numpy as jnp
+  >>> import jaxrobust as jr
+  >>> logits_fn = lambda x: x @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+  >>> x, y = jnp.array([[0.6, 0.4]]), jnp.array([0])
+  >>> jr.run(jr.attacks.pgd("linf"), logits_fn, x, y, jr.Budget(0.2), jax.random.key(0)).success
+  Array([ True], dtype=bool)
+"""
+
+from jaxrobust import attacks, losses, metrics, projections
+from jaxrobust._types import Attack, AttackResult, Budget, Curve
+from jaxrobust._validation import check_inputs
+from jaxrobust.attacks._common import predict
+from jaxrobust.curves import curve_from_norms, robustness_curve
+from jaxrobust.run import run
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attack", "AttackResult", "Budget", "Curve", "attacks", "check_inputs", "curve_from_norms",
+    "losses", "metrics", "predict", "projections", "robustness_curve", "run",
+]

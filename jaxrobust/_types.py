@@ -1,0 +1,124 @@
+"""The core contract: budgets, attacks, their results and robustness curves.
+
+An attack is a pair of pure functions, in the spirit of ``optax.GradientTransformation``: ``init``
+builds a state (the ``lax.scan`` carry) and ``step`` advances it by one iteration. Both receive the
+model function ``logits_fn`` and the data on every call; nothing is stored on the attack except
+static configuration, fixed when its factory is called. Everything a user sweeps (eps, bounds,
+keys) is data, so changing it never recompiles.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Optional
+
+import jax
+
+Array = jax.Array
+ArrayLike = jax.typing.ArrayLike
+LogitsFn = Callable[[Array], Array]
+"""``logits_fn(x [B, ...]) -> logits [B, C]``; examples must be treated independently."""
+
+NORMS = ("linf", "l2", "l1")
+
+
+class Budget(NamedTuple):
+  """The threat model: an eps-ball around each input, intersected with the box.
+
+  Every field is data (traced under ``jit``): ``eps`` is a Python float, a scalar array or a
+  per-example ``[B]`` array; ``lower`` and ``upper`` are scalars. The norm is the attack's, fixed
+  when the attack is built.
+
+  Attributes:
+    eps: radius of the ball, in the units of ``x`` (``8/255`` for Linf on [0, 1] images).
+    lower: smallest valid input value.
+    upper: largest valid input value.
+
+  Examples:
+    >>> import jaxrobust as jr
+    >>> jr.Budget(8 / 255)
+    Budget(eps=0.03137254901960784, lower=0.0, upper=1.0)
+  """
+
+  eps: ArrayLike
+  lower: ArrayLike = 0.0
+  upper: ArrayLike = 1.0
+
+
+class Attack(NamedTuple):
+  """A pure, jit-compatible attack: static configuration plus ``init``/``step``/``finalize``.
+
+  ``jr.run`` drives it as::
+
+      state = attack.init(logits_fn, x, y, budget, keys, target)
+      state = lax.scan(lambda s, _: (attack.step(logits_fn, s, x, y, budget, target), None),
+                       state, None, length=attack.num_steps)[0]
+      x_adv = attack.finalize(logits_fn, state, x, y, budget, target)
+
+  ``keys`` holds one PRNG key per example (``[B]``), so an example's randomness does not depend on
+  its position in the batch. ``target`` is ``None`` for untargeted attacks. The state keeps one
+  pytree type (structure, shapes and dtypes) through every step. ``finalize`` returns the best
+  point seen (for a fixed-budget attack, the first priority is success, then the loss), inside the
+  box and the ball.
+
+  Attributes:
+    init: ``(logits_fn, x, y, budget, keys, target) -> state``.
+    step: ``(logits_fn, state, x, y, budget, target) -> state``.
+    finalize: ``(logits_fn, state, x, y, budget, target) -> x_adv``.
+    num_steps: how many times ``step`` runs (a static Python int; 0 is allowed).
+    norm: ``"linf"``, ``"l2"`` or ``"l1"``.
+    targeted: whether the attack needs ``target=`` and succeeds when ``argmax == target``.
+    minimum_norm: ``True`` for attacks that search for the smallest adversarial perturbation
+      (``budget.eps`` is then an optional upper bound and may be ``inf``).
+    name: a human-readable description used in reports and error messages.
+  """
+
+  init: Callable[..., Any]
+  step: Callable[..., Any]
+  finalize: Callable[..., Array]
+  num_steps: int
+  norm: str
+  targeted: bool = False
+  minimum_norm: bool = False
+  name: str = "attack"
+
+
+class AttackResult(NamedTuple):
+  """What ``jr.run`` returns; every field is recomputed from ``x_adv``.
+
+  Attributes:
+    x_adv: ``[B, ...]`` adversarial inputs, inside the box exactly and inside the eps-ball (to
+      float32 rounding of ``x + delta``). Points misclassified on the clean input get ``x``.
+    success: ``[B]`` bool. Untargeted: ``argmax logits(x_adv) != y``; targeted:
+      ``argmax == target``. Non-finite logits never count as a correct prediction.
+    norm: ``[B]`` the attack-norm size of ``x_adv - x`` (``inf`` where a minimum-norm attack found
+      no adversarial point; 0 for clean-misclassified points).
+    logits: ``[B, C]`` logits on ``x_adv``.
+  """
+
+  x_adv: Array
+  success: Array
+  norm: Array
+  logits: Array
+
+
+class Curve(NamedTuple):
+  """A robustness curve: robust accuracy as a function of the budget eps.
+
+  Attributes:
+    epsilons: ``[K]`` the budgets, as given.
+    clean_accuracy: ``[]`` accuracy on the clean inputs.
+    robust_accuracy: ``[K]`` fraction of points correct on clean input that no attack broke at
+      this eps or any smaller one of the grid; non-increasing in eps.
+    robust: ``[K, B]`` the per-example flags behind ``robust_accuracy``.
+    auc: ``[]`` area under robust accuracy against eps, starting at ``(0, clean_accuracy)``,
+      divided by the largest eps (so a perfectly robust model scores its clean accuracy).
+  """
+
+  epsilons: Array
+  clean_accuracy: Array
+  robust_accuracy: Array
+  robust: Array
+  auc: Array
+
+
+Target = Optional[Array]

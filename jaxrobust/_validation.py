@@ -1,0 +1,207 @@
+"""Input validation at the Python boundary.
+
+Shape and dtype checks are static, so they also run while ``jit`` traces. Checks that need values
+(labels in range, eps units, ``x`` inside the box, NaN) run only on concrete arrays: inside a
+user's ``jax.jit`` they are skipped, so call :func:`check_inputs` once on the host before jitting.
+Every message says what was wrong and how to fix it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrobust._types import NORMS, Budget
+
+
+def is_concrete(*values: Any) -> bool:
+  """True when none of ``values`` is a tracer, so their contents can be read."""
+  return not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
+
+
+def check_norm(norm: str) -> str:
+  if norm not in NORMS:
+    raise ValueError(f"Unknown norm {norm!r}; supported: {', '.join(map(repr, NORMS))}.")
+  return norm
+
+
+def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+    raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
+  return int(value)
+
+
+def check_step_size(step_size: Any) -> float:
+  if not isinstance(step_size, (int, float, np.floating)) or not np.isfinite(step_size) \
+      or step_size <= 0:
+    raise ValueError(
+        f"step_size must be a finite number > 0 (a fraction of eps), got {step_size!r}.")
+  return float(step_size)
+
+
+def logits_shape(logits_fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> tuple[int, ...]:
+  """The shape of ``logits_fn(x)``, found by tracing only (no computation)."""
+  out = jax.eval_shape(logits_fn, jax.ShapeDtypeStruct(x.shape, x.dtype))
+  if not hasattr(out, "shape"):
+    raise ValueError(f"logits_fn must return one array of logits [B, C], got {out!r}.")
+  return tuple(out.shape)
+
+
+def check_batch(x: Any, y: Any, target: Any = None) -> None:
+  """Static checks of ``x`` (float, non-empty batch) and of ``y`` / ``target`` (int ``[B]``)."""
+  if not hasattr(x, "shape") or not hasattr(x, "dtype"):
+    raise TypeError(f"x must be an array, got {type(x).__name__}.")
+  if not jnp.issubdtype(x.dtype, jnp.floating):
+    raise TypeError(
+        f"x must be a float array in the box [lower, upper], got dtype {x.dtype}. "
+        "Convert images with x.astype(jnp.float32) / 255 and keep normalisation inside the model.")
+  if x.ndim < 1 or x.shape[0] == 0:
+    raise ValueError(f"x must be a non-empty batch [B, ...], got shape {x.shape}.")
+  for name, labels in (("y", y), ("target", target)):
+    if labels is None:
+      continue
+    if not hasattr(labels, "shape") or labels.ndim != 1 or \
+        not jnp.issubdtype(labels.dtype, jnp.integer):
+      raise ValueError(f"{name} must be a 1-D int array [B] of class indices, got "
+                       f"{getattr(labels, 'dtype', type(labels).__name__)} "
+                       f"{getattr(labels, 'shape', '')}.")
+    if labels.shape[0] != x.shape[0]:
+      raise ValueError(f"Batch sizes differ: x has {x.shape[0]} examples ({x.shape}), "
+                       f"{name} has {labels.shape[0]}.")
+
+
+def check_logits(shape: tuple[int, ...], batch: int) -> int:
+  """Checks that logits are ``[B, C]`` with ``C >= 2``; returns ``C``."""
+  if len(shape) != 2 or shape[0] != batch:
+    raise ValueError(f"logits_fn must return logits of shape [B, C] = [{batch}, C], got {shape}.")
+  if shape[1] < 2:
+    raise ValueError(f"logits_fn returns {shape[1]} class(es); at least 2 are needed.")
+  return shape[1]
+
+
+def check_labels(name: str, labels: Any, num_classes: int) -> None:
+  if labels is None or not is_concrete(labels):
+    return
+  values = np.asarray(labels)
+  lo, hi = int(values.min()), int(values.max())
+  if lo < 0 or hi >= num_classes:
+    raise ValueError(f"{name} must lie in [0, {num_classes}) for a model with {num_classes} "
+                     f"classes; got min {lo}, max {hi}.")
+
+
+def check_bounds(lower: Any, upper: Any) -> None:
+  for name, v in (("lower", lower), ("upper", upper)):
+    if np.ndim(v) != 0:
+      raise ValueError(f"{name} must be a scalar, got shape {np.shape(v)}.")
+  if not is_concrete(lower, upper):
+    return
+  lo, hi = float(lower), float(upper)
+  if not (np.isfinite(lo) and np.isfinite(hi)):
+    raise ValueError(f"Box bounds must be finite, got lower={lo}, upper={hi}.")
+  if lo >= hi:
+    raise ValueError(f"lower must be < upper, got lower={lo}, upper={hi}.")
+
+
+def check_x_in_box(x: Any, lower: Any, upper: Any) -> None:
+  if not is_concrete(x, lower, upper):
+    return
+  values = np.asarray(x)
+  if not np.all(np.isfinite(values)):
+    raise ValueError(f"x contains {int(np.sum(~np.isfinite(values)))} NaN/Inf value(s).")
+  lo, hi = float(values.min()), float(values.max())
+  if lo < float(lower) or hi > float(upper):
+    raise ValueError(
+        f"x must lie in the box [{float(lower)}, {float(upper)}], observed min {lo:.4g}, max "
+        f"{hi:.4g}. For 0-255 images divide by 255; for mean/std-normalised data put the "
+        "normalisation inside the model (logits_fn) and pass raw [0, 1] inputs.")
+
+
+def check_eps(eps: Any, batch: int, norm: str, *, lower: Any, upper: Any, input_size: int,
+              minimum_norm: bool, allow_large_eps: bool, name: str = "eps") -> None:
+  """Checks the budget: shape ``[]`` / ``[B]`` (or ``[K]`` for a curve), sign, finiteness, units.
+
+  Args:
+    eps: the budget(s).
+    batch: the allowed length of a 1-D ``eps``, or ``None`` for any length (curves).
+    norm: the attack's norm.
+    lower, upper: the box.
+    input_size: number of elements of one example, to judge L2/L1 budgets.
+    minimum_norm: minimum-norm attacks accept ``inf`` ("no bound").
+    allow_large_eps: skip the check that flags budgets covering the whole box.
+    name: how to call the value in messages.
+  """
+  shape = np.shape(eps)
+  if len(shape) > 1 or (len(shape) == 1 and batch is not None and shape[0] != batch):
+    expected = "a scalar or a per-example [B] array" if batch is not None else "[K]"
+    raise ValueError(f"{name} must be {expected}, got shape {shape}"
+                     + (f" for a batch of {batch}." if batch is not None else "."))
+  if not is_concrete(eps, lower, upper):
+    return
+  values = np.asarray(eps, dtype=np.float64)
+  if np.any(np.isnan(values)):
+    raise ValueError(f"{name} contains NaN.")
+  if np.any(values < 0):
+    raise ValueError(f"{name} must be >= 0, got min {values.min()}.")
+  if np.any(np.isinf(values)):
+    if not minimum_norm:
+      raise ValueError(f"{name} = inf is only meaningful for minimum-norm attacks; a "
+                       "fixed-budget attack needs a finite budget.")
+    values = values[np.isfinite(values)]
+  if allow_large_eps or values.size == 0:
+    return
+  width = float(upper) - float(lower)
+  largest = {"linf": width, "l2": width * np.sqrt(input_size), "l1": width * input_size}[norm]
+  biggest = float(values.max())
+  if biggest >= largest:
+    hint = (" It looks like 0-255 units: use e.g. 8/255, not 8." if norm == "linf" and
+            biggest >= 1 and width <= 1 else "")
+    raise ValueError(
+        f"{name} = {biggest:g} covers the whole box [{float(lower)}, {float(upper)}] in {norm} "
+        f"(the largest meaningful budget is < {largest:g}).{hint} Pass allow_large_eps=True if "
+        "this is intended.")
+
+
+def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, budget: Budget,
+                 *, norm: str, target: Any = None, targeted: bool = False,
+                 minimum_norm: bool = False, allow_large_eps: bool = False) -> int:
+  """Validates one attack call; returns the number of classes.
+
+  Shape checks always run; value checks run on concrete inputs only (see the module docstring).
+
+  Raises:
+    TypeError: integer-dtype ``x``.
+    ValueError: anything else that is wrong, with the observed values and a fix.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import jaxrobust as jr
+    >>> logits_fn = lambda x: jnp.stack([x.sum((1, 2)), -x.sum((1, 2))], axis=-1)
+    >>> x, y = jnp.zeros((2, 3, 3)), jnp.array([0, 1])
+    >>> jr.check_inputs(logits_fn, x, y, jr.Budget(8.0), norm="linf")
+    Traceback (most recent call last):
+    ...
+    ValueError: eps = 8 covers the whole box [0.0, 1.0] in linf (the largest meaningful budget is < 1). It looks like 0-255 units: use e.g. 8/255, not 8. Pass allow_large_eps=True if this is intended.
+  """
+  check_norm(norm)
+  if targeted and target is None:
+    raise ValueError("This attack is targeted: pass target= (int [B] of target classes).")
+  if not targeted and target is not None:
+    raise ValueError("target= was given to an untargeted attack; build the attack with "
+                     "targeted=True.")
+  check_batch(x, y, target)
+  batch = x.shape[0]
+  num_classes = check_logits(logits_shape(logits_fn, x), batch)
+  check_labels("y", y, num_classes)
+  check_labels("target", target, num_classes)
+  if target is not None and is_concrete(y, target) and np.any(np.asarray(y) == np.asarray(target)):
+    raise ValueError(f"target equals the true label y for {int(np.sum(np.asarray(y) == np.asarray(target)))} "
+                     "example(s); a targeted attack needs target != y.")
+  eps, lower, upper = budget
+  check_bounds(lower, upper)
+  check_x_in_box(x, lower, upper)
+  check_eps(eps, batch, norm, lower=lower, upper=upper, input_size=int(np.prod(x.shape[1:])),
+            minimum_norm=minimum_norm, allow_large_eps=allow_large_eps)
+  return num_classes

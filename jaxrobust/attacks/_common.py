@@ -1,0 +1,113 @@
+"""Pieces every attack shares: predictions, success, per-example keys and budgets, best-point
+bookkeeping and one-pass per-example input gradients."""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+
+def predict(logits: Array) -> Array:
+  """``argmax`` of each row, or ``-1`` where any logit is NaN/Inf (never equal to a label).
+
+  ``jnp.argmax`` of a NaN row is 0, which would silently score a broken model as correct on
+  class 0; ``-1`` makes non-finite outputs count as wrong.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> predict(jnp.array([[0.0, 1.0], [jnp.nan, 1.0]]))
+    Array([ 1, -1], dtype=int32)
+  """
+  finite = jnp.all(jnp.isfinite(logits), axis=-1)
+  return jnp.where(finite, jnp.argmax(logits, axis=-1).astype(jnp.int32), -1)
+
+
+def is_success(logits: Array, y: Array, target: Array | None) -> Array:
+  """Untargeted: prediction differs from ``y``; targeted: prediction equals ``target``."""
+  pred = predict(logits)
+  if target is None:
+    return pred != y.astype(jnp.int32)
+  return pred == target.astype(jnp.int32)
+
+
+def work_dtype(x: Array) -> jnp.dtype:
+  """Perturbation arithmetic runs in float32 at least, even for bfloat16 inputs."""
+  return jnp.promote_types(x.dtype, jnp.float32)
+
+
+def per_example(value: Array, batch: int, dtype: jnp.dtype) -> Array:
+  """A scalar or ``[B]`` value as a ``[B]`` array of ``dtype``."""
+  return jnp.broadcast_to(jnp.asarray(value, dtype), (batch,))
+
+
+def expand(v: Array, ndim: int) -> Array:
+  """``[B]`` -> ``[B, 1, ..., 1]`` with ``ndim`` axes, to broadcast against ``[B, ...]``."""
+  return v.reshape(v.shape + (1,) * (ndim - 1))
+
+
+def as_keys(key: Array, batch: int) -> Array:
+  """One typed PRNG key per example, ``[B]``.
+
+  A single key (typed ``[]`` or raw ``uint32[2]``) becomes ``fold_in(key, i)`` for example ``i``;
+  ``[B]`` typed keys or ``uint32[B, 2]`` raw keys are used as given, so a caller can make an
+  example's randomness independent of its position in the batch.
+  """
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if key.dtype != jnp.uint32 or key.ndim not in (1, 2) or key.shape[-1] != 2:
+      raise ValueError(f"key must be a jax.random.key (or raw uint32[2]) or one per example; "
+                       f"got dtype {key.dtype}, shape {key.shape}.")
+    key = jax.random.wrap_key_data(key)
+  if key.ndim == 0:
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch, dtype=jnp.uint32))
+  if key.shape != (batch,):
+    raise ValueError(f"Per-example keys must have shape [B] = [{batch}], got {key.shape}.")
+  return key
+
+
+def fold_in(keys: Array, data: Array | int) -> Array:
+  """``fold_in`` applied to each per-example key."""
+  return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys)
+
+
+def loss_grad_logits(logits_fn: Callable[[Array], Array], loss_fn: Callable[..., Array],
+                     x: Array, y: Array, target: Array | None) -> tuple[Array, Array, Array]:
+  """Per-example loss ``[B]``, its input gradient ``[B, ...]`` and the logits, in one pass.
+
+  Valid because the model treats examples independently: the gradient of the summed loss with
+  respect to example ``i`` is the gradient of example ``i``'s own loss.
+  """
+
+  def total(inputs):
+    logits = logits_fn(inputs)
+    per_ex = loss_fn(logits, y) if target is None else loss_fn(logits, y, target)
+    return jnp.sum(per_ex.astype(jnp.float32)), (per_ex.astype(jnp.float32), logits)
+
+  (_, (per_ex, logits)), grad = jax.value_and_grad(total, has_aux=True)(x)
+  return per_ex, grad.astype(x.dtype), logits
+
+
+class Best(NamedTuple):
+  """The best point seen so far for each example: success first, then the larger loss."""
+
+  x: Array  # [B, ...] float32
+  loss: Array  # [B] float32
+  success: Array  # [B] bool
+
+  @classmethod
+  def empty(cls, x: Array) -> "Best":
+    batch = x.shape[0]
+    return cls(x, jnp.full((batch,), -jnp.inf, jnp.float32), jnp.zeros((batch,), bool))
+
+  def update(self, x: Array, loss: Array, success: Array) -> "Best":
+    """Keeps ``x`` where it succeeds and the best did not, or ties on success with a larger loss.
+
+    A NaN loss never replaces the best point.
+    """
+    better = (success & ~self.success) | ((success == self.success) & (loss > self.loss))
+    return Best(jnp.where(expand(better, x.ndim), x, self.x),
+                jnp.where(better, loss, self.loss), self.success | success)

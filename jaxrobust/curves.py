@@ -1,0 +1,132 @@
+r"""Robustness curves: robust accuracy as a function of the budget, in one XLA program.
+
+A point counts as robust at :math:`\epsilon_k` when it is classified correctly on the clean input
+and no attack broke it at :math:`\epsilon_k` *or at any smaller budget of the grid*: a point
+broken at a small eps is broken at every larger one (the smaller ball is inside the larger), so
+the per-example worst case across eps is taken and the curve is non-increasing by construction.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrobust import metrics
+from jaxrobust._types import Attack, Budget, Curve
+from jaxrobust._validation import check_eps, check_inputs
+from jaxrobust.attacks._common import as_keys, fold_in, predict
+from jaxrobust.run import run_unchecked
+
+Array = jax.Array
+
+
+def _worst_case_over_smaller_eps(broken: Array, epsilons: Array) -> Array:
+  """``[K, B]``: broken at eps_k or at any eps_j <= eps_k. No sort, no gather (sharding-safe)."""
+  smaller = epsilons[None, :] <= epsilons[:, None]  # [K, J]: eps_j <= eps_k
+  return jnp.any(broken[None, :, :] & smaller[:, :, None], axis=1)
+
+
+def curve_from_norms(norms: Array, correct: Array, epsilons: Array) -> Curve:
+  r"""The robustness curve implied by per-example minimal adversarial norms :math:`\epsilon^*`.
+
+  A point is robust at eps iff it is clean-correct and :math:`\epsilon^*(x) > \epsilon`.
+
+  Args:
+    norms: ``[B]`` smallest adversarial perturbation found per example (``inf`` where none).
+    correct: ``[B]`` bool, clean prediction correct.
+    epsilons: ``[K]`` budgets.
+
+  Returns:
+    A :class:`jaxrobust.Curve`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> c = curve_from_norms(jnp.array([0.1, 0.3, jnp.inf, 0.0]),
+    ...                      jnp.array([True, True, True, False]), jnp.array([0.0, 0.2, 0.4]))
+    >>> c.robust_accuracy
+    Array([0.75, 0.5 , 0.25], dtype=float32)
+  """
+  epsilons = jnp.asarray(epsilons, jnp.float32)
+  robust = correct[None, :] & (norms.astype(jnp.float32)[None, :] > epsilons[:, None])
+  return _curve(epsilons, correct, robust)
+
+
+def _curve(epsilons: Array, correct: Array, robust: Array) -> Curve:
+  clean = jnp.mean(correct.astype(jnp.float32))
+  accuracy = jnp.mean(robust.astype(jnp.float32), axis=1)
+  return Curve(epsilons=epsilons, clean_accuracy=clean, robust_accuracy=accuracy, robust=robust,
+               auc=metrics.curve_auc(epsilons, accuracy, clean))
+
+
+def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
+                     epsilons: Array, key: Array, lower: float | Array = 0.0,
+                     upper: float | Array = 1.0, eps_batch_size: int | None = None, *,
+                     target: Array | None = None, allow_large_eps: bool = False) -> Curve:
+  """Robust accuracy of ``logits_fn`` against ``attack`` at every budget in ``epsilons``.
+
+  The whole curve is one program under ``jax.jit``; ``epsilons`` is data, so new values never
+  recompile. A fixed-budget attack runs once per eps (with the example's key folded with the eps
+  index, so every ``eps_batch_size`` gives the same result); a minimum-norm attack runs once and
+  every eps follows from its norms (:func:`curve_from_norms`).
+
+  Args:
+    attack: from :mod:`jaxrobust.attacks`.
+    logits_fn: ``x [B, ...] -> logits [B, C]``.
+    x: ``[B, ...]`` inputs in ``[lower, upper]``.
+    y: ``[B]`` int labels.
+    epsilons: ``[K]`` budgets in any order (duplicates allowed).
+    key: a PRNG key, or ``[B]`` per-example keys.
+    lower, upper: the box.
+    eps_batch_size: ``None`` runs the eps one after another (least memory), ``0`` vectorises all
+      of them at once, ``b`` runs chunks of ``b`` vectorised eps.
+    target: ``[B]`` target classes for a targeted attack.
+    allow_large_eps: accept budgets covering the whole box.
+
+  Returns:
+    A :class:`jaxrobust.Curve`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> import jaxrobust as jr
+    >>> logits_fn = lambda x: x @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+    >>> x, y = jnp.array([[0.6, 0.4], [0.9, 0.1]]), jnp.array([0, 0])  # Linf distances 0.1, 0.4
+    >>> curve_fn = jax.jit(lambda eps: jr.robustness_curve(jr.attacks.pgd(), logits_fn, x, y, eps,
+    ...                                                    jax.random.key(0)))
+    >>> curve_fn(jnp.array([0.0, 0.05, 0.15, 0.45])).robust_accuracy
+    Array([1. , 1. , 0.5, 0. ], dtype=float32)
+  """
+  if eps_batch_size is not None and (not isinstance(eps_batch_size, int) or eps_batch_size < 0):
+    raise ValueError(f"eps_batch_size must be None, 0 or a positive int, got {eps_batch_size!r}.")
+  epsilons = jnp.asarray(epsilons, jnp.float32)
+  if epsilons.ndim != 1 or epsilons.shape[0] == 0:
+    raise ValueError(f"epsilons must be a non-empty 1-D array [K], got shape {epsilons.shape}.")
+  budget = Budget(jnp.max(epsilons) if attack.minimum_norm else 0.0, lower, upper)
+  check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
+               targeted=attack.targeted, minimum_norm=attack.minimum_norm)
+  check_eps(epsilons, None, attack.norm, lower=lower, upper=upper,
+            input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
+            allow_large_eps=allow_large_eps, name="epsilons")
+
+  correct = predict(logits_fn(x)) == y.astype(jnp.int32)
+  if attack.minimum_norm:
+    result = run_unchecked(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), key, target)
+    return curve_from_norms(result.norm, correct, epsilons)
+
+  keys = as_keys(key, x.shape[0])
+
+  def broken_at(index_and_eps):
+    index, eps = index_and_eps
+    result = run_unchecked(attack, logits_fn, x, y, Budget(eps, lower, upper),
+                           fold_in(keys, index), target)
+    return result.success
+
+  indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)
+  if eps_batch_size == 0:
+    broken = jax.vmap(broken_at)(indexed)
+  else:
+    broken = jax.lax.map(broken_at, indexed, batch_size=eps_batch_size or None)
+  robust = correct[None, :] & ~_worst_case_over_smaller_eps(broken, epsilons)
+  return _curve(epsilons, correct, robust)

@@ -1,0 +1,1 @@
+"""The digits demo: data, model, training and the `jaxrobust demo` report."""

@@ -1,0 +1,182 @@
+"""Per-example attack losses: larger means more adversarial.
+
+Untargeted losses have the signature ``fn(logits [B, C], labels [B]) -> [B]``; targeted ones
+``fn(logits [B, C], labels [B], target [B]) -> [B]`` and grow as the prediction moves towards
+``target``. Label look-ups use a one-hot comparison instead of fancy indexing, so they work on
+batch-sharded arrays under an Explicit-axis mesh without an out-sharding.
+
+Attack factories accept ``loss=`` as one of the names in :data:`LOSSES` or as a function.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+
+LossFn = Callable[..., Array]
+
+
+def _label_mask(logits: Array, labels: Array) -> Array:
+  """``[B, C]`` bool mask, True at each example's label column."""
+  classes = jnp.arange(logits.shape[-1], dtype=labels.dtype)
+  return labels[:, None] == classes[None, :]
+
+
+def label_logit(logits: Array, labels: Array) -> Array:
+  """``z_y``: each example's logit at its label, ``[B]``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> label_logit(jnp.array([[1.0, 2.0], [3.0, 4.0]]), jnp.array([1, 0]))
+    Array([2., 3.], dtype=float32)
+  """
+  return jnp.sum(jnp.where(_label_mask(logits, labels), logits, 0.0), axis=-1)
+
+
+def max_other_logit(logits: Array, labels: Array) -> Array:
+  """``max_{j != y} z_j``, ``[B]``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> max_other_logit(jnp.array([[1.0, 5.0, 2.0]]), jnp.array([1]))
+    Array([2.], dtype=float32)
+  """
+  return jnp.max(jnp.where(_label_mask(logits, labels), -jnp.inf, logits), axis=-1)
+
+
+def cross_entropy(logits: Array, labels: Array) -> Array:
+  r"""Cross-entropy of the true label, ``logsumexp(z) - z_y`` (untargeted).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> cross_entropy(jnp.array([[0.0, 0.0]]), jnp.array([0]))  # log 2
+    Array([0.6931472], dtype=float32)
+  """
+  return jax.nn.logsumexp(logits, axis=-1) - label_logit(logits, labels)
+
+
+def margin(logits: Array, labels: Array) -> Array:
+  r"""Carlini–Wagner margin, :math:`\max_{j \ne y} z_j - z_y`; positive iff misclassified.
+
+  References:
+    Carlini & Wagner, "Towards Evaluating the Robustness of Neural Networks", S&P 2017.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> margin(jnp.array([[3.0, 1.0, 2.0]]), jnp.array([0]))
+    Array([-1.], dtype=float32)
+  """
+  return max_other_logit(logits, labels) - label_logit(logits, labels)
+
+
+def _sorted_desc(logits: Array) -> Array:
+  return -jnp.sort(-logits, axis=-1)
+
+
+def dlr(logits: Array, labels: Array) -> Array:
+  r"""Difference of logits ratio (untargeted), invariant to shifting and scaling the logits.
+
+  .. math:: \mathrm{DLR}(z, y) = -\frac{z_y - \max_{j \ne y} z_j}{z_{\pi_1} - z_{\pi_3} + 10^{-12}}
+
+  with :math:`\pi` sorting the logits in decreasing order. Needs at least 3 classes.
+
+  References:
+    Croce & Hein, "Reliable evaluation of adversarial robustness with an ensemble of diverse
+    parameter-free attacks", ICML 2020.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> dlr(jnp.array([[4.0, 2.0, 0.0]]), jnp.array([0]))
+    Array([-0.5], dtype=float32)
+  """
+  _require_classes(logits, 3, "dlr")
+  z = _sorted_desc(logits)
+  return margin(logits, labels) / (z[:, 0] - z[:, 2] + 1e-12)
+
+
+def targeted_cross_entropy(logits: Array, labels: Array, target: Array) -> Array:
+  r"""Negative cross-entropy of the target class, ``z_t - logsumexp(z)`` (targeted).
+
+  ``labels`` is unused; it is taken so every targeted loss has one signature.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> targeted_cross_entropy(jnp.array([[0.0, 0.0]]), jnp.array([0]), jnp.array([1]))
+    Array([-0.6931472], dtype=float32)
+  """
+  del labels
+  return -cross_entropy(logits, target)
+
+
+def targeted_margin(logits: Array, labels: Array, target: Array) -> Array:
+  r"""Targeted Carlini–Wagner margin, :math:`z_t - \max_{j \ne t} z_j`; positive iff argmax = t.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> targeted_margin(jnp.array([[3.0, 1.0, 2.0]]), jnp.array([0]), jnp.array([2]))
+    Array([-1.], dtype=float32)
+  """
+  del labels
+  return -margin(logits, target)
+
+
+def targeted_dlr(logits: Array, labels: Array, target: Array) -> Array:
+  r"""Targeted difference of logits ratio, as in AutoAttack's APGD-T. Needs at least 4 classes.
+
+  .. math:: -\frac{z_y - z_t}{z_{\pi_1} - (z_{\pi_3} + z_{\pi_4})/2 + 10^{-12}}
+
+  References:
+    Croce & Hein, ICML 2020 (see :func:`dlr`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> targeted_dlr(jnp.array([[4.0, 3.0, 1.0, 0.0]]), jnp.array([0]), jnp.array([1]))
+    Array([-0.28571427], dtype=float32)
+  """
+  _require_classes(logits, 4, "targeted_dlr")
+  z = _sorted_desc(logits)
+  gap = label_logit(logits, labels) - label_logit(logits, target)
+  return -gap / (z[:, 0] - 0.5 * (z[:, 2] + z[:, 3]) + 1e-12)
+
+
+def _require_classes(logits: Array, minimum: int, name: str) -> None:
+  if logits.ndim != 2:
+    raise ValueError(f"{name}: logits must be [B, C], got shape {logits.shape}.")
+  if logits.shape[-1] < minimum:
+    raise ValueError(
+        f"{name} needs at least {minimum} classes, the model has {logits.shape[-1]}; "
+        "use loss='ce' or loss='margin' instead.")
+
+
+UNTARGETED = {"ce": cross_entropy, "margin": margin, "dlr": dlr}
+TARGETED = {"ce": targeted_cross_entropy, "margin": targeted_margin, "dlr": targeted_dlr}
+LOSSES = tuple(UNTARGETED)
+MIN_CLASSES = {"ce": 2, "margin": 2, "dlr": 3}
+MIN_CLASSES_TARGETED = {"ce": 2, "margin": 2, "dlr": 4}
+
+
+def resolve(loss: str | LossFn, targeted: bool) -> LossFn:
+  """Turns a loss name or function into a function of the right signature.
+
+  Args:
+    loss: ``"ce"``, ``"margin"``, ``"dlr"``, or a function ``(logits, labels) -> [B]``
+      (untargeted) / ``(logits, labels, target) -> [B]`` (targeted), larger = more adversarial.
+    targeted: whether the attack is targeted.
+
+  Returns:
+    The loss function.
+
+  Raises:
+    ValueError: for an unknown name.
+  """
+  if callable(loss):
+    return loss
+  table = TARGETED if targeted else UNTARGETED
+  if loss not in table:
+    raise ValueError(f"Unknown loss {loss!r}; supported: {', '.join(map(repr, LOSSES))} "
+                     "or a function (logits, labels[, target]) -> [B].")
+  return table[loss]

@@ -1,0 +1,86 @@
+"""``jr.run``: drive an attack's ``init``/``step`` under ``lax.scan`` and score what it returns."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxrobust import projections
+from jaxrobust._types import Attack, AttackResult, Budget
+from jaxrobust._validation import check_inputs
+from jaxrobust.attacks._common import as_keys, expand, is_success, predict, work_dtype
+
+Array = jax.Array
+
+
+def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
+        budget: Budget | tuple, key: Array, target: Array | None = None, *,
+        allow_large_eps: bool = False) -> AttackResult:
+  """Runs ``attack`` on a batch and returns the best adversarial points with honest scores.
+
+  The attack's ``init``/``step`` run under one fixed-length ``jax.lax.scan``; ``finalize`` hands
+  back the best point seen. Then, on the returned points only:
+
+  * points misclassified on the clean input get ``x_adv = x``, ``success = True``, ``norm = 0``;
+  * ``success`` and ``logits`` are recomputed by one more forward pass on ``x_adv``, so they
+    always agree with re-predicting the returned points;
+  * non-finite logits never count as a correct prediction (they count as a success for an
+    untargeted attack and a failure for a targeted one).
+
+  Inputs are validated here when they are concrete; inside a user's ``jax.jit`` only shapes are
+  checked, so call :func:`jaxrobust.check_inputs` on the host once if values may be wrong.
+
+  Args:
+    attack: from a factory in :mod:`jaxrobust.attacks`.
+    logits_fn: ``x [B, ...] -> logits [B, C]``; treats examples independently (eval mode).
+    x: ``[B, ...]`` float inputs inside ``[budget.lower, budget.upper]``.
+    y: ``[B]`` int true labels.
+    budget: a :class:`jaxrobust.Budget` (or a tuple ``(eps, lower, upper)``).
+    key: a PRNG key, or one key per example (``[B]``) so that each example's randomness does not
+      depend on its position in the batch.
+    target: ``[B]`` int target classes, for targeted attacks only.
+    allow_large_eps: accept budgets that cover the whole box (otherwise a ``ValueError``, since
+      they usually mean eps in 0-255 units).
+
+  Returns:
+    A :class:`jaxrobust.AttackResult`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> import jaxrobust as jr
+    >>> logits_fn = lambda x: x @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+    >>> x, y = jnp.array([[0.6, 0.4], [0.2, 0.8]]), jnp.array([0, 0])  # 2nd is misclassified
+    >>> result = jr.run(jr.attacks.pgd("l2", steps=20), logits_fn, x, y, jr.Budget(0.2),
+    ...                 jax.random.key(0))
+    >>> result.success, result.norm
+    (Array([ True,  True], dtype=bool), Array([0.2, 0. ], dtype=float32))
+  """
+  budget = Budget(*budget)
+  check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
+               targeted=attack.targeted, minimum_norm=attack.minimum_norm,
+               allow_large_eps=allow_large_eps)
+  return run_unchecked(attack, logits_fn, x, y, budget, key, target)
+
+
+def run_unchecked(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
+                  budget: Budget, key: Array, target: Array | None = None) -> AttackResult:
+  """:func:`run` without input validation (for drivers that validated once already)."""
+  x = x.astype(work_dtype(x))
+  keys = as_keys(key, x.shape[0])
+  clean_wrong = predict(logits_fn(x)) != y.astype(jnp.int32)
+
+  def body(state, _):
+    return attack.step(logits_fn, state, x, y, budget, target), None
+
+  state = attack.init(logits_fn, x, y, budget, keys, target)
+  state, _ = jax.lax.scan(body, state, None, length=attack.num_steps)
+  x_adv = attack.finalize(logits_fn, state, x, y, budget, target).astype(x.dtype)
+  x_adv = jnp.where(expand(clean_wrong, x.ndim), x, x_adv)
+  logits = logits_fn(x_adv)
+  success = is_success(logits, y, target) | clean_wrong
+  size = projections.norm(x_adv - x, attack.norm)
+  if attack.minimum_norm:
+    size = jnp.where(success, size, jnp.inf)
+  return AttackResult(x_adv=x_adv, success=success, norm=size, logits=logits)

@@ -1,0 +1,65 @@
+"""Tiny models with known answers, shared by the tests."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+DUAL = {"linf": 1, "l2": 2, "l1": np.inf}
+
+
+class Linear(NamedTuple):
+  """``logits = flatten(x) @ w + b``; the minimal adversarial distance is known in closed form."""
+
+  w: np.ndarray  # [D, C] float64
+  b: np.ndarray  # [C] float64
+
+  def logits_fn(self, x: jax.Array) -> jax.Array:
+    flat = x.reshape(x.shape[0], -1)
+    return flat @ jnp.asarray(self.w, jnp.float32) + jnp.asarray(self.b, jnp.float32)[None, :]
+
+  def min_distance(self, x: np.ndarray, y: np.ndarray, norm: str) -> np.ndarray:
+    """``min_{j != y} (z_y - z_j) / ||w_y - w_j||_q`` in float64 (q the dual norm), ignoring the box.
+
+    Negative for misclassified points. A box can only make the true distance larger.
+    """
+    flat = np.asarray(x, np.float64).reshape(len(x), -1)
+    z = flat @ self.w + self.b
+    out = np.full(len(x), np.inf)
+    for j in range(self.w.shape[1]):
+      gap = z[np.arange(len(x)), y] - z[:, j]
+      dw = self.w[:, y].T - self.w[:, j][None, :]
+      scale = np.linalg.norm(dw, ord=DUAL[norm], axis=1)
+      d = np.where(j == y, np.inf, gap / np.where(scale > 0, scale, 1e-300))
+      out = np.minimum(out, d)
+    return out
+
+
+def random_linear(seed: int, dim: int, classes: int) -> Linear:
+  rng = np.random.default_rng(seed)
+  return Linear(rng.normal(size=(dim, classes)), rng.normal(size=classes) * 0.1)
+
+
+def linear_points(model: Linear, seed: int, n: int, shape: tuple[int, ...], norm: str,
+                  low: float = 0.3, high: float = 0.7):
+  """Points inside ``[low, high]`` (far from the box) labelled by the model, with distances."""
+  rng = np.random.default_rng(seed)
+  x = rng.uniform(low, high, size=(n,) + shape).astype(np.float32)
+  y = np.argmax(np.asarray(model.logits_fn(jnp.asarray(x))), axis=1).astype(np.int32)
+  return x, y, model.min_distance(x, y, norm)
+
+
+def mlp(seed: int, dim: int, hidden: int, classes: int):
+  """A small nonlinear ``logits_fn`` on inputs of any trailing shape with ``dim`` elements."""
+  rng = np.random.default_rng(seed)
+  w1 = jnp.asarray(rng.normal(size=(dim, hidden)) * 2 / np.sqrt(dim), jnp.float32)
+  w2 = jnp.asarray(rng.normal(size=(hidden, classes)) / np.sqrt(hidden), jnp.float32)
+
+  def logits_fn(x):
+    h = jnp.tanh(x.reshape(x.shape[0], -1) @ w1 - 1.0)
+    return h @ w2 * 4.0
+
+  return logits_fn
