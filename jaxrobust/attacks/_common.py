@@ -100,8 +100,11 @@ class Best(NamedTuple):
 
   @classmethod
   def empty(cls, x: Array) -> "Best":
-    batch = x.shape[0]
-    return cls(x, jnp.full((batch,), -jnp.inf, jnp.float32), jnp.zeros((batch,), bool))
+    # Built from a slice of x so that the [B] fields carry x's batch sharding (an Explicit mesh
+    # axis types every array; select needs both branches sharded alike).
+    first = x.reshape(x.shape[0], -1)[:, 0]
+    return cls(x, jnp.full_like(first, -jnp.inf, dtype=jnp.float32),
+               jnp.zeros_like(first, dtype=bool))
 
   def update(self, x: Array, loss: Array, success: Array) -> "Best":
     """Keeps ``x`` where it succeeds and the best did not, or ties on success with a larger loss.
