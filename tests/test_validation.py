@@ -1,0 +1,129 @@
+"""Every bad input of FIELD.md's table that applies to run / curves / factories raises clearly."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrobust as jr
+
+W = jnp.asarray(np.random.default_rng(0).normal(size=(6, 3)), jnp.float32)
+
+
+def logits_fn(x):
+  return x.reshape(x.shape[0], -1) @ W
+
+
+X = jnp.full((4, 2, 3), 0.5, jnp.float32)
+Y = jnp.array([0, 1, 2, 0], jnp.int32)
+KEY = jax.random.key(0)
+PGD = jr.attacks.pgd("linf", steps=2)
+
+
+def run(x=X, y=Y, eps=0.1, lower=0.0, upper=1.0, attack=PGD, fn=logits_fn, key=KEY, **kw):
+  return jr.run(attack, fn, x, y, jr.Budget(eps, lower, upper), key, **kw)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(y=Y[:3]), r"Batch sizes differ: x has 4 examples"),
+    (dict(y=Y.astype(jnp.float32)), r"y must be a 1-D int array"),
+    (dict(y=Y[:, None]), r"y must be a 1-D int array"),
+    (dict(y=jnp.array([0, 1, 3, 0])), r"y must lie in \[0, 3\).*min 0, max 3"),
+    (dict(y=jnp.array([0, -1, 2, 0])), r"min -1, max 2"),
+    (dict(fn=lambda x: logits_fn(x)[:, 0]), r"logits of shape \[B, C\]"),
+    (dict(fn=lambda x: logits_fn(x)[:, :1]), r"at least 2 are needed"),
+    (dict(eps=-0.1), r"eps must be >= 0"),
+    (dict(eps=float("nan")), r"eps contains NaN"),
+    (dict(eps=float("inf")), r"only meaningful for minimum-norm attacks"),
+    (dict(eps=jnp.full((3,), 0.1)), r"eps must be a scalar or a per-example \[B\] array"),
+    (dict(eps=8.0), r"looks like 0-255 units"),
+    (dict(eps=1.0), r"covers the whole box"),
+    (dict(eps=0.5, lower=0.4, upper=0.6), r"covers the whole box"),
+    (dict(x=X * 255), r"observed min 127.5, max 127.5.*normalisation inside the model"),
+    (dict(x=X - 0.6), r"must lie in the box"),
+    (dict(x=X.at[0, 0, 0].set(jnp.nan)), r"NaN/Inf"),
+    (dict(lower=1.0, upper=0.0), r"lower must be < upper"),
+    (dict(lower=0.0, upper=float("inf")), r"must be finite"),
+    (dict(x=X[:0], y=Y[:0]), r"non-empty batch"),
+    (dict(attack=jr.attacks.pgd("l2")), r"eps = 3 covers the whole box|covers the whole box"),
+    (dict(key=jnp.zeros((3,), jnp.uint32)), r"key must be"),
+    (dict(key=jax.random.split(KEY, 3)), r"Per-example keys must have shape \[B\] = \[4\]"),
+])
+def test_bad_inputs_raise_value_error(kwargs, message):
+  if kwargs.get("attack") is not None and kwargs["attack"].norm == "l2":
+    kwargs = dict(kwargs, eps=3.0)  # input size 6: the L2 diameter of [0, 1]^6 is sqrt(6)
+  with pytest.raises(ValueError, match=message):
+    run(**kwargs)
+
+
+def test_integer_x_is_a_type_error():
+  with pytest.raises(TypeError, match=r"float array.*astype"):
+    run(x=jnp.full((4, 2, 3), 128, jnp.int32))
+
+
+def test_large_eps_allowed_explicitly():
+  result = run(eps=1.0, allow_large_eps=True)
+  assert np.asarray(result.success).shape == (4,)
+
+
+def test_targeting_mistakes():
+  targeted = jr.attacks.pgd("linf", steps=2, targeted=True)
+  with pytest.raises(ValueError, match="pass target="):
+    run(attack=targeted)
+  with pytest.raises(ValueError, match="untargeted attack"):
+    run(target=jnp.array([1, 2, 0, 1]))
+  with pytest.raises(ValueError, match="target equals the true label y for 1 example"):
+    run(attack=targeted, target=jnp.array([1, 2, 2, 1]))
+  with pytest.raises(ValueError, match=r"target must lie in \[0, 3\)"):
+    run(attack=targeted, target=jnp.array([1, 2, 5, 1]))
+
+
+def test_too_few_classes_for_dlr():
+  two = lambda x: logits_fn(x)[:, :2]
+  y = jnp.array([0, 1, 1, 0])
+  with pytest.raises(ValueError, match="dlr needs at least 3 classes"):
+    run(fn=two, y=y, attack=jr.attacks.pgd("linf", steps=2, loss="dlr"))
+  with pytest.raises(ValueError, match="targeted_dlr needs at least 4 classes"):
+    run(attack=jr.attacks.pgd("linf", steps=2, loss="dlr", targeted=True),
+        target=jnp.array([1, 2, 0, 1]))
+
+
+@pytest.mark.parametrize("factory, message", [
+    (lambda: jr.attacks.pgd("l3"), r"Unknown norm 'l3'; supported: 'linf', 'l2', 'l1'"),
+    (lambda: jr.attacks.fgsm("Linf"), r"Unknown norm 'Linf'"),
+    (lambda: jr.attacks.pgd(loss="hinge"), r"Unknown loss 'hinge'; supported: 'ce', 'margin'"),
+    (lambda: jr.attacks.pgd(steps=0), r"steps must be an int >= 1"),
+    (lambda: jr.attacks.pgd(steps=2.5), r"steps must be an int >= 1"),
+    (lambda: jr.attacks.pgd(restarts=0), r"restarts must be an int >= 1"),
+    (lambda: jr.attacks.pgd(step_size=0.0), r"step_size must be a finite number > 0"),
+    (lambda: jr.attacks.pgd(step_size=-1.0), r"step_size must be a finite number > 0"),
+    (lambda: jr.attacks.pgd("l1", l1_sparsity=0.0), r"l1_sparsity must be in \(0, 1\]"),
+])
+def test_bad_factory_options(factory, message):
+  with pytest.raises(ValueError, match=message):
+    factory()
+
+
+def test_curve_bad_inputs():
+  curve = lambda eps, **kw: jr.robustness_curve(PGD, logits_fn, X, Y, eps, KEY, **kw)
+  with pytest.raises(ValueError, match=r"epsilons must be a non-empty 1-D array"):
+    curve(jnp.zeros((2, 2)))
+  with pytest.raises(ValueError, match=r"epsilons must be >= 0"):
+    curve(jnp.array([0.0, -0.1]))
+  with pytest.raises(ValueError, match=r"looks like 0-255 units"):
+    curve(jnp.array([0.0, 2.0, 8.0]))
+  with pytest.raises(ValueError, match=r"eps_batch_size must be None, 0 or a positive int"):
+    curve(jnp.array([0.0, 0.1]), eps_batch_size=-1)
+
+
+def test_shape_checks_still_run_inside_jit_and_value_checks_do_not_break_it():
+  jitted = jax.jit(lambda x, y, eps: run(x=x, y=y, eps=eps))
+  with pytest.raises(ValueError, match="Batch sizes differ"):
+    jitted(X, Y[:3], 0.1)
+  # Values are not inspected under jit: an out-of-range eps traces fine (documented behaviour;
+  # jr.check_inputs is the host-side validator for that).
+  assert jitted(X, Y, jnp.float32(0.1)).success.shape == (4,)
+  with pytest.raises(ValueError, match="looks like 0-255"):
+    jr.check_inputs(logits_fn, X, Y, jr.Budget(8.0), norm="linf")
