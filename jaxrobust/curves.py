@@ -64,7 +64,8 @@ def _curve(epsilons: Array, correct: Array, robust: Array) -> Curve:
 def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
                      epsilons: Array, key: Array, lower: float | Array = 0.0,
                      upper: float | Array = 1.0, eps_batch_size: int | None = None, *,
-                     target: Array | None = None, allow_large_eps: bool = False) -> Curve:
+                     target: Array | None = None, allow_large_eps: bool = False,
+                     unroll: int | bool = 1) -> Curve:
   """Robust accuracy of ``logits_fn`` against ``attack`` at every budget in ``epsilons``.
 
   The whole curve is one program under ``jax.jit``; ``epsilons`` is data, so new values never
@@ -84,6 +85,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
       of them at once, ``b`` runs chunks of ``b`` vectorised eps.
     target: ``[B]`` target classes for a targeted attack.
     allow_large_eps: accept budgets covering the whole box.
+    unroll: how far to unroll each attack loop (see :func:`jaxrobust.run`).
 
   Returns:
     A :class:`jaxrobust.Curve`.
@@ -112,7 +114,8 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
 
   correct = predict(logits_fn(x)) == y.astype(jnp.int32)
   if attack.minimum_norm:
-    result = run_unchecked(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), key, target)
+    result = run_unchecked(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), key, target,
+                           unroll=unroll)
     return curve_from_norms(result.norm, correct, epsilons)
 
   keys = as_keys(key, x.shape[0])
@@ -120,7 +123,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   def broken_at(index_and_eps):
     index, eps = index_and_eps
     result = run_unchecked(attack, logits_fn, x, y, Budget(eps, lower, upper),
-                           fold_in(keys, index), target)
+                           fold_in(keys, index), target, unroll=unroll)
     return result.success
 
   indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)

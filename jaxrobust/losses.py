@@ -135,7 +135,7 @@ def targeted_dlr(logits: Array, labels: Array, target: Array) -> Array:
   Examples:
     >>> import jax.numpy as jnp
     >>> targeted_dlr(jnp.array([[4.0, 3.0, 1.0, 0.0]]), jnp.array([0]), jnp.array([1]))
-    Array([-0.28571427], dtype=float32)
+    Array([-0.2857143], dtype=float32)
   """
   _require_classes(logits, 4, "targeted_dlr")
   z = _sorted_desc(logits)

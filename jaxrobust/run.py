@@ -17,7 +17,7 @@ Array = jax.Array
 
 def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
         budget: Budget | tuple, key: Array, target: Array | None = None, *,
-        allow_large_eps: bool = False) -> AttackResult:
+        allow_large_eps: bool = False, unroll: int | bool = 1) -> AttackResult:
   """Runs ``attack`` on a batch and returns the best adversarial points with honest scores.
 
   The attack's ``init``/``step`` run under one fixed-length ``jax.lax.scan``; ``finalize`` hands
@@ -43,6 +43,11 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
     target: ``[B]`` int target classes, for targeted attacks only.
     allow_large_eps: accept budgets that cover the whole box (otherwise a ``ValueError``, since
       they usually mean eps in 0-255 units).
+    unroll: passed to ``jax.lax.scan``. ``True`` unrolls the whole attack loop: compilation takes
+      longer, but on XLA:CPU the input gradient of a strided convolution runs several times
+      slower inside a loop body than outside one (the kernel keeps a non-canonical layout there;
+      see ``benchmarks/RESULTS.md``), so short attacks on convolutional models run faster fully
+      unrolled on CPU. Results are the same either way.
 
   Returns:
     A :class:`jaxrobust.AttackResult`.
@@ -54,18 +59,19 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
     >>> x, y = jnp.array([[0.6, 0.4], [0.2, 0.8]]), jnp.array([0, 0])  # 2nd is misclassified
     >>> result = jr.run(jr.attacks.pgd("l2", steps=20), logits_fn, x, y, jr.Budget(0.2),
     ...                 jax.random.key(0))
-    >>> result.success, result.norm
-    (Array([ True,  True], dtype=bool), Array([0.2, 0. ], dtype=float32))
+    >>> result.success.tolist(), result.norm.round(4).tolist()
+    ([True, True], [0.2, 0.0])
   """
   budget = Budget(*budget)
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
                targeted=attack.targeted, minimum_norm=attack.minimum_norm,
                allow_large_eps=allow_large_eps)
-  return run_unchecked(attack, logits_fn, x, y, budget, key, target)
+  return run_unchecked(attack, logits_fn, x, y, budget, key, target, unroll=unroll)
 
 
 def run_unchecked(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
-                  budget: Budget, key: Array, target: Array | None = None) -> AttackResult:
+                  budget: Budget, key: Array, target: Array | None = None, *,
+                  unroll: int | bool = 1) -> AttackResult:
   """:func:`run` without input validation (for drivers that validated once already)."""
   x = x.astype(work_dtype(x))
   keys = as_keys(key, x.shape[0])
@@ -75,7 +81,7 @@ def run_unchecked(attack: Attack, logits_fn: Callable[[Array], Array], x: Array,
     return attack.step(logits_fn, state, x, y, budget, target), None
 
   state = attack.init(logits_fn, x, y, budget, keys, target)
-  state, _ = jax.lax.scan(body, state, None, length=attack.num_steps)
+  state, _ = jax.lax.scan(body, state, None, length=attack.num_steps, unroll=unroll)
   x_adv = attack.finalize(logits_fn, state, x, y, budget, target).astype(x.dtype)
   x_adv = jnp.where(expand(clean_wrong, x.ndim), x, x_adv)
   logits = logits_fn(x_adv)
