@@ -37,8 +37,8 @@ def fgsm(norm: str = "linf", *, loss: str | Callable[..., jax.Array] = "ce",
     >>> logits_fn = lambda x: x @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
     >>> x, y = jnp.array([[0.6, 0.4]]), jnp.array([0])
     >>> result = jr.run(jr.attacks.fgsm(), logits_fn, x, y, jr.Budget(0.15), jax.random.key(0))
-    >>> result.x_adv.round(4).tolist(), bool(result.success[0])
-    ([[0.45, 0.55]], True)
+    >>> [round(float(v), 4) for v in result.x_adv[0]], bool(result.success[0])
+    ([0.45, 0.55], True)
 
   References:
     Goodfellow, Shlens & Szegedy, "Explaining and Harnessing Adversarial Examples", ICLR 2015.
