@@ -1,0 +1,768 @@
+"""Robustness metrics: accuracies, attack success, perturbation sizes, certified accuracy, AUC.
+
+Every function here is pure and traceable: it runs inside ``jax.jit``, ``jax.vmap``,
+``lax.scan`` and ``jax.shard_map`` and never loops over examples in Python. Strings (``norm``,
+``over``) and shapes are static; everything else is data.
+
+Conventions shared by all metrics:
+
+* ``pred`` is an integer array ``[B]`` (the argmax of the logits). The value ``-1`` means "no
+  prediction" (an abstention, or non-finite logits). It never equals a label or a target, so it
+  always counts as a wrong prediction.
+* ``y`` (labels) and ``target`` are integer arrays ``[B]``; they are cast to the dtype of ``pred``.
+* ``mask`` is an optional bool array ``[B]`` (``None`` means all ``True``). Examples with
+  ``mask == False`` (padding) are excluded from every numerator and denominator, whatever values
+  they hold (even NaN inputs).
+* A ratio whose denominator is zero is NaN (for instance any metric of an all-``False`` mask).
+* Ratios are returned as float32 scalars; perturbation norms are computed in float32.
+
+For evaluation over many batches or devices, :class:`Counts` accumulates the sums behind the
+metrics (in the spirit of ``clu.metrics``): build one per batch with :meth:`Counts.from_batch`,
+combine with :meth:`Counts.merge` (or :func:`psum` across devices), and finish with
+:meth:`Counts.compute`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+ArrayLike = jax.typing.ArrayLike
+
+_NORMS = ("linf", "l2", "l1")
+_OVER = ("all", "clean_correct")
+_NO_PREDICTION = -1
+
+
+# ------------------------------------------------------------------------------------------------
+# Private helpers.
+
+
+def _as_pred(pred: ArrayLike, name: str) -> Array:
+  pred = jnp.asarray(pred)
+  if pred.ndim != 1:
+    raise ValueError(f"{name} must have shape [B], got {pred.shape}.")
+  if not jnp.issubdtype(pred.dtype, jnp.integer):
+    raise ValueError(f"{name} must be an integer array, got dtype {pred.dtype}.")
+  return pred
+
+
+def _like(a: ArrayLike, ref: Array, name: str) -> Array:
+  """``a`` as an integer array with the shape and dtype of ``ref``."""
+  a = jnp.asarray(a)
+  if a.shape != ref.shape:
+    raise ValueError(f"{name} must have shape {ref.shape}, got {a.shape}.")
+  if not jnp.issubdtype(a.dtype, jnp.integer):
+    raise ValueError(f"{name} must be an integer array, got dtype {a.dtype}.")
+  return a.astype(ref.dtype)
+
+
+def _mask(mask: Optional[ArrayLike], batch: int) -> Array:
+  if mask is None:
+    return jnp.ones((batch,), dtype=bool)
+  mask = jnp.asarray(mask)
+  if mask.shape != (batch,):
+    raise ValueError(f"mask must have shape ({batch},), got {mask.shape}.")
+  return mask.astype(bool)
+
+
+def _hits(pred: Array, label: Array) -> Array:
+  """``pred == label``, where the "no prediction" value -1 never hits."""
+  return (pred == label) & (pred != _NO_PREDICTION)
+
+
+def _count(flags: Array) -> Array:
+  return jnp.sum(flags, dtype=jnp.int32)
+
+
+def _ratio(num: ArrayLike, den: ArrayLike) -> Array:
+  """``num / den`` in float32, NaN where ``den == 0``."""
+  num = jnp.asarray(num).astype(jnp.float32)
+  den = jnp.asarray(den).astype(jnp.float32)
+  ok = den > 0
+  return jnp.where(ok, num / jnp.where(ok, den, 1.0), jnp.nan)
+
+
+def _check_norm(norm: str) -> None:
+  if norm not in _NORMS:
+    raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}.")
+
+
+def _lp_norm(v: Array, norm: str) -> Array:
+  """Per-example ``norm`` of ``v [B, ...]`` over all non-batch axes, in float32: ``[B]``."""
+  _check_norm(norm)
+  v = jnp.asarray(v).astype(jnp.float32)
+  v = v.reshape((v.shape[0], math.prod(v.shape[1:])))
+  if norm == "linf":
+    return jnp.max(jnp.abs(v), axis=1, initial=0.0)
+  if norm == "l2":
+    return jnp.sqrt(jnp.sum(jnp.square(v), axis=1))
+  return jnp.sum(jnp.abs(v), axis=1)
+
+
+def _perturbation(x: ArrayLike, x_adv: ArrayLike, norm: str, batch: int) -> tuple[Array, Array]:
+  """``(||x_adv - x||_p, ||x_adv - x||_p / ||x||_p)``, each ``[B]`` float32.
+
+  The relative size is 0 where the perturbation is 0 (even if ``x == 0``) and ``inf`` where
+  ``x == 0`` but the perturbation is not.
+  """
+  _check_norm(norm)
+  x = jnp.asarray(x)
+  x_adv = jnp.asarray(x_adv)
+  if x.shape != x_adv.shape:
+    raise ValueError(f"x and x_adv must have the same shape, got {x.shape} and {x_adv.shape}.")
+  if x.ndim == 0 or x.shape[0] != batch:
+    raise ValueError(f"x must have shape [{batch}, ...], got {x.shape}.")
+  x = x.astype(jnp.float32)
+  size = _lp_norm(x_adv.astype(jnp.float32) - x, norm)
+  scale = _lp_norm(x, norm)
+  rel = jnp.where(size == 0, 0.0, size / scale)  # size / 0 = inf for a nonzero size.
+  return size, rel
+
+
+def _masked_sum(flags: Array, values: Array) -> Array:
+  """``sum(values[flags])`` in float32; unselected values (even NaN) never leak in."""
+  return jnp.sum(jnp.where(flags, values, 0.0), dtype=jnp.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# Metrics.
+
+
+def accuracy(pred: ArrayLike, y: ArrayLike, mask: Optional[ArrayLike] = None) -> Array:
+  """Clean accuracy: the fraction of examples predicted correctly.
+
+  ``acc = sum_i m_i [pred_i = y_i] / sum_i m_i``, where ``pred_i = -1`` is always wrong.
+
+  Args:
+    pred: ``[B]`` int predictions (``-1`` = no prediction).
+    y: ``[B]`` int labels.
+    mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+  Returns:
+    A float32 scalar; NaN if no example is selected by ``mask``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> float(metrics.accuracy(jnp.array([0, 1, -1, 3]), jnp.array([0, 1, 2, 2])))
+    0.5
+  """
+  pred = _as_pred(pred, "pred")
+  y = _like(y, pred, "y")
+  m = _mask(mask, pred.shape[0])
+  return _ratio(_count(_hits(pred, y) & m), _count(m))
+
+
+def robust_accuracy(
+  pred_clean: ArrayLike, pred_adv: ArrayLike, y: ArrayLike, mask: Optional[ArrayLike] = None
+) -> Array:
+  """Robust accuracy: the fraction of all examples correct on both the clean and adversarial input.
+
+  ``RA = sum_i m_i [pred_clean_i = y_i] [pred_adv_i = y_i] / sum_i m_i``.
+
+  Args:
+    pred_clean: ``[B]`` int predictions on the clean inputs (``-1`` = no prediction).
+    pred_adv: ``[B]`` int predictions on the adversarial inputs.
+    y: ``[B]`` int labels.
+    mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+  Returns:
+    A float32 scalar; NaN if no example is selected by ``mask``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> y = jnp.array([0, 1, 2, 3])
+    >>> float(metrics.robust_accuracy(jnp.array([0, 1, 2, 0]), jnp.array([0, 2, 2, 3]), y))
+    0.5
+
+  References:
+    Croce et al., "RobustBench: a standardized adversarial robustness benchmark", NeurIPS 2021
+    Datasets and Benchmarks.
+  """
+  pc = _as_pred(pred_clean, "pred_clean")
+  pa = _like(pred_adv, pc, "pred_adv")
+  y = _like(y, pc, "y")
+  m = _mask(mask, pc.shape[0])
+  return _ratio(_count(_hits(pc, y) & _hits(pa, y) & m), _count(m))
+
+
+def conditional_robust_accuracy(
+  pred_clean: ArrayLike, pred_adv: ArrayLike, y: ArrayLike, mask: Optional[ArrayLike] = None
+) -> Array:
+  """Robust accuracy among the examples that are correct on the clean input.
+
+  ``CRA = sum_i m_i [pred_clean_i = y_i] [pred_adv_i = y_i] / sum_i m_i [pred_clean_i = y_i]``.
+
+  Args:
+    pred_clean: ``[B]`` int predictions on the clean inputs (``-1`` = no prediction).
+    pred_adv: ``[B]`` int predictions on the adversarial inputs.
+    y: ``[B]`` int labels.
+    mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+  Returns:
+    A float32 scalar; NaN if no selected example is correct on the clean input.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> y = jnp.array([0, 1, 2, 3])
+    >>> float(metrics.conditional_robust_accuracy(
+    ...     jnp.array([0, 1, 2, 0]), jnp.array([0, 2, 2, 3]), y))
+    0.6666666865348816
+  """
+  pc = _as_pred(pred_clean, "pred_clean")
+  pa = _like(pred_adv, pc, "pred_adv")
+  y = _like(y, pc, "y")
+  m = _mask(mask, pc.shape[0])
+  clean = _hits(pc, y) & m
+  return _ratio(_count(clean & _hits(pa, y)), _count(clean))
+
+
+def adversarial_accuracy(
+  pred_clean: ArrayLike, pred_adv: ArrayLike, y: ArrayLike, mask: Optional[ArrayLike] = None
+) -> Array:
+  """Adversarial accuracy: how often the attack leaves a correct prediction unchanged.
+
+  ``AA = sum_i m_i [pred_adv_i = pred_clean_i] [pred_clean_i = y_i]
+  / sum_i m_i [pred_clean_i = y_i]``.
+
+  On clean-correct examples ``pred_adv = pred_clean`` is the same as ``pred_adv = y``, so this
+  equals :func:`conditional_robust_accuracy`; both names are kept for readers of either
+  literature.
+
+  Args:
+    pred_clean: ``[B]`` int predictions on the clean inputs (``-1`` = no prediction).
+    pred_adv: ``[B]`` int predictions on the adversarial inputs.
+    y: ``[B]`` int labels.
+    mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+  Returns:
+    A float32 scalar; NaN if no selected example is correct on the clean input.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> y = jnp.array([0, 1, 2, 3])
+    >>> float(metrics.adversarial_accuracy(jnp.array([0, 1, 2, 3]), jnp.array([0, 1, 0, 0]), y))
+    0.5
+  """
+  pc = _as_pred(pred_clean, "pred_clean")
+  pa = _like(pred_adv, pc, "pred_adv")
+  y = _like(y, pc, "y")
+  m = _mask(mask, pc.shape[0])
+  clean = _hits(pc, y) & m
+  return _ratio(_count(clean & (pa == pc)), _count(clean))
+
+
+def _success(pred_adv: Array, y: Array, target: Optional[Array]) -> Array:
+  if target is None:
+    return ~_hits(pred_adv, y)
+  return _hits(pred_adv, target)
+
+
+def attack_success_rate(
+  pred_clean: ArrayLike,
+  pred_adv: ArrayLike,
+  y: ArrayLike,
+  target: Optional[ArrayLike] = None,
+  over: str = "all",
+  mask: Optional[ArrayLike] = None,
+) -> Array:
+  """Attack success rate: the fraction of examples on which the attack reached its goal.
+
+  Success is ``s_i = [pred_adv_i != y_i]`` for an untargeted attack (``pred_adv_i = -1`` is a
+  success) and ``s_i = [pred_adv_i = target_i]`` for a targeted one (``-1`` is never a success).
+  With ``over="all"``: ``ASR = sum_i m_i s_i / sum_i m_i`` (a clean-misclassified example is an
+  untargeted success). With ``over="clean_correct"``:
+  ``ASR = sum_i m_i s_i [pred_clean_i = y_i] / sum_i m_i [pred_clean_i = y_i]``.
+
+  Args:
+    pred_clean: ``[B]`` int predictions on the clean inputs (``-1`` = no prediction).
+    pred_adv: ``[B]`` int predictions on the adversarial inputs.
+    y: ``[B]`` int labels.
+    target: optional ``[B]`` int target classes; ``None`` for an untargeted attack.
+    over: ``"all"`` or ``"clean_correct"`` (static).
+    mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+  Returns:
+    A float32 scalar; NaN if the denominator is zero.
+
+  Raises:
+    ValueError: if ``over`` is not ``"all"`` or ``"clean_correct"``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> pc, pa, y = jnp.array([0, 1, 0, 3]), jnp.array([1, 1, 0, -1]), jnp.array([0, 1, 2, 3])
+    >>> float(metrics.attack_success_rate(pc, pa, y))
+    0.75
+    >>> float(metrics.attack_success_rate(pc, pa, y, over="clean_correct"))
+    0.6666666865348816
+    >>> float(metrics.attack_success_rate(pc, pa, y, target=jnp.array([1, 0, 0, 0])))
+    0.5
+  """
+  if over not in _OVER:
+    raise ValueError(f"over must be one of {_OVER}, got {over!r}.")
+  pc = _as_pred(pred_clean, "pred_clean")
+  pa = _like(pred_adv, pc, "pred_adv")
+  y = _like(y, pc, "y")
+  t = None if target is None else _like(target, pc, "target")
+  m = _mask(mask, pc.shape[0])
+  if over == "clean_correct":
+    m = m & _hits(pc, y)
+  return _ratio(_count(_success(pa, y, t) & m), _count(m))
+
+
+def empirical_robustness(
+  x: ArrayLike,
+  x_adv: ArrayLike,
+  pred_clean: ArrayLike,
+  pred_adv: ArrayLike,
+  norm: str,
+  mask: Optional[ArrayLike] = None,
+) -> Array:
+  """Empirical robustness: the mean relative size of the perturbations that flip the prediction.
+
+  With ``f_i = [pred_adv_i != pred_clean_i]`` (a change to or from ``-1`` is a flip; two ``-1``
+  are not), ``ER = sum_i m_i f_i ||x_adv_i - x_i||_p / ||x_i||_p / sum_i m_i f_i``; norms are
+  over all non-batch axes.
+
+  A flipped example with ``x_i = 0`` contributes ``inf`` (so ``ER = inf``) unless its perturbation
+  is also 0, in which case it contributes 0. Such examples never produce NaN and never affect the
+  result when not flipped or masked out.
+
+  Args:
+    x: ``[B, ...]`` clean inputs.
+    x_adv: ``[B, ...]`` adversarial inputs.
+    pred_clean: ``[B]`` int predictions on ``x`` (``-1`` = no prediction).
+    pred_adv: ``[B]`` int predictions on ``x_adv``.
+    norm: ``"linf"``, ``"l2"`` or ``"l1"`` (static).
+    mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+  Returns:
+    A float32 scalar; NaN if no selected prediction flipped.
+
+  Raises:
+    ValueError: if ``norm`` is not one of ``"linf"``, ``"l2"``, ``"l1"``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> x = jnp.array([[3.0, 4.0], [1.0, 0.0], [2.0, 0.0]])
+    >>> x_adv = jnp.array([[3.0, 4.0], [1.0, 1.0], [2.0, 1.0]])
+    >>> pc, pa = jnp.array([0, 1, 1]), jnp.array([0, 2, 0])
+    >>> float(metrics.empirical_robustness(x, x_adv, pc, pa, "l2"))
+    0.75
+
+  References:
+    Moosavi-Dezfooli, Fawzi, Frossard, "DeepFool: a simple and accurate method to fool deep
+    neural networks", CVPR 2016 (the robustness measure rho_adv).
+  """
+  pc = _as_pred(pred_clean, "pred_clean")
+  pa = _like(pred_adv, pc, "pred_adv")
+  m = _mask(mask, pc.shape[0])
+  _, rel = _perturbation(x, x_adv, norm, pc.shape[0])
+  flipped = (pa != pc) & m
+  return _ratio(_masked_sum(flipped, rel), _count(flipped))
+
+
+def mean_perturbation(
+  x: ArrayLike, x_adv: ArrayLike, success: ArrayLike, norm: str, mask: Optional[ArrayLike] = None
+) -> Array:
+  """Mean size of the successful perturbations.
+
+  ``MP = sum_i m_i s_i ||x_adv_i - x_i||_p / sum_i m_i s_i``, norms over all non-batch axes.
+
+  Args:
+    x: ``[B, ...]`` clean inputs.
+    x_adv: ``[B, ...]`` adversarial inputs.
+    success: ``[B]`` bool, whether the attack succeeded on each example.
+    norm: ``"linf"``, ``"l2"`` or ``"l1"`` (static).
+    mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+  Returns:
+    A float32 scalar; NaN if no selected attack succeeded.
+
+  Raises:
+    ValueError: if ``norm`` is not one of ``"linf"``, ``"l2"``, ``"l1"``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> x = jnp.zeros((3, 2))
+    >>> x_adv = jnp.array([[0.5, 0.0], [0.0, -1.5], [9.0, 9.0]])
+    >>> float(metrics.mean_perturbation(x, x_adv, jnp.array([True, True, False]), "linf"))
+    1.0
+  """
+  success = jnp.asarray(success)
+  if success.ndim != 1:
+    raise ValueError(f"success must have shape [B], got {success.shape}.")
+  s = success.astype(bool) & _mask(mask, success.shape[0])
+  size, _ = _perturbation(x, x_adv, norm, success.shape[0])
+  return _ratio(_masked_sum(s, size), _count(s))
+
+
+def certified_accuracy(
+  radius: ArrayLike, pred: ArrayLike, y: ArrayLike, r: ArrayLike, mask: Optional[ArrayLike] = None
+) -> Array:
+  """Certified accuracy at radius ``r``: correct and certified at least as far as ``r``.
+
+  ``CA(r) = sum_i m_i [pred_i = y_i] [radius_i >= r] / sum_i m_i``; an abstention
+  (``pred_i = -1``) is wrong whatever its radius.
+
+  Args:
+    radius: ``[B]`` float certified radii.
+    pred: ``[B]`` int certified predictions (``-1`` = abstain).
+    y: ``[B]`` int labels.
+    r: the radius to evaluate at: a scalar, or an array (e.g. ``[R]``) of radii.
+    mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+  Returns:
+    A float32 array with the shape of ``r`` (a scalar for a scalar ``r``); NaN if no example is
+    selected by ``mask``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> radius, pred, y = jnp.array([0.5, 1.0, 2.0, 0.0]), jnp.array([0, 1, -1, 3]), jnp.arange(4)
+    >>> metrics.certified_accuracy(radius, pred, y, jnp.array([0.0, 0.5, 1.0, 2.0])).tolist()
+    [0.75, 0.5, 0.25, 0.0]
+
+  References:
+    Cohen, Rosenfeld, Kolter, "Certified adversarial robustness via randomized smoothing",
+    ICML 2019.
+  """
+  pred = _as_pred(pred, "pred")
+  y = _like(y, pred, "y")
+  radius = jnp.asarray(radius)
+  if radius.shape != pred.shape:
+    raise ValueError(f"radius must have shape {pred.shape}, got {radius.shape}.")
+  if not jnp.issubdtype(radius.dtype, jnp.floating):
+    radius = radius.astype(jnp.float32)
+  r = jnp.asarray(r).astype(radius.dtype)
+  m = _mask(mask, pred.shape[0])
+  ok = _hits(pred, y) & m
+  # [R, B]: explicit ranks on both sides (no implicit rank promotion).
+  hits = ok[None, :] & (radius[None, :] >= r.reshape((-1, 1)))
+  return _ratio(jnp.sum(hits, axis=1, dtype=jnp.int32), _count(m)).reshape(r.shape)
+
+
+def curve_auc(epsilons: ArrayLike, accuracies: ArrayLike, clean_accuracy: ArrayLike) -> Array:
+  """Normalized area under the robust-accuracy curve, by the trapezoid rule.
+
+  The curve passes through ``(0, clean_accuracy)`` and ``(eps_k, acc_k)`` for each ``k``, sorted
+  by eps (the input may be in any order; duplicates are allowed). With the sorted points
+  ``(e_0 = 0, a_0), ..., (e_K, a_K)``:
+  ``AUC = sum_j (e_{j+1} - e_j) (a_j + a_{j+1}) / 2 / max_k eps_k``,
+  so a curve that stays at ``c`` scores ``c``. Epsilons must be non-negative.
+
+  If the largest eps is 0 (or ``K = 0``) the area is empty and the result is ``clean_accuracy``,
+  the limit of the normalized area as the largest eps shrinks to 0.
+
+  Args:
+    epsilons: ``[K]`` budgets, non-negative, in any order.
+    accuracies: ``[K]`` robust accuracy at each budget.
+    clean_accuracy: scalar accuracy at eps 0.
+
+  Returns:
+    A scalar with the float dtype of ``accuracies`` (float32 if they are not floating).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> float(metrics.curve_auc(jnp.array([2.0, 1.0]), jnp.array([0.0, 0.5]), 1.0))
+    0.5
+  """
+  acc = jnp.asarray(accuracies)
+  dtype = acc.dtype if jnp.issubdtype(acc.dtype, jnp.floating) else jnp.float32
+  acc = acc.astype(dtype)
+  eps = jnp.asarray(epsilons).astype(dtype)
+  clean = jnp.asarray(clean_accuracy).astype(dtype)
+  if eps.ndim != 1 or acc.shape != eps.shape:
+    raise ValueError(f"epsilons and accuracies must both have shape [K], got {eps.shape} and "
+                     f"{acc.shape}.")
+  if clean.ndim != 0:
+    raise ValueError(f"clean_accuracy must be a scalar, got shape {clean.shape}.")
+  if eps.shape[0] == 0:
+    return clean
+  order = jnp.argsort(eps)
+  e = jnp.concatenate([jnp.zeros((1,), dtype), eps[order]])
+  a = jnp.concatenate([clean[None], acc[order]])
+  area = jnp.sum((e[1:] - e[:-1]) * (a[1:] + a[:-1])) / 2
+  top = e[-1]
+  positive = top > 0
+  return jnp.where(positive, area / jnp.where(positive, top, 1), clean)
+
+
+# ------------------------------------------------------------------------------------------------
+# Streaming reduction.
+
+
+def _zero_int() -> Array:
+  return jnp.zeros((), jnp.int32)
+
+
+def _zero_float() -> Array:
+  return jnp.zeros((), jnp.float32)
+
+
+class Counts(NamedTuple):
+  """Sums behind the streaming metrics; a pytree of scalar arrays with fixed (strong) dtypes.
+
+  Counts are int32 and sums of norms are float32, whatever the inputs, so a jitted
+  :meth:`merge` compiles once. Only examples with ``mask == True`` are counted. Merging is
+  elementwise addition: associative, commutative, with :meth:`empty` as identity (float sums up to
+  float32 rounding).
+
+  ``adversarial_accuracy`` needs no field of its own: on clean-correct examples
+  ``pred_adv == pred_clean`` is the same as ``pred_adv == y``, so its numerator is ``robust``.
+
+  Attributes:
+    n: number of examples.
+    clean_correct: examples with ``pred_clean == y``.
+    robust: examples with ``pred_clean == y`` and ``pred_adv == y``.
+    success: attack successes (``pred_adv != y``; ``pred_adv == target`` if targeted).
+    success_clean_correct: successes among clean-correct examples.
+    flipped: examples with ``pred_adv != pred_clean``.
+    nonfinite: diagnostic, examples with no prediction (``-1``) on the clean or adversarial input.
+    rel_perturbation_sum: sum over flipped examples of ``||x_adv - x|| / ||x||`` (float32).
+    success_perturbation_sum: sum over successful examples of ``||x_adv - x||`` (float32).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> y = jnp.array([0, 1, 2, 3])
+    >>> c = metrics.Counts.empty()
+    >>> c = c.update(jnp.array([0, 1]), jnp.array([0, 0]), y[:2])
+    >>> c = c.update(jnp.array([2, 0]), jnp.array([2, 0]), y[2:])
+    >>> int(c.n), int(c.clean_correct), int(c.robust)
+    (4, 3, 2)
+    >>> float(c.compute()["conditional_robust_accuracy"])
+    0.6666666865348816
+  """
+
+  n: Array
+  clean_correct: Array
+  robust: Array
+  success: Array
+  success_clean_correct: Array
+  flipped: Array
+  nonfinite: Array
+  rel_perturbation_sum: Array
+  success_perturbation_sum: Array
+
+  @classmethod
+  def empty(cls) -> Counts:
+    """All-zero counts (int32) and sums (float32): the identity of :meth:`merge`.
+
+    Returns:
+      A :class:`Counts` of zeros.
+
+    Examples:
+      >>> from jaxrobust import metrics
+      >>> int(metrics.Counts.empty().n)
+      0
+    """
+    return cls(
+      n=_zero_int(),
+      clean_correct=_zero_int(),
+      robust=_zero_int(),
+      success=_zero_int(),
+      success_clean_correct=_zero_int(),
+      flipped=_zero_int(),
+      nonfinite=_zero_int(),
+      rel_perturbation_sum=_zero_float(),
+      success_perturbation_sum=_zero_float(),
+    )
+
+  @classmethod
+  def from_batch(
+    cls,
+    pred_clean: ArrayLike,
+    pred_adv: ArrayLike,
+    y: ArrayLike,
+    *,
+    x: Optional[ArrayLike] = None,
+    x_adv: Optional[ArrayLike] = None,
+    norm: Optional[str] = None,
+    target: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+  ) -> Counts:
+    """The counts of one batch.
+
+    Each field is ``sum_i m_i`` of its per-example quantity (see the class attributes). The
+    perturbation sums need ``x``, ``x_adv`` and ``norm``; without ``x`` and ``x_adv`` they are 0
+    (so ``empirical_robustness`` and ``mean_perturbation`` from :meth:`compute` are then
+    meaningless, 0 or NaN). A flipped example with ``x = 0`` and a nonzero perturbation adds
+    ``inf`` to ``rel_perturbation_sum``, as in :func:`empirical_robustness`.
+
+    Args:
+      pred_clean: ``[B]`` int predictions on the clean inputs (``-1`` = no prediction).
+      pred_adv: ``[B]`` int predictions on the adversarial inputs.
+      y: ``[B]`` int labels.
+      x: optional ``[B, ...]`` clean inputs.
+      x_adv: optional ``[B, ...]`` adversarial inputs (given together with ``x``).
+      norm: ``"linf"``, ``"l2"`` or ``"l1"`` (static); required with ``x``.
+      target: optional ``[B]`` int targets; success is then ``pred_adv == target``.
+      mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+    Returns:
+      A :class:`Counts`.
+
+    Raises:
+      ValueError: if only one of ``x``, ``x_adv`` is given, or ``norm`` is missing or unknown.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxrobust import metrics
+      >>> c = metrics.Counts.from_batch(jnp.array([0, 1, 2]), jnp.array([0, 0, -1]),
+      ...                               jnp.array([0, 1, 1]), mask=jnp.array([True, True, False]))
+      >>> int(c.n), int(c.success), int(c.nonfinite)
+      (2, 1, 0)
+    """
+    pc = _as_pred(pred_clean, "pred_clean")
+    pa = _like(pred_adv, pc, "pred_adv")
+    y = _like(y, pc, "y")
+    t = None if target is None else _like(target, pc, "target")
+    m = _mask(mask, pc.shape[0])
+    clean = _hits(pc, y) & m
+    success = _success(pa, y, t) & m
+    flipped = (pa != pc) & m
+    if (x is None) != (x_adv is None):
+      raise ValueError("x and x_adv must be given together.")
+    if x is None:
+      rel_sum, size_sum = _zero_float(), _zero_float()
+    else:
+      if norm is None:
+        raise ValueError(f"norm is required with x and x_adv; one of {_NORMS}.")
+      size, rel = _perturbation(x, x_adv, norm, pc.shape[0])
+      rel_sum, size_sum = _masked_sum(flipped, rel), _masked_sum(success, size)
+    return cls(
+      n=_count(m),
+      clean_correct=_count(clean),
+      robust=_count(clean & _hits(pa, y)),
+      success=_count(success),
+      success_clean_correct=_count(success & clean),
+      flipped=_count(flipped),
+      nonfinite=_count(((pc == _NO_PREDICTION) | (pa == _NO_PREDICTION)) & m),
+      rel_perturbation_sum=rel_sum,
+      success_perturbation_sum=size_sum,
+    )
+
+  def update(
+    self,
+    pred_clean: ArrayLike,
+    pred_adv: ArrayLike,
+    y: ArrayLike,
+    *,
+    x: Optional[ArrayLike] = None,
+    x_adv: Optional[ArrayLike] = None,
+    norm: Optional[str] = None,
+    target: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+  ) -> Counts:
+    """Adds one batch: ``self.merge(Counts.from_batch(...))`` (same arguments).
+
+    Args:
+      pred_clean: ``[B]`` int predictions on the clean inputs.
+      pred_adv: ``[B]`` int predictions on the adversarial inputs.
+      y: ``[B]`` int labels.
+      x: optional ``[B, ...]`` clean inputs.
+      x_adv: optional ``[B, ...]`` adversarial inputs.
+      norm: ``"linf"``, ``"l2"`` or ``"l1"``; required with ``x``.
+      target: optional ``[B]`` int targets.
+      mask: optional ``[B]`` bool.
+
+    Returns:
+      The merged :class:`Counts`.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxrobust import metrics
+      >>> c = metrics.Counts.empty().update(jnp.array([1]), jnp.array([1]), jnp.array([1]))
+      >>> int(c.robust)
+      1
+    """
+    return self.merge(
+      Counts.from_batch(
+        pred_clean, pred_adv, y, x=x, x_adv=x_adv, norm=norm, target=target, mask=mask
+      )
+    )
+
+  def merge(self, other: Counts) -> Counts:
+    """Elementwise sum of two :class:`Counts` (associative and commutative).
+
+    Args:
+      other: the counts to add.
+
+    Returns:
+      A :class:`Counts` whose every field is ``self.field + other.field``.
+
+    Examples:
+      >>> from jaxrobust import metrics
+      >>> import jax.numpy as jnp
+      >>> a = metrics.Counts.from_batch(jnp.array([0, 1]), jnp.array([0, 0]), jnp.array([0, 1]))
+      >>> int(a.merge(a).clean_correct), int(a.merge(metrics.Counts.empty()).clean_correct)
+      (4, 2)
+    """
+    return jax.tree.map(jnp.add, self, other)
+
+  def compute(self) -> dict[str, Array]:
+    """The metrics, as float32 scalars (NaN where the denominator is 0).
+
+    Keys: ``accuracy`` = clean_correct / n; ``robust_accuracy`` = robust / n;
+    ``conditional_robust_accuracy`` and ``adversarial_accuracy`` = robust / clean_correct;
+    ``attack_success_rate`` = success / n; ``attack_success_rate_clean_correct`` =
+    success_clean_correct / clean_correct; ``empirical_robustness`` = rel_perturbation_sum /
+    flipped; ``mean_perturbation`` = success_perturbation_sum / success.
+
+    Returns:
+      A dict from metric name to float32 scalar.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxrobust import metrics
+      >>> d = metrics.Counts.empty().compute()
+      >>> sorted(d)[:2], bool(jnp.isnan(d["accuracy"]))
+      (['accuracy', 'adversarial_accuracy'], True)
+    """
+    return {
+      "accuracy": _ratio(self.clean_correct, self.n),
+      "robust_accuracy": _ratio(self.robust, self.n),
+      "conditional_robust_accuracy": _ratio(self.robust, self.clean_correct),
+      "adversarial_accuracy": _ratio(self.robust, self.clean_correct),
+      "attack_success_rate": _ratio(self.success, self.n),
+      "attack_success_rate_clean_correct": _ratio(self.success_clean_correct, self.clean_correct),
+      "empirical_robustness": _ratio(self.rel_perturbation_sum, self.flipped),
+      "mean_perturbation": _ratio(self.success_perturbation_sum, self.success),
+    }
+
+
+def psum(counts: Counts, axis_name: str) -> Counts:
+  """Sums :class:`Counts` over a named mapped axis (``jax.lax.psum`` on every field).
+
+  ``psum(c, a).field = sum over the devices (or vmapped rows) along a of c.field``. Use inside
+  ``jax.shard_map`` (or ``jax.vmap(..., axis_name=...)``) to combine per-shard counts.
+
+  Args:
+    counts: the per-shard :class:`Counts`.
+    axis_name: the mapped axis to reduce over.
+
+  Returns:
+    The total :class:`Counts`, identical on every shard.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> pred, y = jnp.array([[0, 1], [2, 2]]), jnp.array([[0, 1], [2, 3]])
+    >>> per_row = lambda p, t: metrics.psum(metrics.Counts.from_batch(p, p, t), "rows")
+    >>> jax.vmap(per_row, axis_name="rows")(pred, y).clean_correct.tolist()
+    [3, 3]
+  """
+  return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), counts)

@@ -1,0 +1,233 @@
+"""Tests of the digits demo: the data loader, the parameter cache and the ``jaxrobust demo`` CLI."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrobust import cli
+from jaxrobust.demo import data
+from jaxrobust.demo import train as train_lib
+
+TINY = ["--epochs", "1", "--test-size", "64", "--num-eps", "3", "--steps", "3"]
+REPORT_KEYS = {
+  "jaxrobust_version", "jax_version", "backend", "python_version", "command", "seed", "dataset",
+  "attack", "epsilons", "num_test_examples", "eval_batch_size", "models", "timings",
+}
+MODEL_KEYS = {
+  "name", "training", "loaded_from_cache", "clean_accuracy", "robust_accuracy", "auc",
+  "train_seconds", "eval_seconds",
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Data.
+
+
+def test_load_digits_shapes_dtypes_range():
+  x_train, y_train, x_test, y_test = data.load_digits()
+  assert x_train.shape == (1257, 8, 8, 1) and x_test.shape == (540, 8, 8, 1)
+  assert y_train.shape == (1257,) and y_test.shape == (540,)
+  assert x_train.shape[0] + x_test.shape[0] == data.NUM_EXAMPLES
+  assert x_train.dtype == np.float32 and x_test.dtype == np.float32
+  assert y_train.dtype == np.int32 and y_test.dtype == np.int32
+  for x in (x_train, x_test):
+    assert x.min() == 0.0 and x.max() == 1.0
+  # Stratified: every class is in the test split in its share (about 54 of ~180 each).
+  counts = np.bincount(y_test, minlength=10)
+  assert counts.min() >= 50 and counts.max() <= 56
+  assert set(np.unique(y_train)) == set(range(10))
+
+
+def test_load_digits_is_deterministic_and_seeded():
+  first, second = data.load_digits(seed=0), data.load_digits(seed=0)
+  for a, b in zip(first, second):
+    np.testing.assert_array_equal(a, b)
+  other = data.load_digits(seed=1)
+  assert not np.array_equal(first[3], other[3])
+  small = data.load_digits(test_fraction=0.1)
+  assert small[2].shape == (180, 8, 8, 1)
+
+
+def test_load_digits_rejects_bad_fraction():
+  with pytest.raises(ValueError, match="test_fraction"):
+    data.load_digits(test_fraction=1.0)
+
+
+def test_load_digits_names_the_extra_when_sklearn_is_missing(monkeypatch):
+  monkeypatch.setitem(sys.modules, "sklearn", None)
+  with pytest.raises(ImportError, match=r"pip install 'jaxrobust\[demo\]'"):
+    data.load_digits()
+
+
+# ------------------------------------------------------------------------------------------------
+# Training configuration and cache.
+
+
+def test_cache_path_depends_on_the_whole_config(tmp_path):
+  base = train_lib.training_config(True, epochs=2)
+  path = train_lib.cache_path(base, tmp_path)
+  assert path.parent == tmp_path and path.name.startswith("adversarial-")
+  assert train_lib.cache_path(train_lib.training_config(True, epochs=2), tmp_path) == path
+  for changed in (dict(epochs=3), dict(eps=0.1), dict(seed=1), dict(learning_rate=1e-3),
+                  dict(batch_size=32)):
+    assert train_lib.cache_path(train_lib.training_config(True, **{"epochs": 2, **changed}),
+                                tmp_path) != path
+  # Plain training ignores the attack radius.
+  plain = train_lib.training_config(False, eps=0.1)
+  assert train_lib.cache_path(plain, tmp_path) == train_lib.cache_path(
+    train_lib.training_config(False, eps=0.3), tmp_path)
+
+
+def test_default_cache_dir_honours_xdg(monkeypatch, tmp_path):
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  assert train_lib.default_cache_dir() == tmp_path / "jaxrobust"
+  monkeypatch.setenv("XDG_CACHE_HOME", "")
+  assert train_lib.default_cache_dir().parts[-2:] == (".cache", "jaxrobust")
+
+
+def _fake_fit(calls):
+  def fit(config, *, progress=True):
+    calls.append(config["name"])
+    return train_lib._init_fn(config["num_classes"])(jax.random.key(config["seed"]))
+
+  return fit
+
+
+def test_cache_round_trip_and_corrupt_file_retrains(monkeypatch, tmp_path):
+  calls = []
+  monkeypatch.setattr(train_lib, "fit", _fake_fit(calls))
+  config = train_lib.training_config(False, epochs=1)
+  params, cached = train_lib.load_or_train(config, cache_dir=tmp_path, progress=False)
+  assert not cached and calls == ["plain"]
+  path = train_lib.cache_path(config, tmp_path)
+  assert path.is_file() and not list(tmp_path.glob("*.tmp"))
+
+  again, cached = train_lib.load_or_train(config, cache_dir=tmp_path, progress=False)
+  assert cached and calls == ["plain"]
+  jax.tree.map(np.testing.assert_array_equal, params, again)
+
+  for garbage in (b"", b"\x00not msgpack at all", path.read_bytes()[:100]):
+    path.write_bytes(garbage)
+    assert train_lib.load_cached(path, config) is None
+    _, cached = train_lib.load_or_train(config, cache_dir=tmp_path, progress=False)
+    assert not cached
+  assert calls == ["plain"] * 4
+  assert train_lib.load_cached(path, config) is not None  # the retrained file replaced it
+
+  # train() without the cache neither reads nor writes it.
+  train_lib.train(False, epochs=1, cache_dir=tmp_path / "unused", cache=False, progress=False)
+  assert not (tmp_path / "unused").exists() and len(calls) == 5
+
+
+# ------------------------------------------------------------------------------------------------
+# Evaluation: padding and masking.
+
+
+def test_evaluate_pads_and_masks_without_depending_on_batch_size():
+  from jaxrobust.demo.model import SmallCNN
+  import jaxrobust as jr
+
+  _, _, x, y = data.load_digits()
+  x, y = x[:40], y[:40]
+  params = train_lib._init_fn(10)(jax.random.key(0))
+  epsilons = np.array([0.0, 0.05, 0.1], np.float32)
+  key = jax.random.key(3)
+  eval_fn = cli.make_eval_fn(jr.attacks.pgd("linf", steps=2), SmallCNN())
+  padded = cli.evaluate(eval_fn, params, x, y, epsilons, key, batch_size=32, desc="t",
+                        progress=False)  # batches of 32 and 8 (+ 24 masked padding rows)
+  whole = cli.evaluate(eval_fn, params, x, y, epsilons, key, batch_size=40, desc="t",
+                       progress=False)
+  assert padded == whole
+  assert padded["robust_accuracy"][0] == padded["clean_accuracy"]
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line.
+
+
+@pytest.mark.parametrize("bad", [
+  ["demo", "--eps-max", "1.5"], ["demo", "--eps-max", "nan"], ["demo", "--num-eps", "1"],
+  ["demo", "--steps", "0"], ["demo", "--restarts", "x"], ["demo", "--test-size", "0"],
+  ["demo", "--epochs", "-1"], ["demo", "--bogus"], ["nope"], [],
+])
+def test_cli_rejects_bad_options(bad, capsys):
+  assert cli.main(bad) == 2
+  assert capsys.readouterr().err.strip()
+
+
+def test_cli_test_size_larger_than_split(tmp_path, capsys):
+  code = cli.main(["demo", "--test-size", "100000", "--cache-dir", str(tmp_path), "--quiet",
+                   "--out", str(tmp_path / "r.json")])
+  assert code == 1
+  assert "exceeds the 540" in capsys.readouterr().err
+  assert not (tmp_path / "r.json").exists()
+
+
+def test_python_dash_m_help():
+  done = subprocess.run([sys.executable, "-m", "jaxrobust", "demo", "--help"],
+                        capture_output=True, text=True, timeout=120, check=False)
+  assert done.returncode == 0, done.stderr
+  assert "--eps-max" in done.stdout
+
+
+def _check_report(report):
+  assert REPORT_KEYS <= set(report)
+  assert report["num_test_examples"] == 64
+  assert report["jax_version"] == jax.__version__
+  assert report["epsilons"] == [0.0, 0.15, 0.3]
+  assert report["attack"]["steps"] == 3 and report["attack"]["norm"] == "linf"
+  assert report["dataset"]["num_examples"] == 1797
+  assert set(report["models"]) == {"plain", "adversarial"}
+  for name, model in report["models"].items():
+    assert MODEL_KEYS <= set(model)
+    assert model["name"] == name and model["training"]["adversarial"] == (name == "adversarial")
+    assert model["training"]["epochs"] == 1
+    robust = np.asarray(model["robust_accuracy"])
+    assert robust.shape == (3,)
+    assert np.all((robust >= 0) & (robust <= 1))
+    assert np.all(np.diff(robust) <= 0)
+    assert robust[0] == model["clean_accuracy"]
+    assert 0 <= model["clean_accuracy"] <= 1 and 0 <= model["auc"] <= 1
+  assert set(report["timings"]) >= {"train_seconds", "compile_seconds", "eval_seconds",
+                                    "total_seconds"}
+
+
+@pytest.mark.slow
+def test_cli_demo_end_to_end_then_from_cache(monkeypatch, tmp_path, capsys):
+  calls = []
+  real_fit = train_lib.fit
+
+  def counting_fit(config, *, progress=True):
+    calls.append(config["name"])
+    return real_fit(config, progress=progress)
+
+  monkeypatch.setattr(train_lib, "fit", counting_fit)
+  cache_dir, out = tmp_path / "cache", tmp_path / "out" / "report.json"
+  args = ["demo", *TINY, "--cache-dir", str(cache_dir), "--out", str(out)]
+
+  assert cli.main(args) == 0
+  printed = capsys.readouterr().out
+  assert "adversarial" in printed and "AUC" in printed and str(out.resolve()) in printed
+  first = json.loads(out.read_text())
+  _check_report(first)
+  assert calls == ["plain", "adversarial"]
+  assert not any(m["loaded_from_cache"] for m in first["models"].values())
+  cached_files = sorted(cache_dir.glob("*.msgpack"))
+  assert [p.name.split("-")[0] for p in cached_files] == ["adversarial", "plain"]
+  mtimes = [p.stat().st_mtime_ns for p in cached_files]
+
+  assert cli.main([*args, "--quiet"]) == 0
+  second = json.loads(out.read_text())
+  _check_report(second)
+  assert calls == ["plain", "adversarial"]  # no retraining
+  assert all(m["loaded_from_cache"] for m in second["models"].values())
+  assert [p.stat().st_mtime_ns for p in cached_files] == mtimes
+  for name in ("plain", "adversarial"):  # same params, same keys: same numbers
+    for field in ("clean_accuracy", "robust_accuracy", "auc"):
+      assert second["models"][name][field] == first["models"][name][field]
