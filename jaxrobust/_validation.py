@@ -14,18 +14,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._types import NORMS, Budget
+from jaxrobust._types import Budget
+from jaxrobust.projections import check_norm
 
 
 def is_concrete(*values: Any) -> bool:
   """True when none of ``values`` is a tracer, so their contents can be read."""
   return not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(values))
-
-
-def check_norm(norm: str) -> str:
-  if norm not in NORMS:
-    raise ValueError(f"Unknown norm {norm!r}; supported: {', '.join(map(repr, NORMS))}.")
-  return norm
 
 
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:

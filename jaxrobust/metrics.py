@@ -30,10 +30,11 @@ from typing import NamedTuple, Optional
 import jax
 import jax.numpy as jnp
 
+from jaxrobust import projections
+
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
-_NORMS = ("linf", "l2", "l1")
 _OVER = ("all", "clean_correct")
 _NO_PREDICTION = -1
 
@@ -87,21 +88,9 @@ def _ratio(num: ArrayLike, den: ArrayLike) -> Array:
   return jnp.where(ok, num / jnp.where(ok, den, 1.0), jnp.nan)
 
 
-def _check_norm(norm: str) -> None:
-  if norm not in _NORMS:
-    raise ValueError(f"norm must be one of {_NORMS}, got {norm!r}.")
-
-
 def _lp_norm(v: Array, norm: str) -> Array:
   """Per-example ``norm`` of ``v [B, ...]`` over all non-batch axes, in float32: ``[B]``."""
-  _check_norm(norm)
-  v = jnp.asarray(v).astype(jnp.float32)
-  v = v.reshape((v.shape[0], math.prod(v.shape[1:])))
-  if norm == "linf":
-    return jnp.max(jnp.abs(v), axis=1, initial=0.0)
-  if norm == "l2":
-    return jnp.sqrt(jnp.sum(jnp.square(v), axis=1))
-  return jnp.sum(jnp.abs(v), axis=1)
+  return projections.norm(jnp.asarray(v).astype(jnp.float32), norm)
 
 
 def _perturbation(x: ArrayLike, x_adv: ArrayLike, norm: str, batch: int) -> tuple[Array, Array]:
@@ -110,7 +99,7 @@ def _perturbation(x: ArrayLike, x_adv: ArrayLike, norm: str, batch: int) -> tupl
   The relative size is 0 where the perturbation is 0 (even if ``x == 0``) and ``inf`` where
   ``x == 0`` but the perturbation is not.
   """
-  _check_norm(norm)
+  projections.check_norm(norm)
   x = jnp.asarray(x)
   x_adv = jnp.asarray(x_adv)
   if x.shape != x_adv.shape:
@@ -640,7 +629,7 @@ class Counts(NamedTuple):
       rel_sum, size_sum = _zero_float(), _zero_float()
     else:
       if norm is None:
-        raise ValueError(f"norm is required with x and x_adv; one of {_NORMS}.")
+        raise ValueError(f"norm is required with x and x_adv; one of {projections.NORMS}.")
       size, rel = _perturbation(x, x_adv, norm, pc.shape[0])
       rel_sum, size_sum = _masked_sum(flipped, rel), _masked_sum(success, size)
     return cls(

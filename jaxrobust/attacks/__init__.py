@@ -1,6 +1,8 @@
 """Attack factories. Each returns a :class:`jaxrobust.Attack` of pure ``init``/``step`` functions."""
 
+from jaxrobust.attacks.carlini_wagner import carlini_wagner_l2
+from jaxrobust.attacks.deepfool import deepfool
 from jaxrobust.attacks.fgsm import fgsm
 from jaxrobust.attacks.pgd import pgd
 
-__all__ = ["fgsm", "pgd"]
+__all__ = ["carlini_wagner_l2", "deepfool", "fgsm", "pgd"]

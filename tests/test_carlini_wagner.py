@@ -1,0 +1,207 @@
+"""Carlini–Wagner L2 on linear models, where the minimal L2 distance is known in closed form.
+
+For logits ``z = x @ w + b`` the smallest L2 perturbation that makes class ``j`` beat ``y`` has
+size ``(z_y - z_j) / ||w_y - w_j||_2``, reached along ``w_j - w_y``. For points whose optimal
+perturbation stays inside the box, the smallest over ``j`` is the exact minimal distance, so a
+minimum-norm attack must never report less and should come close to it. Every jitted function is
+compiled once per module: budgets are per-example ``[B]`` data.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxrobust as jr
+from tests.models import Linear, linear_points, random_linear
+
+DIM = 16
+N = 48
+STEPS, ROUNDS = 100, 6
+
+
+def _closest_fits_in_box(model: Linear, x, y, d, scale=1.05):
+  """Points whose optimal L2 perturbation (towards the closest class), grown by ``scale``, stays
+  inside [0, 1]."""
+  flat = x.reshape(len(x), -1).astype(np.float64)
+  z = flat @ model.w + model.b
+  dw = model.w.T[None, :, :] - model.w.T[y][:, None, :]  # [N, C, D]: w_j - w_y
+  size = np.linalg.norm(dw, axis=2)
+  gap = z[np.arange(len(x)), y][:, None] - z
+  dist = np.where(np.arange(model.w.shape[1])[None, :] == y[:, None], np.inf,
+                  gap / np.where(size > 0, size, 1e-300))
+  j = np.argmin(dist, axis=1)
+  step = dw[np.arange(len(x)), j] / size[np.arange(len(x)), j][:, None] * (scale * d)[:, None]
+  moved = flat + step
+  return np.all((moved >= 0) & (moved <= 1), axis=1)
+
+
+def _problem(classes: int, seed: int):
+  """A linear model with its boundaries through the centre of the box, and N points whose exact
+  minimal L2 distance ``d`` is reachable inside the box."""
+  model = random_linear(seed, DIM, classes)
+  model = Linear(model.w, -0.5 * model.w.sum(0))
+  x, y, d = linear_points(model, seed + 1, 4 * N, (DIM,), "l2")
+  keep = _closest_fits_in_box(model, x, y, d) & (d > 1e-3)
+  assert keep.sum() >= N, keep.sum()
+  return model, x[keep][:N], y[keep][:N], d[keep][:N]
+
+
+def _jit_run(attack):
+  @jax.jit
+  def run(w, b, x, y, eps, target=None):
+    return jr.run(attack, Linear(w, b).logits_fn, x, y, jr.Budget(eps), jax.random.key(0), target)
+
+  return run
+
+
+@pytest.fixture(scope="module")
+def untargeted():
+  """One jitted untargeted attack (a compilation per model shape)."""
+  return _jit_run(jr.attacks.carlini_wagner_l2(steps=STEPS, binary_search_steps=ROUNDS))
+
+
+@pytest.fixture(scope="module")
+def ten_classes():
+  return _problem(10, 0)
+
+
+def _inf(n):
+  return jnp.full((n,), jnp.inf, jnp.float32)
+
+
+@pytest.mark.parametrize("classes", [2, 10])
+def test_norm_is_never_below_the_exact_distance_and_nearly_reaches_it(untargeted, ten_classes,
+                                                                        classes):
+  model, x, y, d = ten_classes if classes == 10 else _problem(2, 2)
+  result = untargeted(model.w, model.b, jnp.asarray(x), jnp.asarray(y), _inf(N))
+  success, norm = np.asarray(result.success), np.asarray(result.norm)
+  x_adv = np.asarray(result.x_adv)
+  assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
+  np.testing.assert_allclose(norm[success], np.linalg.norm(x_adv - x, axis=1)[success],
+                             rtol=1e-5)
+  assert np.all(np.isinf(norm[~success]))
+  assert success.mean() >= 0.95, success.mean()
+  ratio = norm[success] / d[success]
+  assert ratio.min() >= 1 - 1e-4, ratio.min()
+  assert np.median(ratio) <= 1.05, np.median(ratio)
+
+
+def test_already_misclassified_points_are_returned_unchanged(untargeted, ten_classes):
+  model, x, y, _ = ten_classes
+  wrong = ((y + 1) % 10).astype(np.int32)
+  result = untargeted(model.w, model.b, jnp.asarray(x), jnp.asarray(wrong), _inf(N))
+  np.testing.assert_array_equal(np.asarray(result.x_adv), x)
+  assert np.asarray(result.success).all()
+  np.testing.assert_array_equal(np.asarray(result.norm), 0.0)
+
+
+def test_eps_is_an_upper_bound_on_the_norm(untargeted, ten_classes):
+  """eps only filters the points kept: the result within eps is the unbounded one if it fits."""
+  model, x, y, d = ten_classes
+  unbounded = untargeted(model.w, model.b, jnp.asarray(x), jnp.asarray(y), _inf(N))
+  below = np.arange(N) % 2 == 0
+  eps = np.where(below, 0.97 * d, 1.2 * d).astype(np.float32)
+  result = untargeted(model.w, model.b, jnp.asarray(x), jnp.asarray(y), jnp.asarray(eps))
+  success, x_adv = np.asarray(result.success), np.asarray(result.x_adv)
+  assert not success[below].any()
+  assert success[~below].mean() >= 0.8, success[~below].mean()
+  np.testing.assert_array_equal(x_adv[~success], x[~success])  # nothing inside the ball: x
+  assert np.all(np.linalg.norm(x_adv - x, axis=1) <= eps * (1 + 1e-6))
+  np.testing.assert_array_equal(success, np.asarray(unbounded.norm) <= eps)
+  np.testing.assert_array_equal(x_adv[success], np.asarray(unbounded.x_adv)[success])
+
+
+def test_targeted_with_confidence_reaches_the_target_by_the_margin(ten_classes):
+  model, x, y, _ = ten_classes
+  target = ((y + 3) % 10).astype(np.int32)
+  kappa = 0.5
+  attack = jr.attacks.carlini_wagner_l2(steps=STEPS, binary_search_steps=ROUNDS,
+                                        confidence=kappa, targeted=True)
+  result = _jit_run(attack)(model.w, model.b, jnp.asarray(x), jnp.asarray(y), _inf(N),
+                            jnp.asarray(target))
+  logits = np.asarray(result.logits)
+  success, norm = np.asarray(result.success), np.asarray(result.norm)
+  np.testing.assert_array_equal(success, np.argmax(logits, axis=1) == target)
+  assert success.mean() >= 0.9, success.mean()
+  rows = np.arange(N)
+  z_t = logits[rows, target]
+  others = np.where(np.arange(10)[None, :] == target[:, None], -np.inf, logits)
+  assert np.all(z_t[success] - others.max(axis=1)[success] >= kappa - 1e-4)
+  # Lower bound: class t must beat every class k, so the norm is at least each half-space's
+  # distance (z_k - z_t) / ||w_k - w_t|| at the clean point.
+  z = x.astype(np.float64) @ model.w + model.b
+  gaps = z - z[rows, target][:, None]
+  sizes = np.linalg.norm(model.w.T[None, :, :] - model.w.T[target][:, None, :], axis=2)
+  bound = np.max(np.where(sizes > 0, gaps / np.where(sizes > 0, sizes, 1.0), -np.inf), axis=1)
+  assert np.all(norm[success] >= bound[success] * (1 - 1e-4))
+
+
+def test_binary_search_grows_a_bad_initial_const():
+  """From c = 1e-6 the search must grow c by powers of 10 until the attack succeeds."""
+  model, x, y, d = _problem(2, 2)
+  attack = jr.attacks.carlini_wagner_l2(steps=50, binary_search_steps=8, initial_const=1e-6)
+
+  @jax.jit
+  def drive(x, y):
+    budget = jr.Budget(_inf(x.shape[0]))
+    keys = jax.random.split(jax.random.key(0), x.shape[0])
+    state = attack.init(model.logits_fn, x, y, budget, keys)
+    state = jax.lax.scan(lambda s, _: (attack.step(model.logits_fn, s, x, y, budget), None),
+                         state, None, length=attack.num_steps)[0]
+    return state, attack.finalize(model.logits_fn, state, x, y, budget)
+
+  state, x_adv = drive(jnp.asarray(x), jnp.asarray(y))
+  success = np.asarray(jr.predict(model.logits_fn(x_adv))) != y
+  assert success.mean() >= 0.95, success.mean()
+  # The minimiser of ||delta||^2 + c * hinge reaches the boundary only for c >= c* = 2 d / ||dw||
+  # (Adam's first, sign-like steps can still cross it earlier for the closest points). A known
+  # upper bound on c means some round succeeded: for points with c* >= 1e-2 that took at least
+  # three rounds of growth from 1e-6.
+  upper = np.asarray(state.const_upper)
+  assert np.all(upper[success] < 1e10)
+  c_star = 2 * d / np.linalg.norm(model.w[:, 1] - model.w[:, 0])
+  far = c_star >= 1e-2
+  assert far.sum() >= N // 2, far.sum()
+  assert np.all(upper[far] >= 1e-3), upper[far].min()
+  ratio = np.linalg.norm(np.asarray(x_adv) - x, axis=1)[success] / d[success]
+  assert np.median(ratio) <= 1.05, np.median(ratio)
+
+
+def test_batch_sharded_on_an_explicit_mesh_equals_one_device(untargeted, ten_classes):
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
+  model, x, y, _ = ten_classes
+  single = untargeted(model.w, model.b, jnp.asarray(x), jnp.asarray(y), _inf(N))
+  mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Explicit,))
+  with jax.set_mesh(mesh):
+    put = lambda a: jax.device_put(jnp.asarray(a), NamedSharding(mesh, P("batch")))
+    sharded = untargeted(model.w, model.b, put(x), put(y), put(_inf(N)))
+    assert len(sharded.x_adv.sharding.device_set) == 8
+  np.testing.assert_allclose(np.asarray(sharded.x_adv), np.asarray(single.x_adv), atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(sharded.success), np.asarray(single.success))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(steps=0), r"steps must be an int >= 1"),
+    (dict(steps=2.5), r"steps must be an int >= 1"),
+    (dict(binary_search_steps=0), r"binary_search_steps must be an int >= 1"),
+    (dict(initial_const=0.0), r"initial_const must be a finite number > 0"),
+    (dict(initial_const=float("inf")), r"initial_const must be a finite number > 0"),
+    (dict(confidence=-1.0), r"confidence must be a finite number >= 0"),
+    (dict(learning_rate=0.0), r"learning_rate must be a finite number > 0"),
+    (dict(learning_rate=float("nan")), r"learning_rate must be a finite number > 0"),
+])
+def test_bad_options_raise_value_error(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    jr.attacks.carlini_wagner_l2(**kwargs)
+
+
+def test_attack_metadata():
+  attack = jr.attacks.carlini_wagner_l2(steps=7, binary_search_steps=3, targeted=True)
+  assert attack.minimum_norm and attack.targeted and attack.norm == "l2"
+  assert attack.num_steps == 21
