@@ -26,6 +26,13 @@ REGISTRY = {
     "pgd-linf-restarts-margin": lambda: jr.attacks.pgd("linf", steps=3, restarts=2, loss="margin"),
     "pgd-l2-dlr-targeted": lambda: jr.attacks.pgd("l2", steps=3, loss="dlr", targeted=True),
     "fgsm-linf-targeted": lambda: jr.attacks.fgsm("linf", targeted=True),
+    "deepfool-l2": lambda: jr.attacks.deepfool("l2", steps=5),
+    "deepfool-linf": lambda: jr.attacks.deepfool("linf", steps=5, candidates=3),
+    "carlini_wagner_l2": lambda: jr.attacks.carlini_wagner_l2(
+        steps=10, binary_search_steps=3, initial_const=1.0, learning_rate=0.1),
+    "carlini_wagner_l2-targeted-confidence": lambda: jr.attacks.carlini_wagner_l2(
+        steps=10, binary_search_steps=3, initial_const=1.0, learning_rate=0.1, confidence=0.1,
+        targeted=True),
 }
 
 EPS = {"linf": 0.1, "l2": 0.5, "l1": 2.0}
@@ -101,7 +108,9 @@ def test_inside_box_and_ball_and_success_is_honest(compiled, problem):
   assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
   size = np.asarray(jr.projections.norm(result.x_adv - x, attack.norm))
   assert np.all(size <= eps * (1 + 1e-5) + 1e-6), size.max()
-  np.testing.assert_allclose(np.asarray(result.norm), size, rtol=1e-6)
+  # A minimum-norm attack reports norm = inf where it found no adversarial point.
+  expected = np.where(np.asarray(result.success), size, np.inf) if attack.minimum_norm else size
+  np.testing.assert_allclose(np.asarray(result.norm), expected, rtol=1e-6)
   pred = np.asarray(jr.predict(logits_fn(result.x_adv)))
   clean_wrong = np.asarray(jr.predict(logits_fn(x))) != np.asarray(y)
   hit = pred == np.asarray(target) if attack.targeted else pred != np.asarray(y)
@@ -163,5 +172,4 @@ def test_per_example_eps(compiled, problem):
 def test_registry_lists_every_attack():
   shipped = set(jr.attacks.__all__)
   listed = {name.split("-")[0].replace("fgm", "fgsm") for name in REGISTRY}
-  assert len(shipped) >= 4
   assert shipped <= listed, f"attacks missing from the conformance registry: {shipped - listed}"
