@@ -16,12 +16,14 @@ from jaxrobust import attacks, losses, metrics, projections
 from jaxrobust._types import Attack, AttackResult, Budget, Curve
 from jaxrobust._validation import check_inputs
 from jaxrobust.attacks._common import predict
-from jaxrobust.curves import curve_from_norms, robustness_curve
+from jaxrobust.curves import (CurveConsistency, curve_consistency, curve_from_norms,
+                              robustness_curve)
 from jaxrobust.run import run
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Attack", "AttackResult", "Budget", "Curve", "attacks", "check_inputs", "curve_from_norms",
+    "Attack", "AttackResult", "Budget", "Curve", "CurveConsistency", "attacks", "check_inputs",
+    "curve_consistency", "curve_from_norms",
     "losses", "metrics", "predict", "projections", "robustness_curve", "run",
 ]

@@ -8,7 +8,7 @@ the per-example worst case across eps is taken and the curve is non-increasing b
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -133,3 +133,53 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
     broken = jax.lax.map(broken_at, indexed, batch_size=eps_batch_size or None)
   robust = correct[None, :] & ~_worst_case_over_smaller_eps(broken, epsilons)
   return _curve(epsilons, correct, robust)
+
+
+class CurveConsistency(NamedTuple):
+  r"""Per-eps disagreements between minimal norms :math:`\epsilon^*` and a fixed-budget curve.
+
+  Both describe the same thing: a clean-correct point is broken at eps iff
+  :math:`\epsilon^* \le \epsilon`. Each disagreement exposes a weak attack.
+
+  Attributes:
+    epsilons: ``[K]`` the budgets of the fixed-budget curve.
+    norm_attack_weaker: ``[K]`` points the fixed-budget attack broke at eps although the
+      minimum-norm attack reported :math:`\epsilon^* > \epsilon` (it missed a smaller
+      perturbation).
+    budget_attack_weaker: ``[K]`` clean-correct points with :math:`\epsilon^* \le \epsilon` that
+      the fixed-budget attack did not break (it missed a perturbation inside the ball).
+  """
+
+  epsilons: Array
+  norm_attack_weaker: Array
+  budget_attack_weaker: Array
+
+
+def curve_consistency(norms: Array, correct: Array, curve: Curve) -> CurveConsistency:
+  r"""Compares a minimum-norm attack's :math:`\epsilon^*` with a fixed-budget curve, per example.
+
+  The true minimal distance is at most both answers; where they disagree, one attack is weak and
+  the robust accuracy of the better one should be reported (or both fixed).
+
+  Args:
+    norms: ``[B]`` minimal adversarial norms (``AttackResult.norm`` of a minimum-norm attack).
+    correct: ``[B]`` bool, clean prediction correct.
+    curve: a fixed-budget :class:`jaxrobust.Curve` on the same examples, same order.
+
+  Returns:
+    A :class:`CurveConsistency`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> eps = jnp.array([0.1, 0.2])
+    >>> curve = curve_from_norms(jnp.array([0.15, 0.5]), jnp.array([True, True]), eps)
+    >>> c = curve_consistency(jnp.array([0.15, 0.18]), jnp.array([True, True]), curve)
+    >>> c.norm_attack_weaker.tolist(), c.budget_attack_weaker.tolist()
+    ([0, 0], [0, 1])
+  """
+  within = correct[None, :] & (norms.astype(jnp.float32)[None, :] <= curve.epsilons[:, None])
+  broken = correct[None, :] & ~curve.robust
+  return CurveConsistency(
+      epsilons=curve.epsilons,
+      norm_attack_weaker=jnp.sum(broken & ~within, axis=1, dtype=jnp.int32),
+      budget_attack_weaker=jnp.sum(within & curve.robust, axis=1, dtype=jnp.int32))

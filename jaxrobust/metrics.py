@@ -755,3 +755,128 @@ def psum(counts: Counts, axis_name: str) -> Counts:
     [3, 3]
   """
   return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), counts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Minimal adversarial perturbations eps*(x): quantiles and a mergeable histogram.
+# ---------------------------------------------------------------------------------------------
+
+
+def perturbation_quantiles(norms: ArrayLike, q: ArrayLike, mask: Optional[ArrayLike] = None
+                           ) -> Array:
+  r"""Quantiles of the per-example minimal adversarial norms :math:`\epsilon^*(x)`.
+
+  ``norms`` is what a minimum-norm attack returns (``AttackResult.norm``): 0 for points
+  misclassified on the clean input, ``inf`` where no adversarial point was found. Infinite values
+  take part (a median of ``inf`` means that at least half the points resisted the attack); the
+  quantiles interpolate linearly between order statistics, and any interpolation that touches
+  ``inf`` is ``inf``.
+
+  Args:
+    norms: ``[B]`` minimal adversarial norms.
+    q: a quantile in ``[0, 1]`` or an array of them.
+    mask: optional ``[B]`` bool; only ``True`` entries count. NaN if none do.
+
+  Returns:
+    An array of the shape of ``q``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> norms = jnp.array([0.1, 0.2, 0.4, jnp.inf])
+    >>> perturbation_quantiles(norms, jnp.array([0.0, 0.5, 1.0])).tolist()
+    [0.10000000149011612, 0.30000001192092896, inf]
+  """
+  norms = jnp.asarray(norms, jnp.float32)
+  keep = _mask(mask, norms.shape[0])
+  big = jnp.finfo(jnp.float32).max
+  finite = jnp.where(jnp.isinf(norms), big, norms)
+  values = jnp.where(keep, finite, jnp.nan)
+  out = jnp.nanquantile(values, jnp.asarray(q, jnp.float32))
+  # Any interpolation that involved the stand-in for inf is at least big / 2.
+  return jnp.where(out >= big / 2, jnp.inf, out)
+
+
+def median_perturbation(norms: ArrayLike, mask: Optional[ArrayLike] = None) -> Array:
+  r"""The median of :math:`\epsilon^*(x)` (see :func:`perturbation_quantiles`).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> float(median_perturbation(jnp.array([0.3, 0.1, 0.2])))
+    0.20000000298023224
+  """
+  return perturbation_quantiles(norms, 0.5, mask)
+
+
+class NormHistogram(NamedTuple):
+  r"""A streaming, mergeable fixed-bin histogram of minimal adversarial norms :math:`\epsilon^*`.
+
+  For ascending bin edges :math:`e_0 < \dots < e_{E-1}` (given to every call, never stored, so
+  :func:`psum` and :meth:`merge` only add counts) it keeps, over the examples seen,
+
+  * ``n``: examples; ``correct``: clean-correct examples;
+  * ``above[k]``: clean-correct examples with :math:`\epsilon^* > e_k`, i.e. still robust at
+    :math:`\epsilon = e_k`.
+
+  So the robustness curve at the edges is exactly ``above / n`` whatever the batching, and the
+  histogram of :math:`\epsilon^*` over clean-correct points follows by differences
+  (:meth:`compute`). Merging is integer addition: associative and exact.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> edges = jnp.array([0.0, 0.1, 0.2])
+    >>> h = NormHistogram.from_batch(jnp.array([0.05, 0.15, jnp.inf]), jnp.array([True] * 3), edges)
+    >>> h = h.merge(NormHistogram.from_batch(jnp.array([0.0]), jnp.array([False]), edges))
+    >>> h.compute(edges)["robust_accuracy"].tolist()
+    [0.75, 0.5, 0.25]
+  """
+
+  n: Array  # [] int32
+  correct: Array  # [] int32
+  above: Array  # [E] int32
+
+  @classmethod
+  def empty(cls, num_edges: int) -> NormHistogram:
+    """Zero counts for ``num_edges`` edges: the identity of :meth:`merge`."""
+    zero = jnp.zeros((), jnp.int32)
+    return cls(zero, zero, jnp.zeros((num_edges,), jnp.int32))
+
+  @classmethod
+  def from_batch(cls, norms: ArrayLike, correct: ArrayLike, edges: ArrayLike,
+                 mask: Optional[ArrayLike] = None) -> NormHistogram:
+    """Counts of one batch.
+
+    Args:
+      norms: ``[B]`` minimal adversarial norms (``inf`` where none was found).
+      correct: ``[B]`` bool, clean prediction correct.
+      edges: ``[E]`` bin edges (the eps grid of the curve).
+      mask: optional ``[B]`` bool for padded batches.
+    """
+    norms = jnp.asarray(norms, jnp.float32)
+    keep = _mask(mask, norms.shape[0])
+    good = keep & jnp.asarray(correct, bool)
+    edges = jnp.asarray(edges, jnp.float32)
+    above = good[None, :] & (norms[None, :] > edges[:, None])
+    return cls(_count(keep), _count(good), jnp.sum(above, axis=1, dtype=jnp.int32))
+
+  def merge(self, other: NormHistogram) -> NormHistogram:
+    """Elementwise sum of the counts."""
+    return jax.tree.map(jnp.add, self, other)
+
+  def compute(self, edges: ArrayLike) -> dict[str, Array]:
+    """The curve at the edges and the histogram of :math:`\\epsilon^*` over clean-correct points.
+
+    Returns:
+      ``clean_accuracy`` ``[]``; ``robust_accuracy`` ``[E]`` (at ``eps = edges``);
+      ``histogram`` ``[E + 1]``: clean-correct examples with :math:`\\epsilon^* \\le e_0`, in
+      :math:`(e_{k-1}, e_k]`, and above :math:`e_{E-1}` (the last bin includes ``inf``); ``auc``.
+      Ratios are NaN when ``n == 0``.
+    """
+    edges = jnp.asarray(edges, jnp.float32)
+    n = self.n.astype(jnp.float32)
+    clean = _ratio(self.correct, n)
+    robust = self.above.astype(jnp.float32) / jnp.where(n > 0, n, jnp.nan)
+    at_or_below = jnp.concatenate([self.correct[None], self.above])
+    histogram = at_or_below[:-1] - at_or_below[1:]
+    histogram = jnp.concatenate([histogram, self.above[-1:]])
+    return {"clean_accuracy": clean, "robust_accuracy": robust, "histogram": histogram,
+            "auc": curve_auc(edges, robust, clean)}
