@@ -165,7 +165,11 @@ def make_eval_fn(attack: Any, model: Any):
   def eval_batch(params, x, y, mask, index, epsilons, key):
     logits_fn = functools.partial(model.apply, params)
     keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
-    curve = jr.robustness_curve(attack, logits_fn, x, y, epsilons, keys)
+    # All eps vectorised and the attack loop unrolled: no loop around the model, which on
+    # XLA:CPU runs the strided convolution's input gradient several times faster (see
+    # benchmarks/RESULTS.md); results are those of any other setting up to float rounding.
+    curve = jr.robustness_curve(attack, logits_fn, x, y, epsilons, keys, eps_batch_size=0,
+                                unroll=True)
     correct = (jr.predict(logits_fn(x)) == y) & mask
     robust = curve.robust & mask[None, :]
     return jnp.sum(correct, dtype=jnp.int32), jnp.sum(robust, axis=1, dtype=jnp.int32)

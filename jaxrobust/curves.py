@@ -69,9 +69,14 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   """Robust accuracy of ``logits_fn`` against ``attack`` at every budget in ``epsilons``.
 
   The whole curve is one program under ``jax.jit``; ``epsilons`` is data, so new values never
-  recompile. A fixed-budget attack runs once per eps (with the example's key folded with the eps
-  index, so every ``eps_batch_size`` gives the same result); a minimum-norm attack runs once and
-  every eps follows from its norms (:func:`curve_from_norms`).
+  recompile. A fixed-budget attack runs once per eps, with the example's key folded with the eps
+  index, so every ``eps_batch_size`` draws the same random starts (XLA may round a vectorised
+  model evaluation differently, so a borderline example can still flip between settings); a
+  minimum-norm attack runs once and every eps follows from its norms (:func:`curve_from_norms`).
+
+  On CPU, ``eps_batch_size=0`` with ``unroll=True`` leaves no loop around the model and is the
+  fastest for convolutional models (see :func:`jaxrobust.run`); on accelerators the defaults
+  use the least memory.
 
   Args:
     attack: from :mod:`jaxrobust.attacks`.
