@@ -114,3 +114,22 @@ class Best(NamedTuple):
     better = (success & ~self.success) | ((success == self.success) & (loss > self.loss))
     return Best(jnp.where(expand(better, x.ndim), x, self.x),
                 jnp.where(better, loss, self.loss), self.success | success)
+
+
+class MinNormBest(NamedTuple):
+  """The smallest successful point seen so far for each example (``norm = inf``: none yet)."""
+
+  x: Array  # [B, ...] work dtype (float32 at least)
+  norm: Array  # [B] same dtype
+
+  @classmethod
+  def empty(cls, x: Array) -> "MinNormBest":
+    # [B] fields from a slice of x, so that they carry x's batch sharding (see Best.empty).
+    first = x.reshape(x.shape[0], -1)[:, 0]
+    return cls(x, jnp.full_like(first, jnp.inf))
+
+  def update(self, x: Array, size: Array, success: Array) -> "MinNormBest":
+    """Keeps ``x`` where it succeeds with a smaller norm than the best so far."""
+    better = success & (size < self.norm)
+    return MinNormBest(jnp.where(expand(better, x.ndim), x, self.x),
+                       jnp.where(better, size, self.norm))

@@ -35,32 +35,13 @@ import numpy as np
 from jaxrobust import projections
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks._common import expand, is_success, per_example, work_dtype
+from jaxrobust.attacks._common import MinNormBest, expand, is_success, per_example, work_dtype
 
 Array = jax.Array
 
 SUPPORTED_NORMS = ("l2", "linf")
 CROSSING = 1e-4
 """Added to :math:`|f_k|` (logit units) so that a step lands just past the linearised boundary."""
-
-
-class MinNormBest(NamedTuple):
-  """The smallest successful point seen so far for each example (``norm = inf``: none yet)."""
-
-  x: Array  # [B, ...] work dtype (float32 at least)
-  norm: Array  # [B] same dtype
-
-  @classmethod
-  def empty(cls, x: Array) -> "MinNormBest":
-    # [B] fields from a slice of x, so that they carry x's batch sharding (see Best.empty).
-    first = x.reshape(x.shape[0], -1)[:, 0]
-    return cls(x, jnp.full_like(first, jnp.inf))
-
-  def update(self, x: Array, size: Array, success: Array) -> "MinNormBest":
-    """Keeps ``x`` where it succeeds with a smaller norm than the best so far."""
-    better = success & (size < self.norm)
-    return MinNormBest(jnp.where(expand(better, x.ndim), x, self.x),
-                       jnp.where(better, size, self.norm))
 
 
 class DeepFoolState(NamedTuple):
