@@ -191,9 +191,11 @@ def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, bu
   num_classes = check_logits(logits_shape(logits_fn, x), batch)
   check_labels("y", y, num_classes)
   check_labels("target", target, num_classes)
-  if target is not None and is_concrete(y, target) and np.any(np.asarray(y) == np.asarray(target)):
-    raise ValueError(f"target equals the true label y for {int(np.sum(np.asarray(y) == np.asarray(target)))} "
-                     "example(s); a targeted attack needs target != y.")
+  if target is not None and is_concrete(y, target):
+    same = int(np.sum(np.asarray(y) == np.asarray(target)))
+    if same:
+      raise ValueError(f"target equals the true label y for {same} example(s); a targeted attack "
+                       "needs target != y.")
   eps, lower, upper = budget
   check_bounds(lower, upper)
   check_x_in_box(x, lower, upper)

@@ -24,7 +24,6 @@ combine with :meth:`Counts.merge` (or :func:`psum` across devices), and finish w
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple, Optional
 
 import jax

@@ -59,4 +59,5 @@ def direction(grad: Array, norm: str, x_adv: Array, lower: Array, upper: Array,
     count = jnp.sum(chosen, axis=1, keepdims=True).astype(g.dtype)
     d = jnp.where(chosen, jnp.sign(g), 0.0) / jnp.maximum(count, 1.0)
     return d.reshape(grad.shape)
-  raise ValueError(f"Unknown norm {norm!r}; supported: 'linf', 'l2', 'l1'.")  # unreachable: factories validate
+  # Unreachable through the factories, which validate the norm.
+  raise ValueError(f"Unknown norm {norm!r}; supported: 'linf', 'l2', 'l1'.")

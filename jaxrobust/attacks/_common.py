@@ -44,6 +44,14 @@ def per_example(value: Array, batch: int, dtype: jnp.dtype) -> Array:
   return jnp.broadcast_to(jnp.asarray(value, dtype), (batch,))
 
 
+def unpack_budget(x: Array, budget) -> tuple[Array, Array, Array, Array]:
+  """``x`` in the work dtype, ``eps`` as ``[B]`` and the box bounds as scalars of that dtype."""
+  dtype = work_dtype(x)
+  eps, lower, upper = budget
+  return (x.astype(dtype), per_example(eps, x.shape[0], dtype), jnp.asarray(lower, dtype),
+          jnp.asarray(upper, dtype))
+
+
 def expand(v: Array, ndim: int) -> Array:
   """``[B]`` -> ``[B, 1, ..., 1]`` with ``ndim`` axes, to broadcast against ``[B, ...]``."""
   return v.reshape(v.shape + (1,) * (ndim - 1))

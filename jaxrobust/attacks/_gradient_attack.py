@@ -26,7 +26,7 @@ from jaxrobust import projections
 from jaxrobust._types import Attack, Budget
 from jaxrobust.attacks import _ascent
 from jaxrobust.attacks._common import (Best, expand, fold_in, is_success, loss_grad_logits,
-                                       per_example, work_dtype)
+                                       unpack_budget)
 
 Array = jax.Array
 
@@ -68,20 +68,14 @@ def gradient_attack(*, norm: str, loss: str | Callable[..., Array], steps: int, 
   period = steps + 1  # a run's updates plus the iteration that scores its end and restarts
   total_steps = restarts * period - 1
 
-  def unpack(x, budget):
-    dtype = work_dtype(x)
-    eps, lower, upper = budget
-    return (x.astype(dtype), per_example(eps, x.shape[0], dtype), jnp.asarray(lower, dtype),
-            jnp.asarray(upper, dtype))
-
   def init(logits_fn, x, y, budget: Budget, keys, target=None):
     del logits_fn, y, target
-    x, eps, lower, upper = unpack(x, budget)
+    x, eps, lower, upper = unpack_budget(x, budget)
     x0 = _start(x, keys, eps, lower, upper, norm, 0, random_start)
     return GradientAttackState(x0, Best.empty(x0), keys, jnp.zeros((), jnp.int32))
 
   def step(logits_fn, state: GradientAttackState, x, y, budget: Budget, target=None):
-    x, eps, lower, upper = unpack(x, budget)
+    x, eps, lower, upper = unpack_budget(x, budget)
     loss_value, grad, logits = loss_grad_logits(logits_fn, loss_fn, state.x_adv, y, target)
     best = state.best.update(state.x_adv, loss_value, is_success(logits, y, target))
     d = _ascent.direction(grad, norm, state.x_adv, lower, upper, l1_sparsity)

@@ -44,7 +44,7 @@ from jaxrobust import losses as losses_lib
 from jaxrobust import projections
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks._common import expand, is_success, per_example, work_dtype
+from jaxrobust.attacks._common import expand, is_success, unpack_budget
 
 Array = jax.Array
 
@@ -147,12 +147,6 @@ def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
   learning_rate = _check_number("learning_rate", learning_rate, positive=True)
   optimizer = optax.adam(learning_rate)
 
-  def unpack(x, budget):
-    dtype = work_dtype(x)
-    eps, lower, upper = budget
-    return (x.astype(dtype), per_example(eps, x.shape[0], dtype), jnp.asarray(lower, dtype),
-            jnp.asarray(upper, dtype))
-
   def to_tanh_space(x, lower, upper):
     # Shrunk by 0.999999 so that atanh stays finite for x on the faces of the box.
     unit = jnp.clip((x - lower) / (upper - lower) * 2 - 1, -1, 1)
@@ -185,7 +179,7 @@ def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
 
   def init(logits_fn, x, y, budget: Budget, keys, target=None):
     del keys
-    x, _, lower, upper = unpack(x, budget)
+    x, _, lower, upper = unpack_budget(x, budget)
     w0 = to_tanh_space(x, lower, upper)
     (dist, _), vjp, _ = jax.vjp(
         lambda w: parts(logits_fn, w, x, y, lower, upper, target), w0, has_aux=True)
@@ -205,7 +199,7 @@ def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
         t=jnp.zeros((), jnp.int32))
 
   def step(logits_fn, state: CarliniWagnerState, x, y, budget: Budget, target=None):
-    x, eps, lower, upper = unpack(x, budget)
+    x, eps, lower, upper = unpack_budget(x, budget)
     const = state.const
 
     def objective(w):
@@ -245,7 +239,7 @@ def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
         grad_dist0=state.grad_dist0, grad_hinge0=state.grad_hinge0, t=state.t + 1)
 
   def finalize(logits_fn, state: CarliniWagnerState, x, y, budget: Budget, target=None):
-    x, eps, lower, upper = unpack(x, budget)
+    x, eps, lower, upper = unpack_budget(x, budget)
     _, (x_adv, logits, margin) = parts(logits_fn, state.w, x, y, lower, upper, target)
     _, best_x, _ = score(x, y, eps, target, state, x_adv, logits, margin)
     return best_x

@@ -35,7 +35,7 @@ import numpy as np
 from jaxrobust import projections
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks._common import MinNormBest, expand, is_success, per_example, work_dtype
+from jaxrobust.attacks._common import (MinNormBest, expand, is_success, unpack_budget)
 
 Array = jax.Array
 
@@ -176,25 +176,19 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
     raise ValueError(f"overshoot must be a finite number >= 0, got {overshoot!r}.")
   scale = 1.0 + float(overshoot)
 
-  def unpack(x, budget):
-    dtype = work_dtype(x)
-    eps, lower, upper = budget
-    return (x.astype(dtype), per_example(eps, x.shape[0], dtype), jnp.asarray(lower, dtype),
-            jnp.asarray(upper, dtype))
-
   def iterate(x, r_total, lower, upper):
     return jnp.clip(x + scale * r_total, lower, upper)
 
   def init(logits_fn, x, y, budget: Budget, keys, target=None):
     del keys, target
-    x, _, _, _ = unpack(x, budget)
+    x, _, _, _ = unpack_budget(x, budget)
     logits = logits_fn(x)
     count = min(candidates, logits.shape[1] - 1)
     return DeepFoolState(jnp.zeros_like(x), _candidates(logits, y, count), MinNormBest.empty(x))
 
   def step(logits_fn, state: DeepFoolState, x, y, budget: Budget, target=None):
     del target
-    x, _, lower, upper = unpack(x, budget)
+    x, _, lower, upper = unpack_budget(x, budget)
     x_t = iterate(x, state.r_total, lower, upper)
     logits, pullback = jax.vjp(logits_fn, x_t)
     success = is_success(logits, y, None)
@@ -205,7 +199,7 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
 
   def finalize(logits_fn, state: DeepFoolState, x, y, budget: Budget, target=None):
     del target
-    x, eps, lower, upper = unpack(x, budget)
+    x, eps, lower, upper = unpack_budget(x, budget)
     x_t = iterate(x, state.r_total, lower, upper)
     success = is_success(logits_fn(x_t), y, None)
     best = state.best.update(x_t, projections.norm(x_t - x, norm), success)

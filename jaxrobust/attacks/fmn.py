@@ -68,7 +68,7 @@ from jaxrobust._types import NORMS, Attack, Budget
 from jaxrobust._validation import check_positive_int
 from jaxrobust.attacks import _ascent
 from jaxrobust.attacks._common import (MinNormBest, expand, is_success, loss_grad_logits,
-                                       per_example, work_dtype)
+                                       unpack_budget)
 
 Array = jax.Array
 
@@ -200,25 +200,19 @@ def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
   else:
     loss_fn = lambda logits, labels: -losses_lib.margin(logits, labels)
 
-  def unpack(x, budget):
-    dtype = work_dtype(x)
-    eps, lower, upper = budget
-    return (x.astype(dtype), per_example(eps, x.shape[0], dtype), jnp.asarray(lower, dtype),
-            jnp.asarray(upper, dtype))
-
   def annealed(start, end, k, dtype):
     cosine = (1 + jnp.cos(jnp.pi * k.astype(dtype) / steps)) / 2
     return end + (start - end) * cosine
 
   def init(logits_fn, x, y, budget: Budget, keys, target=None):
     del logits_fn, y, keys, target
-    x, _, _, _ = unpack(x, budget)
+    x, _, _, _ = unpack_budget(x, budget)
     best = MinNormBest.empty(x)  # [B] fields from a slice of x: they carry its batch sharding.
     return FMNState(x_adv=x, eps=best.norm, found=jnp.zeros_like(best.norm, dtype=bool),
                     best=best, k=jnp.zeros((), jnp.int32))
 
   def step(logits_fn, state: FMNState, x, y, budget: Budget, target=None):
-    x, _, lower, upper = unpack(x, budget)
+    x, _, lower, upper = unpack_budget(x, budget)
     loss, grad, logits = loss_grad_logits(logits_fn, loss_fn, state.x_adv, y, target)
     loss, grad = loss.astype(x.dtype), grad.astype(x.dtype)
     delta = state.x_adv - x
@@ -250,7 +244,7 @@ def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
     return FMNState(x_adv=x_next, eps=eps, found=found, best=best, k=state.k + 1)
 
   def finalize(logits_fn, state: FMNState, x, y, budget: Budget, target=None):
-    x, eps, _, _ = unpack(x, budget)
+    x, eps, _, _ = unpack_budget(x, budget)
     success = is_success(logits_fn(state.x_adv), y, target)
     best = state.best.update(state.x_adv, projections.norm(state.x_adv - x, norm), success)
     inside = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
