@@ -3,7 +3,9 @@
 
 The same `SmallCNN` (the demo's digits model, plain or adversarially trained) is evaluated by
 
-* jaxrobust: ``jr.robustness_curve`` with ``jr.attacks.pgd("linf")``, the whole curve jitted once;
+* jaxrobust: ``jr.robustness_curve`` with ``jr.attacks.pgd("linf")``, the whole curve jitted once
+  (with the default settings, the ``--jr-eps-batch-size`` ones, and ``eps_batch_size=0,
+  unroll=True``, the fastest setting on CPU);
 * torchattacks ``PGD`` (one call per eps: it has no multi-eps API);
 * Foolbox 3 ``LinfPGD`` (one call with ``epsilons=[...]``, its multi-eps API);
 * ART ``ProjectedGradientDescent`` on a ``PyTorchClassifier`` (one ``generate`` per eps);
@@ -22,7 +24,11 @@ The peers are optional (``pip install 'jaxrobust[peers]'``); a peer that is not 
 skipped with a note, so the script runs wherever jaxrobust runs. Example::
 
   python benchmarks/bench_peers.py --model both --steps 20 --num-eps 8 --eps-max 0.3 \\
-      --out benchmarks/peers.json
+      --repeats 5 --out /tmp/peers.json
+
+Timings are only meaningful while nothing else loads the cores: PyTorch's OpenMP threads slow
+down many times over when the cores are oversubscribed, XLA far less. The 1-min load average is
+printed with every table; repeats are interleaved across libraries and the best one is reported.
 """
 
 from __future__ import annotations
@@ -476,17 +482,19 @@ def main(argv: Optional[list[str]] = None) -> int:
     jr_main = results[0]
     print(f"\n  spread of the (envelope) robust accuracy over the {args.repeats} random-start seeds:")
     for r in results:
-      print(f"    {r['library']:32s} " + ", ".join(
+      print(f"    {r['library']:40s} " + ", ".join(
         f"{lo:.3f}-{hi:.3f}" for lo, hi in zip(r["envelope_seed_min"], r["envelope_seed_max"])))
     peer_times = [r["time_s"] for r in results if not r["library"].startswith("jaxrobust")]
     goal = None
     if peer_times:
       fastest = min(peer_times)
       best_jr = min(r["time_s"] for r in results if r["library"].startswith("jaxrobust"))
-      goal = jr_main["time_s"] <= fastest / 2
-      print(f"  goal (jaxrobust default <= half the fastest peer): {jr_main['time_s']:.3f} s vs "
-            f"{fastest:.3f} s / 2 -> {'met' if goal else 'NOT met'}; the fastest peer takes "
-            f"{fastest / best_jr:.2f}x the time of the best jaxrobust setting ({best_jr:.3f} s)")
+      goal = {"default": jr_main["time_s"] <= fastest / 2, "best_setting": best_jr <= fastest / 2}
+      print(f"  goal (jaxrobust <= half the fastest peer, {fastest:.3f} s / 2 = "
+            f"{fastest / 2:.3f} s): default settings {jr_main['time_s']:.3f} s -> "
+            f"{'met' if goal['default'] else 'NOT met'}; best setting {best_jr:.3f} s -> "
+            f"{'met' if goal['best_setting'] else 'NOT met'} (fastest peer / best jaxrobust = "
+            f"{fastest / best_jr:.2f})")
     notes = discrepancies(results, x.shape[0])
     for note in notes:
       print(f"  NOTE: {note}")
