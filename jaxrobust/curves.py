@@ -17,7 +17,7 @@ import numpy as np
 from jaxrobust import metrics
 from jaxrobust._types import Attack, Budget, Curve
 from jaxrobust._validation import check_eps, check_inputs
-from jaxrobust.attacks._common import as_keys, fold_in, predict
+from jaxrobust.attacks._common import as_keys, fold_in, predict, work_dtype
 from jaxrobust.run import run_unchecked
 
 Array = jax.Array
@@ -117,10 +117,11 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
             input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
             allow_large_eps=allow_large_eps, name="epsilons")
 
+  x = x.astype(work_dtype(x))  # as run_unchecked sees it, so `correct` is the same prediction
   correct = predict(logits_fn(x)) == y.astype(jnp.int32)
   if attack.minimum_norm:
     result = run_unchecked(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), key, target,
-                           unroll=unroll)
+                           unroll=unroll, clean_correct=correct)
     return curve_from_norms(result.norm, correct, epsilons)
 
   keys = as_keys(key, x.shape[0])
@@ -128,7 +129,8 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   def broken_at(index_and_eps):
     index, eps = index_and_eps
     result = run_unchecked(attack, logits_fn, x, y, Budget(eps, lower, upper),
-                           fold_in(keys, index), target, unroll=unroll)
+                           fold_in(keys, index), target, unroll=unroll,
+                           clean_correct=correct)
     return result.success
 
   indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)

@@ -73,11 +73,17 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
 
 def run_unchecked(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
                   budget: Budget, key: Array, target: Array | None = None, *,
-                  unroll: int | bool = 1) -> AttackResult:
-  """:func:`run` without input validation (for drivers that validated once already)."""
+                  unroll: int | bool = 1, clean_correct: Array | None = None) -> AttackResult:
+  """:func:`run` without input validation (for drivers that validated once already).
+
+  ``clean_correct`` (``[B]`` bool, clean prediction equals ``y``) may be passed by a driver that
+  has it already, e.g. a curve running the attack once per eps, to skip one forward pass.
+  """
   x = x.astype(work_dtype(x))
   keys = as_keys(key, x.shape[0])
-  clean_wrong = predict(logits_fn(x)) != y.astype(jnp.int32)
+  if clean_correct is None:
+    clean_correct = predict(logits_fn(x)) == y.astype(jnp.int32)
+  clean_wrong = ~clean_correct
 
   def body(state, _):
     return attack.step(logits_fn, state, x, y, budget, target), None
