@@ -63,3 +63,25 @@ def mlp(seed: int, dim: int, hidden: int, classes: int):
     return h @ w2 * 4.0
 
   return logits_fn
+
+
+def assert_explicit_sharding_matches_one_device(run, *args, sharded_args):
+  """``run(*args, *batch_arrays)`` on 8 devices (Explicit mesh, batch-sharded) equals one device.
+
+  ``sharded_args`` are the ``[B, ...]`` arrays to shard; ``args`` are passed unchanged. Skips when
+  fewer than 8 devices exist (tests/conftest.py sets ``jax_num_cpu_devices=8``).
+  """
+  import pytest
+  from jax.sharding import AxisType, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
+  single = run(*args, *sharded_args)
+  mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Explicit,))
+  with jax.set_mesh(mesh):
+    put = lambda a: jax.device_put(jnp.asarray(a), NamedSharding(mesh, P("batch")))
+    sharded = run(*args, *map(put, sharded_args))
+    assert len(sharded.x_adv.sharding.device_set) == 8
+  np.testing.assert_allclose(np.asarray(sharded.x_adv), np.asarray(single.x_adv), atol=1e-6)
+  np.testing.assert_array_equal(np.asarray(sharded.success), np.asarray(single.success))

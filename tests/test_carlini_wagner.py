@@ -13,11 +13,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import jaxrobust as jr
-from tests.models import Linear, linear_points, random_linear
+from tests.models import (assert_explicit_sharding_matches_one_device,
+                          Linear, linear_points, random_linear)
 
 DIM = 16
 N = 48
@@ -173,17 +172,9 @@ def test_binary_search_grows_a_bad_initial_const():
 
 
 def test_batch_sharded_on_an_explicit_mesh_equals_one_device(untargeted, ten_classes):
-  if len(jax.devices()) < 8:
-    pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
   model, x, y, _ = ten_classes
-  single = untargeted(model.w, model.b, jnp.asarray(x), jnp.asarray(y), _inf(N))
-  mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Explicit,))
-  with jax.set_mesh(mesh):
-    put = lambda a: jax.device_put(jnp.asarray(a), NamedSharding(mesh, P("batch")))
-    sharded = untargeted(model.w, model.b, put(x), put(y), put(_inf(N)))
-    assert len(sharded.x_adv.sharding.device_set) == 8
-  np.testing.assert_allclose(np.asarray(sharded.x_adv), np.asarray(single.x_adv), atol=1e-6)
-  np.testing.assert_array_equal(np.asarray(sharded.success), np.asarray(single.success))
+  assert_explicit_sharding_matches_one_device(untargeted, model.w, model.b,
+                                              sharded_args=(x, y, _inf(N)))
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -16,12 +16,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 import jaxrobust as jr
 from jaxrobust.attacks.fmn import fmn
-from tests.models import DUAL, Linear, linear_points, random_linear
+from tests.models import (assert_explicit_sharding_matches_one_device,
+                          DUAL, Linear, linear_points, random_linear)
 
 DIM = 16
 N = 48
@@ -205,18 +204,9 @@ def test_first_radius_is_the_linearised_distance(norm):
 
 
 def test_batch_sharded_run_equals_one_device():
-  if len(jax.devices()) < 8:
-    pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
   model, x, y, _ = _problem(10, "linf")
   run = _jitted("linf")
-  single = run(model, x, y)
-  mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Explicit,))
-  with jax.set_mesh(mesh):
-    put = lambda a: jax.device_put(jnp.asarray(a), NamedSharding(mesh, P("batch")))
-    sharded = run(model, put(x), put(y))
-    assert len(sharded.x_adv.sharding.device_set) == 8
-  np.testing.assert_allclose(np.asarray(sharded.x_adv), np.asarray(single.x_adv), atol=1e-6)
-  np.testing.assert_array_equal(np.asarray(sharded.success), np.asarray(single.success))
+  assert_explicit_sharding_matches_one_device(run, model, sharded_args=(x, y))
 
 
 def test_attack_is_minimum_norm_with_a_stable_carry():
