@@ -70,6 +70,14 @@ class Attack(NamedTuple):
     minimum_norm: ``True`` for attacks that search for the smallest adversarial perturbation
       (``budget.eps`` is then an optional upper bound and may be ``inf``).
     name: a human-readable description used in reports and error messages.
+    drive: optional; attacks that run other attacks (ensembles) set it to
+      ``(logits_fn, x, y, budget, keys, target, active, chunk_size) -> (x_adv, info)`` and
+      :func:`jaxrobust.run` calls it instead of the ``init``/``step`` loop, so that points that are
+      not ``active`` (``[B]`` bool) cost close to nothing. ``info`` is a dict of arrays that ends up
+      in :attr:`AttackResult.info`. ``init``/``step``/``finalize`` still work on their own.
+    samples: ``0`` for a deterministic model ``logits_fn(x)``; ``n > 0`` for an attack on a
+      randomized model ``logits_fn(x, keys)`` (see :func:`jaxrobust.attacks.eot`), whose
+      prediction is judged over ``n`` draws.
   """
 
   init: Callable[..., Any]
@@ -80,6 +88,8 @@ class Attack(NamedTuple):
   targeted: bool = False
   minimum_norm: bool = False
   name: str = "attack"
+  drive: Optional[Callable[..., Any]] = None
+  samples: int = 0
 
 
 class AttackResult(NamedTuple):
@@ -92,13 +102,17 @@ class AttackResult(NamedTuple):
       ``argmax == target``. Non-finite logits never count as a correct prediction.
     norm: ``[B]`` the attack-norm size of ``x_adv - x`` (``inf`` where a minimum-norm attack found
       no adversarial point; 0 for clean-misclassified points).
-    logits: ``[B, C]`` logits on ``x_adv``.
+    logits: ``[B, C]`` logits on ``x_adv`` (for a randomized model, their mean over the draws).
+    info: ``None``, or a dict of extra arrays from attacks that report more (ensembles:
+      ``robust_after [M, B]``, the per-member breakdown; AutoAttack: ``flags``, a dict of ``[]``
+      bool reliability flags, and the counts behind them).
   """
 
   x_adv: Array
   success: Array
   norm: Array
   logits: Array
+  info: Optional[dict] = None
 
 
 class Curve(NamedTuple):

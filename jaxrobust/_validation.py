@@ -37,12 +37,25 @@ def check_step_size(step_size: Any) -> float:
   return float(step_size)
 
 
-def logits_shape(logits_fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> tuple[int, ...]:
-  """The shape of ``logits_fn(x)``, found by tracing only (no computation)."""
-  out = jax.eval_shape(logits_fn, jax.ShapeDtypeStruct(x.shape, x.dtype))
+def logits_shape(logits_fn: Callable[..., jax.Array], x: jax.Array,
+                 samples: int = 0) -> tuple[int, ...]:
+  """The shape of ``logits_fn(x)`` (``logits_fn(x, keys)`` if ``samples``), by tracing only."""
+  spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  if samples:
+    keys = jax.ShapeDtypeStruct((x.shape[0],), jax.random.key(0).dtype)
+    out = jax.eval_shape(logits_fn, spec, keys)
+  else:
+    out = jax.eval_shape(logits_fn, spec)
   if not hasattr(out, "shape"):
     raise ValueError(f"logits_fn must return one array of logits [B, C], got {out!r}.")
   return tuple(out.shape)
+
+
+def check_chunk_size(chunk_size: Any) -> None:
+  """``None`` or a positive Python int."""
+  if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
+                                 or chunk_size < 1):
+    raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}.")
 
 
 def check_batch(x: Any, y: Any, target: Any = None) -> None:
@@ -161,7 +174,8 @@ def check_eps(eps: Any, batch: int, norm: str, *, lower: Any, upper: Any, input_
 
 def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, budget: Budget,
                  *, norm: str, target: Any = None, targeted: bool = False,
-                 minimum_norm: bool = False, allow_large_eps: bool = False) -> int:
+                 minimum_norm: bool = False, allow_large_eps: bool = False,
+                 samples: int = 0) -> int:
   """Validates one attack call; returns the number of classes.
 
   Shape checks always run; value checks run on concrete inputs only (see the module docstring).
@@ -188,7 +202,7 @@ def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, bu
                      "targeted=True.")
   check_batch(x, y, target)
   batch = x.shape[0]
-  num_classes = check_logits(logits_shape(logits_fn, x), batch)
+  num_classes = check_logits(logits_shape(logits_fn, x, samples), batch)
   check_labels("y", y, num_classes)
   check_labels("target", target, num_classes)
   if target is not None and is_concrete(y, target):

@@ -16,9 +16,9 @@ import numpy as np
 
 from jaxrobust import metrics
 from jaxrobust._types import Attack, Budget, Curve
-from jaxrobust._validation import check_eps, check_inputs
-from jaxrobust.attacks._common import as_keys, fold_in, predict, work_dtype
-from jaxrobust.run import run_unchecked
+from jaxrobust._validation import check_chunk_size, check_eps, check_inputs
+from jaxrobust.attacks._common import as_keys, fold_in, work_dtype
+from jaxrobust.run import clean_correct_mask, run_unchecked
 
 Array = jax.Array
 
@@ -65,7 +65,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
                      epsilons: Array, key: Array, lower: float | Array = 0.0,
                      upper: float | Array = 1.0, eps_batch_size: int | None = None, *,
                      target: Array | None = None, allow_large_eps: bool = False,
-                     unroll: int | bool = 1) -> Curve:
+                     unroll: int | bool = 1, chunk_size: int | None = None) -> Curve:
   """Robust accuracy of ``logits_fn`` against ``attack`` at every budget in ``epsilons``.
 
   The whole curve is one program under ``jax.jit``; ``epsilons`` is data, so new values never
@@ -77,6 +77,13 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   On CPU, ``eps_batch_size=0`` with ``unroll=True`` leaves no loop around the model and is the
   fastest for convolutional models (see :func:`jaxrobust.run`); on accelerators the defaults
   use the least memory.
+
+  With ``chunk_size`` the eps run in increasing order and each one attacks only the points still
+  robust at the smaller eps (and only clean-correct ones), compacted into chunks of
+  ``chunk_size`` rows: a point broken at a small eps costs close to nothing at the larger ones.
+  The curve is the same as without it (a point broken at a smaller eps is broken at every larger
+  one either way). This is what makes an expensive attack such as
+  :func:`jaxrobust.attacks.auto_attack` affordable over a whole curve.
 
   Args:
     attack: from :mod:`jaxrobust.attacks`.
@@ -91,6 +98,8 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
     target: ``[B]`` target classes for a targeted attack.
     allow_large_eps: accept budgets covering the whole box.
     unroll: how far to unroll each attack loop (see :func:`jaxrobust.run`).
+    chunk_size: skip points already broken (see above); needs ``eps_batch_size=None``. Batch-
+      sharded inputs are compacted across devices; run per device (``shard_map``) to keep it local.
 
   Returns:
     A :class:`jaxrobust.Curve`.
@@ -107,24 +116,34 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   """
   if eps_batch_size is not None and (not isinstance(eps_batch_size, int) or eps_batch_size < 0):
     raise ValueError(f"eps_batch_size must be None, 0 or a positive int, got {eps_batch_size!r}.")
+  check_chunk_size(chunk_size)
+  if chunk_size is not None and eps_batch_size is not None and not attack.minimum_norm:
+    raise ValueError("chunk_size skips points broken at a smaller eps, so the eps run one after "
+                     f"another: use eps_batch_size=None with it (got {eps_batch_size!r}).")
   epsilons = jnp.asarray(epsilons, jnp.float32)
   if epsilons.ndim != 1 or epsilons.shape[0] == 0:
     raise ValueError(f"epsilons must be a non-empty 1-D array [K], got shape {epsilons.shape}.")
   budget = Budget(jnp.max(epsilons) if attack.minimum_norm else 0.0, lower, upper)
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
-               targeted=attack.targeted, minimum_norm=attack.minimum_norm)
+               targeted=attack.targeted, minimum_norm=attack.minimum_norm,
+               samples=attack.samples)
   check_eps(epsilons, None, attack.norm, lower=lower, upper=upper,
             input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
             allow_large_eps=allow_large_eps, name="epsilons")
 
   x = x.astype(work_dtype(x))  # as run_unchecked sees it, so `correct` is the same prediction
-  correct = predict(logits_fn(x)) == y.astype(jnp.int32)
+  keys = as_keys(key, x.shape[0])
+  correct = clean_correct_mask(attack, logits_fn, x, y, keys)
   if attack.minimum_norm:
-    result = run_unchecked(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), key, target,
-                           unroll=unroll, clean_correct=correct)
+    result = run_unchecked(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), keys, target,
+                           unroll=unroll, clean_correct=correct, chunk_size=chunk_size)
     return curve_from_norms(result.norm, correct, epsilons)
 
-  keys = as_keys(key, x.shape[0])
+  if chunk_size is not None:
+    broken = _broken_skipping(attack, logits_fn, x, y, epsilons, keys, lower, upper, target,
+                              unroll, correct, chunk_size)
+    robust = correct[None, :] & ~_worst_case_over_smaller_eps(broken, epsilons)
+    return _curve(epsilons, correct, robust)
 
   def broken_at(index_and_eps):
     index, eps = index_and_eps
@@ -140,6 +159,30 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
     broken = jax.lax.map(broken_at, indexed, batch_size=eps_batch_size or None)
   robust = correct[None, :] & ~_worst_case_over_smaller_eps(broken, epsilons)
   return _curve(epsilons, correct, robust)
+
+
+def _broken_skipping(attack, logits_fn, x, y, epsilons, keys, lower, upper, target, unroll,
+                     correct, chunk_size) -> Array:
+  """``[K, B]`` success per eps, eps in increasing order, each skipping points broken before.
+
+  A skipped point reads ``False`` at that eps; it was broken at a smaller eps, which the worst
+  case over smaller eps accounts for, so the curve equals the dense one. Each eps keeps its own
+  folded key (its index in ``epsilons``), as in the dense modes.
+  """
+  order = jnp.argsort(epsilons, stable=True).astype(jnp.uint32)
+
+  def body(broken_before, index_and_eps):
+    index, eps = index_and_eps
+    result = run_unchecked(attack, logits_fn, x, y, Budget(eps, lower, upper),
+                           fold_in(keys, index), target, unroll=unroll, clean_correct=correct,
+                           active=~broken_before, chunk_size=chunk_size)
+    success = result.success & correct & ~broken_before
+    return broken_before | success, success
+
+  _, in_order = jax.lax.scan(body, jnp.zeros_like(correct), (order, jnp.sort(epsilons)))
+  # Back to the caller's eps order with a one-hot contraction (no gather on a sharded array).
+  back = order[None, :] == jnp.arange(epsilons.shape[0], dtype=jnp.uint32)[:, None]  # [K, J]
+  return jnp.any(back[:, :, None] & in_order[None, :, :], axis=1)
 
 
 class CurveConsistency(NamedTuple):

@@ -9,15 +9,23 @@ import jax.numpy as jnp
 
 from jaxrobust import projections
 from jaxrobust._types import Attack, AttackResult, Budget
-from jaxrobust._validation import check_inputs
-from jaxrobust.attacks._common import as_keys, expand, is_success, predict, work_dtype
+from jaxrobust._validation import check_chunk_size, check_inputs
+from jaxrobust.attacks import _compact, _stochastic
+from jaxrobust.attacks._common import (as_keys, expand, fold_in, is_success, per_example, predict,
+                                       work_dtype)
 
 Array = jax.Array
+
+# Tags folded into the per-example keys for the draws of a randomized model that judge the clean
+# input and the returned point (distinct from any attack's own use of the keys).
+_CLEAN_DRAWS = 0x7C1EA
+_SCORE_DRAWS = 0x5C03E
 
 
 def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
         budget: Budget | tuple, key: Array, target: Array | None = None, *,
-        allow_large_eps: bool = False, unroll: int | bool = 1) -> AttackResult:
+        allow_large_eps: bool = False, unroll: int | bool = 1,
+        chunk_size: int | None = None) -> AttackResult:
   """Runs ``attack`` on a batch and returns the best adversarial points with honest scores.
 
   The attack's ``init``/``step`` run under one fixed-length ``jax.lax.scan``; ``finalize`` hands
@@ -50,6 +58,9 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
       unrolled on CPU. Results agree up to float rounding. Unrolling is not free: XLA:CPU's
       compile time grows quickly with unrolled L2 PGD steps (about 4 s at 10 steps, a minute at
       14 on the demo CNN), so unroll short attacks only.
+    chunk_size: skip the points that need no attack (misclassified ones; for an ensemble, those an
+      earlier member broke): the points to attack are compacted into chunks of this many rows and
+      only chunks holding such points are computed. Results equal the dense run (``None``).
 
   Returns:
     A :class:`jaxrobust.AttackResult`.
@@ -67,34 +78,77 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   budget = Budget(*budget)
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
                targeted=attack.targeted, minimum_norm=attack.minimum_norm,
-               allow_large_eps=allow_large_eps)
-  return run_unchecked(attack, logits_fn, x, y, budget, key, target, unroll=unroll)
+               allow_large_eps=allow_large_eps, samples=attack.samples)
+  check_chunk_size(chunk_size)
+  return run_unchecked(attack, logits_fn, x, y, budget, key, target, unroll=unroll,
+                       chunk_size=chunk_size)
 
 
-def run_unchecked(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
+def clean_correct_mask(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
+                       keys: Array) -> Array:
+  """``[B]`` bool: the clean prediction is ``y`` (for a randomized model, by majority vote)."""
+  if attack.samples:
+    counts, _ = _stochastic.votes(logits_fn, x, fold_in(keys, _CLEAN_DRAWS), attack.samples)
+    return _stochastic.majority_correct(counts, y, attack.samples)
+  return predict(logits_fn(x)) == y.astype(jnp.int32)
+
+
+def _attack_rows(attack: Attack, logits_fn, lower, upper, unroll):
+  """``(x, y, eps, keys, target) -> x_adv``: the attack's ``init``/``step`` loop and ``finalize``."""
+
+  def rows(x, y, eps, keys, target):
+    budget = Budget(eps, lower, upper)
+
+    def body(state, _):
+      return attack.step(logits_fn, state, x, y, budget, target), None
+
+    state = attack.init(logits_fn, x, y, budget, keys, target)
+    state, _ = jax.lax.scan(body, state, None, length=attack.num_steps, unroll=unroll)
+    return attack.finalize(logits_fn, state, x, y, budget, target).astype(x.dtype)
+
+  return rows
+
+
+def run_unchecked(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                   budget: Budget, key: Array, target: Array | None = None, *,
-                  unroll: int | bool = 1, clean_correct: Array | None = None) -> AttackResult:
+                  unroll: int | bool = 1, clean_correct: Array | None = None,
+                  active: Array | None = None, chunk_size: int | None = None) -> AttackResult:
   """:func:`run` without input validation (for drivers that validated once already).
 
   ``clean_correct`` (``[B]`` bool, clean prediction equals ``y``) may be passed by a driver that
   has it already, e.g. a curve running the attack once per eps, to skip one forward pass.
+  ``active`` (``[B]`` bool) restricts the attack to some points (the others get ``x_adv = x``);
+  with ``chunk_size`` the active points are compacted into chunks of that many rows and only
+  chunks holding active points are computed (see :mod:`jaxrobust.attacks._compact`).
   """
+  budget = Budget(*budget)
   x = x.astype(work_dtype(x))
-  keys = as_keys(key, x.shape[0])
+  batch = x.shape[0]
+  keys = as_keys(key, batch)
   if clean_correct is None:
-    clean_correct = predict(logits_fn(x)) == y.astype(jnp.int32)
+    clean_correct = clean_correct_mask(attack, logits_fn, x, y, keys)
   clean_wrong = ~clean_correct
-
-  def body(state, _):
-    return attack.step(logits_fn, state, x, y, budget, target), None
-
-  state = attack.init(logits_fn, x, y, budget, keys, target)
-  state, _ = jax.lax.scan(body, state, None, length=attack.num_steps, unroll=unroll)
-  x_adv = attack.finalize(logits_fn, state, x, y, budget, target).astype(x.dtype)
-  x_adv = jnp.where(expand(clean_wrong, x.ndim), x, x_adv)
-  logits = logits_fn(x_adv)
-  success = is_success(logits, y, target) | clean_wrong
+  todo = clean_correct if active is None else clean_correct & active
+  info = None
+  if attack.drive is not None:
+    x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, chunk_size)
+  else:
+    rows = _attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)
+    eps = per_example(budget.eps, batch, x.dtype)
+    if chunk_size is None:
+      x_adv = rows(x, y, eps, keys, target)
+    else:
+      x_adv = _compact.compacted(rows, todo, chunk_size, x, y, eps, keys, target)
+  x_adv = jnp.where(expand(todo, x.ndim), x_adv.astype(x.dtype), x)
+  if attack.samples:
+    counts, logits = _stochastic.votes(logits_fn, x_adv, fold_in(keys, _SCORE_DRAWS),
+                                       attack.samples)
+    success = _stochastic.majority_success(counts, y, target, attack.samples)
+  else:
+    logits = logits_fn(x_adv)
+    success = is_success(logits, y, target)
+  success = success | clean_wrong
   size = projections.norm(x_adv - x, attack.norm)
   if attack.minimum_norm:
     size = jnp.where(success, size, jnp.inf)
-  return AttackResult(x_adv=x_adv, success=success, norm=size, logits=logits)
+  return AttackResult(x_adv=x_adv, success=success, norm=size, logits=logits, info=info)

@@ -87,8 +87,11 @@ def loss_grad_logits(logits_fn: Callable[[Array], Array], loss_fn: Callable[...,
   """Per-example loss ``[B]``, its input gradient ``[B, ...]`` and the logits, in one pass.
 
   Valid because the model treats examples independently: the gradient of the summed loss with
-  respect to example ``i`` is the gradient of example ``i``'s own loss.
+  respect to example ``i`` is the gradient of example ``i``'s own loss. For a randomized model
+  wrapped by :func:`jaxrobust.attacks.eot` the loss and gradient are averaged over its draws.
   """
+  if hasattr(logits_fn, "loss_and_grad"):
+    return logits_fn.loss_and_grad(loss_fn, x, y, target)
 
   def total(inputs):
     logits = logits_fn(inputs)
