@@ -1,0 +1,192 @@
+"""Ensembles: per-example worst case, first success returned, compute skipping equal to dense."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrobust as jr
+from tests.models import mlp
+
+SHAPE = (4, 4, 1)
+CLASSES = 5
+BATCH = 24
+EPS = 0.08
+
+
+@pytest.fixture(scope="module")
+def problem():
+  logits_fn = mlp(3, int(np.prod(SHAPE)), 16, CLASSES)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.uniform(0, 1, size=(BATCH,) + SHAPE), jnp.float32)
+  y = jnp.argmax(logits_fn(x), axis=1).astype(jnp.int32)
+  y = y.at[:3].set((y[:3] + 1) % CLASSES)  # three clean-misclassified points
+  return logits_fn, x, y
+
+
+# A deliberately weak first member (one quarter-eps step from a random start), so that later
+# members have points left to break.
+MEMBERS = (jr.attacks.pgd("linf", steps=1, step_size=0.25),
+           jr.attacks.pgd("linf", steps=4, loss="margin"),
+           jr.attacks.pgd("linf", steps=6, restarts=2))
+
+
+@pytest.fixture(scope="module")
+def results(problem):
+  logits_fn, x, y = problem
+  key = jax.random.key(7)
+
+  @jax.jit
+  def run_all(x, y):
+    alone = [jr.run(m, logits_fn, x, y, jr.Budget(EPS), key) for m in MEMBERS]
+    together = jr.run(jr.attacks.ensemble(*MEMBERS), logits_fn, x, y, jr.Budget(EPS), key)
+    chunked = [jr.run(jr.attacks.ensemble(*MEMBERS), logits_fn, x, y, jr.Budget(EPS), key,
+                      chunk_size=c) for c in (1, 5, BATCH)]
+    return alone, together, chunked
+
+  return run_all(x, y)
+
+
+def test_ensemble_breaks_every_point_any_member_breaks(results):
+  alone, together, _ = results
+  for member in alone:
+    assert bool(jnp.all(together.success | ~member.success))
+  union = jnp.any(jnp.stack([m.success for m in alone]), axis=0)
+  np.testing.assert_array_equal(np.asarray(together.success), np.asarray(union))
+  # Not vacuous here: the weak first member misses points the union breaks.
+  assert int(jnp.sum(union & ~alone[0].success)) > 0
+
+
+def test_breakdown_is_cumulative_and_ends_at_the_result(problem, results):
+  _, _, y = problem
+  alone, together, _ = results
+  robust_after = np.asarray(together.info["robust_after"])
+  assert robust_after.shape == (len(MEMBERS), BATCH)
+  assert np.all(robust_after[1:] <= robust_after[:-1])  # never regains robustness
+  np.testing.assert_array_equal(robust_after[-1], ~np.asarray(together.success))
+  broken_so_far = np.zeros(BATCH, bool)
+  for m, member in enumerate(alone):
+    broken_so_far |= np.asarray(member.success)
+    np.testing.assert_array_equal(robust_after[m], ~broken_so_far)
+
+
+def test_returned_point_is_the_first_success(problem, results):
+  _, x, _ = problem
+  alone, together, _ = results
+  claimed = np.zeros(BATCH, bool)
+  clean_wrong = np.arange(BATCH) < 3
+  for member in alone:
+    first = np.asarray(member.success) & ~claimed & ~clean_wrong
+    np.testing.assert_allclose(np.asarray(together.x_adv)[first], np.asarray(member.x_adv)[first],
+                               atol=0)
+    claimed |= first
+  robust = ~np.asarray(together.success)
+  np.testing.assert_array_equal(np.asarray(together.x_adv)[robust], np.asarray(x)[robust])
+  np.testing.assert_array_equal(np.asarray(together.x_adv)[clean_wrong],
+                                np.asarray(x)[clean_wrong])
+
+
+def test_compaction_equals_dense(results):
+  _, together, chunked = results
+  for result in chunked:
+    np.testing.assert_array_equal(np.asarray(result.success), np.asarray(together.success))
+    np.testing.assert_array_equal(np.asarray(result.info["robust_after"]),
+                                  np.asarray(together.info["robust_after"]))
+    np.testing.assert_allclose(np.asarray(result.x_adv), np.asarray(together.x_adv), atol=1e-6)
+
+
+def test_broken_points_cost_nothing(problem):
+  """Counts the rows the model evaluates at run time: skipped points never reach it."""
+  logits_fn, x, y = problem
+  rows = []
+
+  def counted(inputs):
+    jax.debug.callback(lambda n: rows.append(int(n)), jnp.asarray(inputs.shape[0]))
+    return logits_fn(inputs)
+
+  attack = jr.attacks.ensemble(jr.attacks.pgd("linf", steps=8), jr.attacks.pgd("linf", steps=8))
+  everyone_wrong = (y + 1) % CLASSES
+  run = jax.jit(lambda y, c: jr.run(attack, counted, x, y, jr.Budget(EPS), jax.random.key(0),
+                                    chunk_size=c), static_argnums=1)
+  jax.block_until_ready(run(everyone_wrong, 4))
+  skipped = sum(rows)
+  rows.clear()
+  jax.block_until_ready(run(everyone_wrong, None))
+  dense = sum(rows)
+  # Dense: two members x (8 steps + finalize) on the whole batch. Chunked: no point needs
+  # attacking, so only forward passes remain: the clean one, one scoring pass per member and the
+  # final scoring pass.
+  assert dense >= 2 * 9 * BATCH
+  assert skipped == (1 + 2 + 1) * BATCH
+
+
+def test_curve_with_skipping_equals_dense_curve(problem):
+  logits_fn, x, y = problem
+  attack = jr.attacks.ensemble(jr.attacks.fgsm("linf"), jr.attacks.pgd("linf", steps=4))
+  eps = jnp.array([0.1, 0.02, 0.05, 0.05, 0.0, 0.2])  # unsorted, duplicated, zero
+  curve = jax.jit(lambda e, c: jr.robustness_curve(attack, logits_fn, x, y, e, jax.random.key(3),
+                                                   chunk_size=c), static_argnums=1)
+  dense, skipped = curve(eps, None), curve(eps, 3)
+  np.testing.assert_array_equal(np.asarray(skipped.robust), np.asarray(dense.robust))
+  assert float(dense.robust_accuracy[4]) == float(dense.clean_accuracy)
+  assert 0 < float(dense.robust_accuracy[-1]) < float(dense.robust_accuracy[1])
+
+
+def test_skipping_curve_sharded_over_8_devices(problem):
+  from jax.sharding import AxisType, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
+  logits_fn, x, y = problem
+  attack = jr.attacks.ensemble(jr.attacks.fgsm("linf"), jr.attacks.pgd("linf", steps=3))
+  eps = jnp.array([0.03, 0.1])
+  curve = jax.jit(lambda x, y: jr.robustness_curve(attack, logits_fn, x, y, eps,
+                                                   jax.random.key(3), chunk_size=2))
+  single = curve(x, y)
+  for axis_type in (AxisType.Explicit, AxisType.Auto):
+    mesh = jax.make_mesh((8,), ("batch",), axis_types=(axis_type,))
+    with jax.set_mesh(mesh):
+      put = lambda a: jax.device_put(a, NamedSharding(mesh, P("batch")))
+      sharded = curve(put(x), put(y))
+    np.testing.assert_array_equal(np.asarray(sharded.robust), np.asarray(single.robust))
+
+
+def test_targeted_members(problem):
+  logits_fn, x, y = problem
+  target = (y + 2) % CLASSES
+  members = (jr.attacks.fgsm("linf", targeted=True), jr.attacks.pgd("linf", steps=5,
+                                                                   targeted=True))
+  key = jax.random.key(1)
+  together = jr.run(jr.attacks.ensemble(*members), logits_fn, x, y, jr.Budget(0.15), key, target)
+  hit = jnp.argmax(together.logits, axis=1) == target
+  clean_wrong = jnp.arange(BATCH) < 3
+  np.testing.assert_array_equal(np.asarray(together.success), np.asarray(hit | clean_wrong))
+  for m in members:
+    alone = jr.run(m, logits_fn, x, y, jr.Budget(0.15), key, target)
+    assert bool(jnp.all(together.success | ~alone.success))
+
+
+@pytest.mark.parametrize("members, error", [
+    ((), ValueError),
+    ((jr.attacks.pgd("linf"), jr.attacks.pgd("l2")), ValueError),
+    ((jr.attacks.pgd("linf"), jr.attacks.pgd("linf", targeted=True)), ValueError),
+    ((jr.attacks.pgd("linf"), "pgd"), TypeError),
+    ((jr.attacks.pgd("linf"), jr.attacks.eot(jr.attacks.pgd("linf"), 2)), ValueError),
+])
+def test_bad_members(members, error):
+  with pytest.raises(error):
+    jr.attacks.ensemble(*members)
+
+
+def test_bad_chunk_sizes(problem):
+  logits_fn, x, y = problem
+  attack = jr.attacks.pgd("linf", steps=2)
+  for bad in (0, -1, 2.5, True):
+    with pytest.raises(ValueError, match="chunk_size"):
+      jr.run(attack, logits_fn, x, y, jr.Budget(0.1), jax.random.key(0), chunk_size=bad)
+  with pytest.raises(ValueError, match="eps_batch_size=None"):
+    jr.robustness_curve(attack, logits_fn, x, y, jnp.array([0.1]), jax.random.key(0),
+                        eps_batch_size=0, chunk_size=4)

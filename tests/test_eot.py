@@ -1,0 +1,111 @@
+"""EOT: exact gradient averaging over draws, majority verdicts, and clear errors."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrobust as jr
+from jaxrobust.attacks import _stochastic
+from tests.models import linear_points, random_linear
+
+W = jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+
+
+def coin_model(p_wrong: float):
+  """Two classes; each draw independently flips the clean decision with probability p_wrong.
+
+  ``x = [a, 1 - a]`` with ``a > 0.5`` is class 0 on a draw that does not flip.
+  """
+
+  def logits_fn(x, keys):
+    flip = jax.vmap(lambda k: jax.random.bernoulli(k, p_wrong))(keys)
+    z = x.reshape(x.shape[0], -1) @ W
+    return jnp.where(flip[:, None], -z, z)
+
+  return logits_fn
+
+
+def test_loss_and_gradient_are_the_mean_over_draws():
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.normal(size=(6, 3)), jnp.float32)
+
+  def noisy(x, keys):
+    noise = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(keys)
+    return jnp.tanh(x + 0.3 * noise) @ w
+
+  x = jnp.asarray(rng.uniform(size=(5, 6)), jnp.float32)
+  y = jnp.asarray([0, 1, 2, 0, 1], jnp.int32)
+  keys = jax.random.split(jax.random.key(1), 5)
+  draws = _stochastic.draw_keys(keys, 4)
+  f = _stochastic.ExpectedLogits(noisy, draws)
+  loss, grad, logits = f.loss_and_grad(jr.losses.cross_entropy, x, y, None)
+  # Independent reference: one draw at a time, per example, averaged by hand.
+  per_draw = [jax.vmap(jax.grad(lambda xi, yi, ki: jr.losses.cross_entropy(
+      noisy(xi[None], ki[None]), yi[None])[0]))(x, y, draws[s]) for s in range(4)]
+  np.testing.assert_allclose(np.asarray(grad), np.mean(np.stack(per_draw), 0), rtol=1e-5,
+                             atol=1e-6)
+  ref_logits = np.mean([np.asarray(noisy(x, draws[s])) for s in range(4)], 0)
+  np.testing.assert_allclose(np.asarray(logits), ref_logits, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(f(x)), ref_logits, rtol=1e-5, atol=1e-6)
+  ref_loss = np.mean([np.asarray(jr.losses.cross_entropy(noisy(x, draws[s]), y))
+                      for s in range(4)], 0)
+  np.testing.assert_allclose(np.asarray(loss), ref_loss, rtol=1e-5)
+
+
+def test_verdicts_are_majorities_not_single_draws():
+  """A point wrong on 20% of draws is robust; one wrong on 80% is broken, for every point."""
+  x = jnp.tile(jnp.array([[0.9, 0.1]]), (32, 1))
+  y = jnp.zeros(32, jnp.int32)
+  attack = jr.attacks.eot(jr.attacks.fgsm("linf"), samples=21)
+  mostly_right = jr.run(attack, coin_model(0.2), x, y, jr.Budget(0.0), jax.random.key(0))
+  mostly_wrong = jr.run(attack, coin_model(0.8), x, y, jr.Budget(0.0), jax.random.key(0))
+  # P(Binomial(21, 0.2) >= 11) < 1e-3 per point; the keys are fixed, so this is deterministic.
+  assert not bool(jnp.any(mostly_right.success))
+  assert bool(jnp.all(mostly_wrong.success))
+  # A single draw would have judged about a fifth of the robust points broken.
+  one_draw = jr.predict(coin_model(0.2)(x, jax.random.split(jax.random.key(5), 32)))
+  assert int(jnp.sum(one_draw != 0)) > 0
+
+
+def test_eot_pgd_on_noisy_linear_model():
+  model = random_linear(0, 8, 2)
+  x, y, dist = linear_points(model, 1, 32, (8,), "linf")
+
+  def noisy(x, keys):
+    noise = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(keys)
+    return model.logits_fn(x + 0.002 * noise)
+
+  attack = jr.attacks.eot(jr.attacks.pgd("linf", steps=10), samples=8)
+  run = jax.jit(lambda eps: jr.run(attack, noisy, jnp.asarray(x), jnp.asarray(y),
+                                   jr.Budget(eps), jax.random.key(2)))
+  far = dist > 0.05  # noise of 0.002 cannot decide these points' fate
+  below, above = run(jnp.asarray(0.8 * dist, jnp.float32)), run(jnp.asarray(1.2 * dist,
+                                                                           jnp.float32))
+  assert not bool(jnp.any(below.success[far]))
+  assert bool(jnp.all(above.success[far]))
+
+
+def test_ensemble_of_eot_members_and_same_key_same_result():
+  x = jnp.tile(jnp.array([[0.6, 0.4]]), (8, 1))
+  y = jnp.zeros(8, jnp.int32)
+  attack = jr.attacks.ensemble(jr.attacks.eot(jr.attacks.fgsm("linf"), 5),
+                               jr.attacks.eot(jr.attacks.pgd("linf", steps=4), 5))
+  assert attack.samples == 5
+  run = jax.jit(lambda key: jr.run(attack, coin_model(0.1), x, y, jr.Budget(0.15), key))
+  a, b = run(jax.random.key(3)), run(jax.random.key(3))
+  np.testing.assert_array_equal(np.asarray(a.x_adv), np.asarray(b.x_adv))
+  assert bool(jnp.all(a.success))  # Linf distance 0.1 < 0.15 on every draw that does not flip
+
+
+def test_bad_eot_usage():
+  with pytest.raises(TypeError):
+    jr.attacks.eot("pgd", 4)
+  with pytest.raises(ValueError, match="samples"):
+    jr.attacks.eot(jr.attacks.pgd(), 0)
+  with pytest.raises(ValueError, match="nest"):
+    jr.attacks.eot(jr.attacks.eot(jr.attacks.pgd(), 2), 2)
+  with pytest.raises(ValueError, match="each member"):
+    jr.attacks.eot(jr.attacks.ensemble(jr.attacks.pgd()), 2)
