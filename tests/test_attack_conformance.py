@@ -37,6 +37,18 @@ REGISTRY = {
     "fmn-l2": lambda: jr.attacks.fmn("l2", steps=10),
     "fmn-l1": lambda: jr.attacks.fmn("l1", steps=10),
     "fmn-l2-targeted": lambda: jr.attacks.fmn("l2", steps=10, targeted=True),
+    "apgd-linf-ce": lambda: jr.attacks.apgd("linf", steps=5),
+    "apgd-l2-dlr": lambda: jr.attacks.apgd("l2", loss="dlr", steps=5, restarts=2),
+    "apgd-l1-ce": lambda: jr.attacks.apgd("l1", steps=5),
+    "apgd-t-linf": lambda: jr.attacks.apgd("linf", targeted=True, n_target_classes=3, steps=4),
+    "apgd-linf-targeted": lambda: jr.attacks.apgd("linf", targeted=True, n_target_classes=None,
+                                                  steps=5),
+    "ensemble-linf": lambda: jr.attacks.ensemble(jr.attacks.fgsm("linf"),
+                                                 jr.attacks.pgd("linf", steps=3)),
+    "ensemble-l2-targeted": lambda: jr.attacks.ensemble(
+        jr.attacks.fgsm("l2", targeted=True), jr.attacks.pgd("l2", steps=3, targeted=True)),
+    # eot attacks a randomized logits_fn(x, keys); here one that ignores its keys.
+    "eot-pgd-linf": lambda: jr.attacks.eot(jr.attacks.pgd("linf", steps=3), samples=3),
 }
 
 EPS = {"linf": 0.1, "l2": 0.5, "l1": 2.0}
@@ -63,7 +75,7 @@ def compiled(request, problem):
   @jax.jit
   def jitted(x, y, eps, keys, target):
     traces.append(None)
-    return jr.run(attack, logits_fn, x, y, jr.Budget(eps), keys,
+    return jr.run(attack, _model(attack, logits_fn), x, y, jr.Budget(eps), keys,
                   target if attack.targeted else None)
 
   def run(x, y, eps, key, target):
@@ -80,14 +92,20 @@ def _target(attack, target):
   return target if attack.targeted else None
 
 
+def _model(attack, logits_fn):
+  """The model as the attack calls it: ``logits_fn(x, keys)`` for attacks on randomized models."""
+  return (lambda x, keys: logits_fn(x)) if attack.samples else logits_fn
+
+
 def test_carry_type_is_stable(compiled, problem):
   attack, _, _ = compiled
   logits_fn, x, y, target = problem
   budget = jr.Budget(jnp.float32(0.1))
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(jnp.arange(BATCH))
-  state0 = jax.eval_shape(lambda: attack.init(logits_fn, x, y, budget, keys,
+  model = _model(attack, logits_fn)
+  state0 = jax.eval_shape(lambda: attack.init(model, x, y, budget, keys,
                                               _target(attack, target)))
-  state1 = jax.eval_shape(lambda s: attack.step(logits_fn, s, x, y, budget,
+  state1 = jax.eval_shape(lambda s: attack.step(model, s, x, y, budget,
                                                 _target(attack, target)), state0)
   chex.assert_trees_all_equal_shapes_and_dtypes(state0, state1)
   assert jax.tree.structure(state0) == jax.tree.structure(state1)

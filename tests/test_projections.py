@@ -97,7 +97,7 @@ def assert_inside(out, eps, name):
 # a trailing shape [2, 3].
 SHAPES = [(1, 1), (4, 12), (2, 2, 3)]
 TIE_VALUES = [-2.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 2.0]
-FINITE = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False, width=32)
+FINITE = {"allow_nan": False, "allow_infinity": False, "allow_subnormal": False, "width": 32}
 
 
 @st.composite
@@ -521,3 +521,130 @@ def test_sample_ball_angular_distribution_2d():
 def test_sample_ball_rejects_empty_shape():
   with pytest.raises(ValueError, match="batch"):
     P.sample_ball(jax.random.key(0), (), 1.0, "l2")
+
+
+# ---------------------------------------------------------------------------------------------
+# project_l1_box: the exact projection onto {||w||_1 <= eps} ∩ {lower <= x + w <= upper}
+
+project_l1_box = jax.jit(P.project_l1_box)
+
+
+def ref_l1_box_one(v, x, eps, lower, upper):
+  """float64 projection of one flat vector, by bisection on the multiplier of the L1 constraint.
+
+  Independent of the library's sort-based walk: for a multiplier lam the KKT point is
+  clip(sign(v) max(|v| - lam, 0), lower - x, upper - x), whose L1 norm is non-increasing in lam.
+  """
+  lo, hi = lower - x, upper - x
+  w = lambda lam: np.clip(np.sign(v) * np.maximum(np.abs(v) - lam, 0.0), lo, hi)
+  if np.abs(w(0.0)).sum() <= eps:
+    return w(0.0)
+  a, b = 0.0, float(np.abs(v).max())
+  for _ in range(200):
+    mid = 0.5 * (a + b)
+    if np.abs(w(mid)).sum() > eps:
+      a = mid
+    else:
+      b = mid
+    if b - a <= 1e-12 * max(1.0, b):
+      break
+  return w(0.5 * (a + b))
+
+
+def ref_project_l1_box(v, x, eps, lower=0.0, upper=1.0):
+  v64, x64 = np.asarray(v, np.float64), np.asarray(x, np.float64)
+  eps64 = np.broadcast_to(np.asarray(eps, np.float64), (len(v64),))
+  out = np.empty_like(v64)
+  for i in range(len(v64)):
+    out[i] = ref_l1_box_one(v64[i].ravel(), x64[i].ravel(), float(eps64[i]), lower,
+                            upper).reshape(v64.shape[1:])
+  return out
+
+
+@st.composite
+def box_points(draw, shape):
+  """x in [0, 1]: continuous values, or many points exactly on the faces and at the centre."""
+  if draw(st.booleans()):
+    elements = st.floats(0.0, 1.0, **FINITE)
+  else:
+    elements = st.sampled_from([0.0, 0.0, 1.0, 1.0, 0.5, 0.25])
+  return draw(hnp.arrays(np.float32, shape, elements=elements))
+
+
+@st.composite
+def l1_box_radii(draw, v, x):
+  """eps relative to the L1 norm of the box projection (inside and outside), zero, or huge."""
+  b = len(v)
+  room = ref_norm(np.clip(v.astype(np.float64), -x, 1.0 - x), "l1")
+  kind = draw(st.sampled_from(["relative", "relative", "zero", "scalar", "huge"]))
+  if kind == "zero":
+    return draw(st.sampled_from([np.float32(0.0), np.zeros((b,), np.float32)]))
+  if kind == "scalar":
+    return np.float32(draw(st.floats(0.0, 6.0, **FINITE)))
+  if kind == "huge":  # larger than the box allows: the answer is the box projection
+    return np.full((b,), 1e3, np.float32)
+  factors = draw(hnp.arrays(np.float64, (b,), elements=st.floats(0.0, 1.5)))
+  return (factors * room).astype(np.float32)
+
+
+@given(data=st.data())
+def test_project_l1_box_matches_reference(data):
+  v = data.draw(deltas())
+  x = data.draw(box_points(v.shape))
+  eps = data.draw(l1_box_radii(v, x))
+  out = np.asarray(project_l1_box(v, x, eps, 0.0, 1.0))
+  assert out.shape == v.shape and out.dtype == np.float32
+  np.testing.assert_allclose(out, ref_project_l1_box(v, x, eps), rtol=0, atol=tol(v, eps))
+  assert_inside(out, eps, "l1")
+  assert np.all(x + out >= 0.0) and np.all(x + out <= 1.0)
+  # Idempotent: projecting the projection changes nothing (up to rounding).
+  again = np.asarray(project_l1_box(out, x, eps, 0.0, 1.0))
+  np.testing.assert_allclose(again, out, rtol=0, atol=1e-6 * (1.0 + float(np.max(eps))))
+
+
+@given(data=st.data())
+def test_project_l1_box_equals_project_when_box_is_inactive(data):
+  """With x at the centre of a box wider than any coordinate of v, only the ball binds."""
+  v = data.draw(deltas())
+  eps = data.draw(radii(v, "l1"))
+  x = np.zeros_like(v)
+  out = np.asarray(project_l1_box(v, x, eps, -5.0, 5.0))
+  np.testing.assert_allclose(out, project(v, eps, "l1"), rtol=0, atol=tol(v, eps))
+
+
+def test_project_l1_box_is_not_project_then_clip():
+  """The box cuts 0.9 of the first coordinate; the exact projection spends it on the others."""
+  v = np.array([[1.0, 0.5, 0.25, 0.0]], np.float32)
+  x = np.array([[0.9, 0.5, 0.5, 0.5]], np.float32)
+  out = np.asarray(project_l1_box(v, x, 0.6, 0.0, 1.0))
+  # lam solves 0.1 + (0.5 - lam) + max(0.25 - lam, 0) = 0.6: lam = 0.125.
+  np.testing.assert_allclose(out, [[0.1, 0.375, 0.125, 0.0]], atol=1e-7)
+  clipped = np.clip(np.asarray(project(v, 0.6, "l1")), -x, 1.0 - x)
+  assert np.abs(clipped).sum() < 0.45  # project-then-clip wastes budget and is far off
+  assert np.abs(clipped - out).max() > 0.1
+
+
+def test_project_l1_box_large_vector_small_eps():
+  """||clip(v)||_1 >> eps (a random start): the cancellation is corrected to float32 precision."""
+  rng = np.random.default_rng(0)
+  v = (rng.standard_normal((6, 3072)) * 10.0).astype(np.float32)
+  x = rng.uniform(0, 1, size=(6, 3072)).astype(np.float32)
+  x[:, :500] = 1.0  # on the upper face
+  eps = np.array([1e-4, 1e-2, 1.0, 12.0, 100.0, 1e3], np.float32)
+  out = np.asarray(project_l1_box(v, x, eps, 0.0, 1.0))
+  expected = ref_project_l1_box(v, x, eps)
+  np.testing.assert_allclose(ref_norm(out, "l1"), ref_norm(expected, "l1"), rtol=1e-5)
+  np.testing.assert_allclose(out, expected, rtol=0, atol=1e-6)
+  assert np.all(out[:, :500] <= 0.0)
+
+
+def test_project_l1_box_per_example_eps_bounds_and_zero():
+  v = np.array([[2.0, -3.0, 0.5], [1.0, 1.0, 1.0]], np.float32).reshape(2, 3, 1)
+  x = np.full((2, 3, 1), 0.5, np.float32)
+  out = np.asarray(project_l1_box(v, x, np.array([0.0, 0.75], np.float32), -1.0, 1.0))
+  np.testing.assert_array_equal(out[0], np.zeros((3, 1)))
+  np.testing.assert_allclose(out[1].ravel(), [0.25, 0.25, 0.25], atol=1e-7)
+  with pytest.raises(ValueError, match="scalars"):
+    P.project_l1_box(v, x, 1.0, np.zeros(2), 1.0)
+  with pytest.raises(ValueError, match="3 entries"):
+    P.project_l1_box(v, x, np.ones(3, np.float32), 0.0, 1.0)

@@ -1,5 +1,6 @@
 """Attack factories. Each returns a :class:`jaxrobust.Attack` of pure ``init``/``step`` functions."""
 
+from jaxrobust.attacks.apgd import apgd
 from jaxrobust.attacks.carlini_wagner import carlini_wagner_l2
 from jaxrobust.attacks.deepfool import deepfool
 from jaxrobust.attacks.ensemble import ensemble
@@ -8,4 +9,4 @@ from jaxrobust.attacks.fgsm import fgsm
 from jaxrobust.attacks.fmn import fmn
 from jaxrobust.attacks.pgd import pgd
 
-__all__ = ["carlini_wagner_l2", "deepfool", "ensemble", "eot", "fgsm", "fmn", "pgd"]
+__all__ = ["apgd", "carlini_wagner_l2", "deepfool", "ensemble", "eot", "fgsm", "fmn", "pgd"]

@@ -1,0 +1,423 @@
+r"""Auto-PGD (APGD, APGD-T; Croce & Hein, 2020, 2021) under the Linf, L2 and L1 norms.
+
+APGD is projected gradient ascent whose step size needs no tuning: it starts large and is halved,
+per example, at data-independent checkpoints when the optimisation stalls. With :math:`P` the
+projection onto the eps-ball around :math:`x` intersected with the box, :math:`\eta_k` the
+per-example step size, :math:`d(g)` the steepest-ascent direction (:math:`\operatorname{sign}(g)`
+for Linf, :math:`g / \|g\|_2` for L2) and :math:`\alpha = 0.75` (:math:`\alpha = 1` at the first
+step of a run), one Linf/L2 iteration is the momentum step
+
+.. math::
+   z_{k+1} = P\big(x_k + \eta_k\, d(\nabla L(x_k))\big), \qquad
+   x_{k+1} = P\big(x_k + \alpha (z_{k+1} - x_k) + (1 - \alpha)(x_k - x_{k-1})\big).
+
+:math:`\eta_0 = 2\epsilon`. The checkpoints are :math:`w_j = \lceil p_j N \rceil` for ``N = steps``
+with :math:`p_0 = 0`, :math:`p_1 = 0.22` and
+:math:`p_{j+1} = p_j + \max(p_j - p_{j-1} - 0.03, 0.06)`; the reference implementation rounds
+each length down, ``max(int(0.22 N), 1)`` then ``max(len - max(int(0.03 N), 1), max(int(0.06 N),
+1))``, which gives 22, 41, 57, 70, 80, 87, 93, 99 for ``N = 100`` (see :func:`checkpoints`). At
+:math:`w_j` an example halves its step size and restarts from its best-loss point
+:math:`x_{\max}` if
+
+1. at most :math:`\rho\,(w_j - w_{j-1})` of the steps since :math:`w_{j-1}` increased the loss
+   (:math:`\rho = 0.75`; the first window compares the first iterate with the starting point, as
+   in the paper), or
+2. its step size was not halved at :math:`w_{j-1}` and its best loss did not improve since then.
+
+On a restart from :math:`x_{\max}` the momentum of the next step is :math:`x_{\max} - x_{k-1}`, as
+in the reference implementation.
+
+L1 (l1-APGD, Croce & Hein, 2021) has no momentum and its own schedule. A step moves
+:math:`\eta_k` of L1 mass evenly over the coordinates with the largest :math:`|g_i|` (a fraction
+:math:`s_k` of them, :math:`s_0 = 0.2`) and projects exactly onto the L1 ball intersected with the
+box (:func:`jaxrobust.projections.project_l1_box`): :math:`x_{k+1} = x + \Pi_{\epsilon,\,\text{box}}
+(x_k + \eta_k \operatorname{sign}(g_{\text{top}}) / \|\operatorname{sign}(g_{\text{top}})\|_1 -
+x)`, with :math:`\eta_0 = \epsilon`. Every ``max(int(0.04 N), 1)`` iterations the sparsity
+:math:`m` of :math:`x_{\max} - x` sets :math:`s = m / (1.5 D)`; if :math:`m` fell below 0.95 of
+its value at the previous check the step size is reset to :math:`\epsilon` and the iterate to
+:math:`x_{\max}`, otherwise the step size is divided by 1.5; it is kept in
+:math:`[\epsilon / 10, \epsilon]`.
+
+Random starts follow the reference: Linf :math:`x + \epsilon\, t / \|t\|_\infty` with
+:math:`t \sim U[-1, 1]^D`, L2 :math:`x + \epsilon\, t / \|t\|_2` with :math:`t \sim N(0, I)`
+(both on the sphere), L1 the projection of :math:`t \sim N(0, I)` onto the L1 ball and the box;
+then clipped to the box. A run is ``steps`` updates after its start, i.e. ``steps + 1`` loss and
+gradient evaluations. Runs (``restarts``, and for APGD-T ``n_target_classes`` targets times
+``restarts``) are laid end to end in one fixed-length scan; each starts afresh from a draw of the
+example's own key folded with the run index, so run ``r`` is the same in every configuration that
+has it. Every evaluated point of every run is scored (success first, then the loss) and the best
+one is returned.
+
+APGD-T (``targeted=True`` with ``n_target_classes = n``) is AutoAttack's untargeted attack made of
+``n`` targeted runs: run ``k`` maximises the targeted loss towards the class with the
+:math:`(k+2)`-th largest clean logit, and success is untargeted (:math:`\arg\max \ne y`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrobust import losses as losses_lib
+from jaxrobust import projections
+from jaxrobust._types import Attack, Budget
+from jaxrobust._validation import check_norm, check_positive_int, logits_shape
+from jaxrobust.attacks._ascent import direction
+from jaxrobust.attacks._common import (
+  Best,
+  expand,
+  fold_in,
+  is_success,
+  loss_grad_logits,
+  unpack_budget,
+)
+from jaxrobust.attacks._gradient_attack import _project
+
+Array = jax.Array
+
+INITIAL_STEP = {"linf": 2.0, "l2": 2.0, "l1": 1.0}
+"""The first step size of a run, as a multiple of eps."""
+
+L1_INITIAL_SPARSITY = 0.2
+L1_STEP_DIVISOR = 1.5
+L1_MIN_STEP_FRACTION = 0.1
+L1_SPARSITY_DROP = 0.95
+
+
+def checkpoints(steps: int) -> tuple[int, ...]:
+  r"""The iterations after which Linf/L2 APGD may halve its step size.
+
+  The reference implementation's rounding of :math:`w_j = \lceil p_j N \rceil`,
+  :math:`p_1 = 0.22`, :math:`p_{j+1} = p_j + \max(p_j - p_{j-1} - 0.03, 0.06)`: the first window
+  has ``max(int(0.22 N), 1)`` iterations and each next one ``max(int(0.03 N), 1)`` fewer, but at
+  least ``max(int(0.06 N), 1)``.
+
+  Args:
+    steps: iterations per run, ``N``.
+
+  Returns:
+    The checkpoints ``w_1 < w_2 < ... <= N``.
+
+  Examples:
+    >>> checkpoints(100)
+    (22, 41, 57, 70, 80, 87, 93, 99)
+
+  References:
+    Croce & Hein, "Reliable evaluation of adversarial robustness with an ensemble of diverse
+    parameter-free attacks", ICML 2020, Section 3.
+  """
+  length = max(int(0.22 * steps), 1)
+  shortest = max(int(0.06 * steps), 1)
+  decrease = max(int(0.03 * steps), 1)
+  out, position = [], length
+  while position <= steps:
+    out.append(position)
+    length = max(length - decrease, shortest)
+    position += length
+  return tuple(out)
+
+
+def l1_checkpoints(steps: int) -> tuple[int, ...]:
+  """The iterations after which L1 APGD adapts its sparsity and step size.
+
+  Examples:
+    >>> l1_checkpoints(100)[:5]
+    (4, 8, 12, 16, 20)
+  """
+  period = max(int(0.04 * steps), 1)
+  return tuple(range(period, steps + 1, period))
+
+
+class APGDState(NamedTuple):
+  """The ``lax.scan`` carry of APGD. Fields marked *run* are reset at the start of each run."""
+
+  x_adv: Array  # [B, ...] float32: the point the next step evaluates.
+  x_prev: Array  # [B, ...] float32: the iterate before x_adv (for the momentum), run.
+  x_best: Array  # [B, ...] float32: the run's highest-loss point, run.
+  grad_best: Array  # [B, ...] float32: the gradient at x_best, run.
+  loss_best: Array  # [B] float32: the loss at x_best, run.
+  loss_prev: Array  # [B] float32: the loss of the last evaluated point, run.
+  loss_best_at_check: Array  # [B] float32: loss_best at the last checkpoint, run.
+  halved_at_check: Array  # [B] bool: the step was halved at the last checkpoint, run.
+  increases: Array  # [B] int32: steps that increased the loss since the last checkpoint, run.
+  step_size: Array  # [B] float32: the step size eta, in input units, run.
+  sparsity: Array  # [B] float32: L1 only, the fraction of coordinates a step moves, run.
+  support_at_check: Array  # [B] float32: L1 only, ||x_best - x||_0 at the last checkpoint, run.
+  best: Best  # the best point seen in any run (success first, then loss).
+  targets: Array | None  # [B, n_target_classes] int32 for APGD-T, else None.
+  keys: Array  # [B] typed PRNG keys, one per example.
+  t: Array  # [] int32: evaluations done.
+
+
+def _start(x: Array, keys: Array, eps: Array, lower: Array, upper: Array, norm: str,
+           run: Array | int) -> Array:
+  """A run's first point: the reference's random start, clipped to the box."""
+  keys = fold_in(keys, run)
+  shape = x.shape[1:]
+  if norm == "linf":
+    t = jax.vmap(lambda k: jax.random.uniform(k, shape, x.dtype, -1.0, 1.0))(keys)
+    size = projections.norm(t, "linf")
+  else:
+    t = jax.vmap(lambda k: jax.random.normal(k, shape, x.dtype))(keys)
+    size = projections.norm(t, "l2")
+  if norm == "l1":
+    delta = projections.project_l1_box(t, x, eps, lower, upper)
+  else:
+    delta = t * expand(eps / (size + 1e-12), x.ndim)
+  return jnp.clip(x + delta, lower, upper)
+
+
+def _l1_direction(grad: Array, sparsity: Array) -> Array:
+  """``sign`` of the gradient on its top ``sparsity`` fraction of coordinates, unit L1 norm.
+
+  The threshold is the reference's: the ascending-sorted ``|g|`` at index
+  ``clip(floor((1 - sparsity) D), 0, D - 1)``, looked up with a one-hot mask (no gather).
+  """
+  g = grad.reshape(grad.shape[0], -1)
+  d = g.shape[1]
+  magnitude = jnp.abs(g)
+  ordered = jnp.sort(magnitude, axis=1)
+  index = jnp.clip(jnp.floor((1.0 - sparsity) * d), 0, d - 1).astype(jnp.int32)
+  columns = jnp.arange(d, dtype=jnp.int32).reshape(1, d)
+  threshold = jnp.sum(jnp.where(columns == index[:, None], ordered, 0.0), axis=1, keepdims=True)
+  s = jnp.where(magnitude >= threshold, jnp.sign(g), 0.0)
+  s = s / (jnp.sum(jnp.abs(s), axis=1, keepdims=True) + 1e-10)
+  return s.reshape(grad.shape)
+
+
+def _required_classes(loss, targeted: bool) -> int:
+  if not isinstance(loss, str):
+    return 2
+  table = losses_lib.MIN_CLASSES_TARGETED if targeted else losses_lib.MIN_CLASSES
+  return table[loss]
+
+
+def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
+         targeted: bool = False, n_target_classes: int | None = 9, steps: int = 100,
+         restarts: int = 1, rho: float = 0.75, momentum: float = 0.75) -> Attack:
+  r"""Auto-PGD: step-size-free projected gradient ascent (AutoAttack's APGD and APGD-T).
+
+  See the module docstring for the algorithm. In short, each run makes ``steps`` momentum
+  steps of size :math:`\eta` (``2 eps`` at first for Linf/L2, ``eps`` for L1), halving
+  :math:`\eta` per example at the checkpoints of :func:`checkpoints` when fewer than a fraction
+  ``rho`` of the recent steps increased the loss or when neither :math:`\eta` nor the best loss
+  changed since the previous checkpoint, and then restarting from the best-loss point; L1 uses the
+  adaptive-sparsity step and the exact L1-box projection of l1-APGD. Every evaluated point is
+  scored (success first, then loss) and the best one returned.
+
+  Three modes:
+
+  * ``targeted=False``: untargeted APGD (``loss="ce"`` by default; AutoAttack's APGD-CE and,
+    with ``loss="dlr"``, APGD-DLR). ``restarts`` runs from independent random starts.
+  * ``targeted=True`` with ``n_target_classes = n`` (AutoAttack's APGD-T, an untargeted attack):
+    ``n`` groups of ``restarts`` runs, group ``k`` driving towards the class with the
+    :math:`(k+2)`-th largest clean logit with the targeted loss (``loss="dlr"`` by default, the
+    targeted DLR of :func:`jaxrobust.losses.targeted_dlr`; ``"ce"`` the targeted cross-entropy).
+    Success is untargeted, :math:`\arg\max \ne y`, so a point broken towards any target stays
+    broken. No ``target=`` is taken; ``n`` must be smaller than the number of classes.
+  * ``targeted=True`` with ``n_target_classes=None``: an ordinary targeted attack; pass
+    ``target=``; success is :math:`\arg\max = \text{target}`.
+
+  Args:
+    norm: ``"linf"``, ``"l2"`` or ``"l1"``.
+    loss: ``"ce"``, ``"dlr"``, ``"margin"`` or a function (see :mod:`jaxrobust.losses`); default
+      ``"ce"`` untargeted and ``"dlr"`` targeted. DLR needs 3 classes, targeted DLR 4.
+    targeted: see the modes above.
+    n_target_classes: number of target classes of APGD-T (``targeted=True`` only), or ``None``.
+    steps: iterations per run (>= 1); AutoAttack uses 100.
+    restarts: runs per target (or in total, untargeted), each from a fresh random start.
+    rho: the fraction of loss-increasing steps below which the step size is halved (Linf/L2).
+    momentum: the weight :math:`\alpha` of the new step against the previous one (Linf/L2).
+
+  Returns:
+    A :class:`jaxrobust.Attack` for :func:`jaxrobust.run` or :func:`jaxrobust.robustness_curve`.
+
+  Raises:
+    ValueError: unknown norm or loss, ``steps``/``restarts``/``n_target_classes`` < 1, ``rho``
+      outside (0, 1], ``momentum`` outside [0, 1]; at ``init``, too few classes for the loss or
+      for ``n_target_classes``.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> import jaxrobust as jr
+    >>> from jaxrobust.attacks.apgd import apgd
+    >>> w = jnp.array([[1.0, -1.0, 0.0], [-1.0, 1.0, 0.0]])  # three classes, logits z = x @ w
+    >>> logits_fn = lambda x: x @ w
+    >>> x, y = jnp.array([[0.6, 0.4]]), jnp.array([0])  # z = (0.2, -0.2, 0): Linf distance 0.1
+    >>> attack = apgd("linf", steps=10)
+    >>> attack.name
+    'apgd-ce-linf-10x1'
+    >>> run = jax.jit(lambda eps: jr.run(attack, logits_fn, x, y, jr.Budget(eps), jax.random.key(0)))
+    >>> bool(run(0.09).success[0]), bool(run(0.11).success[0])
+    (False, True)
+
+  References:
+    Croce & Hein, "Reliable evaluation of adversarial robustness with an ensemble of diverse
+    parameter-free attacks", ICML 2020.
+    Croce & Hein, "Mind the box: l1-APGD for sparse adversarial attacks on image classifiers",
+    ICML 2021.
+  """
+  check_norm(norm)
+  steps = check_positive_int("steps", steps)
+  restarts = check_positive_int("restarts", restarts)
+  multi = bool(targeted) and n_target_classes is not None
+  if multi:
+    n_target_classes = check_positive_int("n_target_classes", n_target_classes)
+  if not (isinstance(rho, (int, float)) and 0 < rho <= 1):
+    raise ValueError(f"rho must be in (0, 1], got {rho!r}.")
+  if not (isinstance(momentum, (int, float)) and 0 <= momentum <= 1):
+    raise ValueError(f"momentum must be in [0, 1], got {momentum!r}.")
+  if loss is None:
+    loss = "dlr" if targeted else "ce"
+  loss_fn = losses_lib.resolve(loss, bool(targeted))
+  loss_name = loss if isinstance(loss, str) else "custom"
+  if multi:
+    name = f"apgd-t-{loss_name}-{norm}-{steps}x{n_target_classes}targets"
+    if restarts > 1:
+      name += f"x{restarts}"
+  else:
+    name = f"apgd-{loss_name}-{norm}-{steps}x{restarts}" + ("-targeted" if targeted else "")
+
+  runs = restarts * (n_target_classes if multi else 1)
+  period = steps + 1  # a run's evaluations: its start and its `steps` updates
+  total_steps = runs * period - 1  # `finalize` evaluates the last point
+  table = np.zeros(period, np.int32)  # window length at each checkpoint, 0 elsewhere
+  if norm == "l1":
+    marks, lengths = l1_checkpoints(steps), None
+  else:
+    marks = checkpoints(steps)
+    lengths = np.diff((0,) + marks)
+  for j, w in enumerate(marks):
+    table[w] = 1 if lengths is None else lengths[j]
+  initial_step = INITIAL_STEP[norm]
+
+  def check_classes(num_classes: int) -> None:
+    needed = _required_classes(loss, bool(targeted))
+    if num_classes < needed:
+      raise ValueError(f"{name}: loss {loss_name!r} needs at least {needed} classes, the model "
+                       f"has {num_classes}; use loss='ce' instead.")
+    if multi and n_target_classes >= num_classes:
+      raise ValueError(f"{name}: n_target_classes={n_target_classes} needs more than "
+                       f"{n_target_classes} classes, the model has {num_classes}; use at most "
+                       f"{num_classes - 1}.")
+
+  def run_target(state: APGDState, run_index: Array, target: Array | None) -> Array | None:
+    """The target the loss drives towards in this run (APGD-T: by one-hot look-up)."""
+    if not multi:
+      return target
+    group = run_index // restarts
+    columns = jnp.arange(n_target_classes, dtype=jnp.int32).reshape(1, -1)
+    # A product, not a select: the mask is replicated while the targets are batch-sharded.
+    return jnp.sum(state.targets * (columns == group).astype(jnp.int32), axis=1)
+
+  def init(logits_fn, x, y, budget: Budget, keys, target=None):
+    del y, target
+    x, eps, lower, upper = unpack_budget(x, budget)
+    if multi:
+      logits = logits_fn(x)
+      check_classes(logits.shape[-1])
+      # Classes by decreasing clean logit; the target of group k is the (k + 2)-th.
+      targets = jax.lax.top_k(logits, n_target_classes + 1)[1][:, 1:].astype(jnp.int32)
+    else:
+      check_classes(logits_shape(logits_fn, x)[-1])
+      targets = None
+    x0 = _start(x, keys, eps, lower, upper, norm, 0)
+    first = x0.reshape(x0.shape[0], -1)[:, 0]
+    zeros = jnp.zeros_like(first)
+    return APGDState(
+        x_adv=x0, x_prev=x0, x_best=x0, grad_best=jnp.zeros_like(x0), loss_best=zeros,
+        loss_prev=zeros, loss_best_at_check=zeros, halved_at_check=jnp.zeros_like(first, bool),
+        increases=jnp.zeros_like(first, jnp.int32), step_size=zeros, sparsity=zeros,
+        support_at_check=zeros, best=Best.empty(x0), targets=targets, keys=keys,
+        t=jnp.zeros((), jnp.int32))
+
+  def step(logits_fn, state: APGDState, x, y, budget: Budget, target=None):
+    x, eps, lower, upper = unpack_budget(x, budget)
+    nd = x.ndim
+    i = state.t % period  # 0: the run's start; k: the k-th update
+    run_index = state.t // period
+    loss_value, grad, logits = loss_grad_logits(logits_fn, loss_fn, state.x_adv, y,
+                                                run_target(state, run_index, target))
+    best = state.best.update(state.x_adv, loss_value,
+                             is_success(logits, y, None if multi else target))
+    first = i == 0
+
+    # The run's own best-loss point (for the restarts from x_max) and the loss-increase count.
+    improved = first | (loss_value > state.loss_best)
+    x_best = jnp.where(expand(improved, nd), state.x_adv, state.x_best)
+    grad_best = jnp.where(expand(improved, nd), grad, state.grad_best)
+    loss_best = jnp.where(improved, loss_value, state.loss_best)
+    increased = (loss_value > state.loss_prev).astype(jnp.int32)
+    increases = jnp.where(first, 0, state.increases + increased)
+    step_size = jnp.where(first, initial_step * eps, state.step_size)
+    window = jnp.asarray(table)[i]
+    at_check = window > 0
+
+    if norm == "l1":
+      sparsity = jnp.where(first, L1_INITIAL_SPARSITY, state.sparsity)
+      support_old = jnp.where(first, float(math.prod(x.shape[1:])), state.support_at_check)
+      support = jnp.sum((x_best != x).reshape(x.shape[0], -1), axis=1).astype(jnp.float32)
+      shrunk = support < L1_SPARSITY_DROP * support_old
+      restart = at_check & shrunk
+      full = initial_step * eps
+      adapted = jnp.clip(jnp.where(shrunk, full, step_size / L1_STEP_DIVISOR),
+                         full * L1_MIN_STEP_FRACTION, full)
+      step_size = jnp.where(at_check, adapted, step_size)
+      sparsity = jnp.where(at_check, support / (math.prod(x.shape[1:]) * L1_STEP_DIVISOR),
+                           sparsity)
+      support_at_check = jnp.where(at_check, support, support_old)
+      halved_at_check, loss_best_at_check = state.halved_at_check, state.loss_best_at_check
+    else:
+      halved_before = jnp.where(first, True, state.halved_at_check)
+      loss_best_before = jnp.where(first, loss_value, state.loss_best_at_check)
+      oscillating = increases.astype(jnp.float32) <= rho * window.astype(jnp.float32)
+      stalled = ~halved_before & (loss_best_before >= loss_best)
+      halve = oscillating | stalled
+      restart = at_check & halve
+      step_size = jnp.where(restart, step_size / 2, step_size)
+      halved_at_check = jnp.where(at_check, halve, halved_before)
+      loss_best_at_check = jnp.where(at_check, loss_best, loss_best_before)
+      increases = jnp.where(at_check, 0, increases)
+      sparsity, support_at_check = state.sparsity, state.support_at_check
+
+    # Restart from the best-loss point where the schedule says so, then step.
+    x_cur = jnp.where(expand(restart, nd), x_best, state.x_adv)
+    g = jnp.where(expand(restart, nd), grad_best, grad)
+    eta = expand(step_size, nd)
+    if norm == "l1":
+      moved = x_cur + eta * _l1_direction(g, sparsity)
+      delta = projections.project_l1_box(moved - x, x, eps, lower, upper)
+      x_next = jnp.clip(x + delta, lower, upper)
+    else:
+      z = _project(x, x_cur + eta * direction(g, norm, x_cur, lower, upper, 1.0), eps, lower,
+                   upper, norm)
+      a = jnp.where(first, jnp.float32(1.0), jnp.float32(momentum))
+      x_next = _project(x, x_cur + a * (z - x_cur) + (1 - a) * (x_cur - state.x_prev), eps,
+                        lower, upper, norm)
+    if runs > 1:
+      fresh = _start(x, state.keys, eps, lower, upper, norm, run_index + 1)
+      x_next = jnp.where(i == steps, fresh, x_next)
+
+    return APGDState(
+        x_adv=x_next, x_prev=x_cur, x_best=x_best, grad_best=grad_best, loss_best=loss_best,
+        loss_prev=loss_value, loss_best_at_check=loss_best_at_check,
+        halved_at_check=halved_at_check, increases=increases, step_size=step_size,
+        sparsity=sparsity, support_at_check=support_at_check, best=best,
+        targets=state.targets, keys=state.keys, t=state.t + 1)
+
+  def finalize(logits_fn, state: APGDState, x, y, budget: Budget, target=None):
+    del x, budget
+    loss_target = run_target(state, state.t // period, target)
+    logits = logits_fn(state.x_adv)
+    last = loss_fn(logits, y) if loss_target is None else loss_fn(logits, y, loss_target)
+    best = state.best.update(state.x_adv, last.astype(jnp.float32),
+                             is_success(logits, y, None if multi else target))
+    return best.x
+
+  return Attack(init=init, step=step, finalize=finalize, num_steps=total_steps, norm=norm,
+                targeted=bool(targeted) and not multi, minimum_norm=False, name=name)

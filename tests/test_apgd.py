@@ -1,0 +1,267 @@
+"""Tests for Auto-PGD (jaxrobust.attacks.apgd): schedule, closed-form linear ground truth,
+strength against PGD, monotonicity in restarts, APGD-T's multi-target semantics, bad inputs and
+batch sharding."""
+
+from __future__ import annotations
+
+import functools
+import math
+from fractions import Fraction
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrobust as jr
+from jaxrobust.attacks.apgd import apgd, checkpoints, l1_checkpoints
+from tests.models import (
+  Linear,
+  assert_explicit_sharding_matches_one_device,
+  linear_points,
+  mlp,
+  random_linear,
+)
+
+DIM = 12
+N = 48
+STEPS = 20
+
+
+def _paper_checkpoints(n: int) -> list[int]:
+  """w_j = ceil(p_j n), p_0 = 0, p_1 = 0.22, p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)."""
+  p = [Fraction(0), Fraction(22, 100)]
+  while p[-1] + max(p[-1] - p[-2] - Fraction(3, 100), Fraction(6, 100)) <= 1:
+    p.append(p[-1] + max(p[-1] - p[-2] - Fraction(3, 100), Fraction(6, 100)))
+  return [math.ceil(q * n) for q in p[1:]]
+
+
+def test_checkpoints_for_100_steps():
+  hand = [22, 41, 57, 70, 80, 87, 93, 99]  # 22 + 19 + 16 + 13 + 10 + 7 + 6 + 6
+  assert list(checkpoints(100)) == hand
+  assert _paper_checkpoints(100) == hand
+  assert list(l1_checkpoints(100)) == list(range(4, 101, 4))
+  assert checkpoints(1) == (1,) and checkpoints(5) == (1, 2, 3, 4, 5)
+  for n in (7, 20, 50, 333):  # strictly increasing, within the run, windows >= 1
+    w = checkpoints(n)
+    assert all(0 <= a < b <= n for a, b in zip((0,) + w, w))
+
+
+# ---------------------------------------------------------------------------------------------
+# Linear models: the minimal adversarial distance is known in closed form.
+
+
+@functools.cache
+def _jitted(norm: str, multi: bool, steps: int = STEPS, restarts: int = 1,
+            n_target_classes: int = 9, loss: str | None = None):
+  attack = (apgd(norm, targeted=True, n_target_classes=n_target_classes, steps=steps,
+                 restarts=restarts, loss=loss) if multi else
+            apgd(norm, steps=steps, restarts=restarts, loss=loss))
+
+  @jax.jit
+  def run(w, b, x, y, eps, key):
+    return jr.run(attack, Linear(w, b).logits_fn, x, y, jr.Budget(eps), key)
+
+  return run
+
+
+def _optimal_step_fits(model: Linear, x, y, d, norm, scale):
+  """The optimal perturbation of size ``scale * d`` towards the nearest class stays in [0, 1]."""
+  flat = x.reshape(len(x), -1).astype(np.float64)
+  z = flat @ model.w + model.b
+  ok = np.zeros(len(x), bool)
+  for n in range(len(x)):
+    j = min((c for c in range(model.w.shape[1]) if c != y[n]),
+            key=lambda c: (z[n, y[n]] - z[n, c]) / np.linalg.norm(
+                model.w[:, c] - model.w[:, y[n]], ord={"linf": 1, "l2": 2, "l1": np.inf}[norm]))
+    dw = model.w[:, j] - model.w[:, y[n]]
+    if norm == "linf":
+      step = np.sign(dw) * scale * d[n]
+    elif norm == "l2":
+      step = dw / np.linalg.norm(dw) * scale * d[n]
+    else:
+      step = np.zeros_like(dw)
+      k = np.argmax(np.abs(dw))
+      step[k] = np.sign(dw[k]) * scale * d[n]
+    ok[n] = np.all((flat[n] + step >= 0) & (flat[n] + step <= 1))
+  return ok
+
+
+def _linear_problem(classes: int, norm: str, scale: float):
+  model = random_linear(classes, DIM, classes)
+  if classes == 2:
+    model = Linear(model.w, -0.5 * model.w.sum(0))  # boundary through the centre of the box
+  x, y, d = linear_points(model, 3, 30 * N, (DIM,), norm)
+  keep = _optimal_step_fits(model, x, y, d, norm, scale) & (d > 1e-3)
+  assert keep.sum() >= N, keep.sum()
+  return model, x[keep][:N], y[keep][:N], d[keep][:N]
+
+
+# Success rate required just above the minimal distance. L1-APGD spreads each step over a
+# fraction of the coordinates and cannot land exactly on the single-coordinate optimum of a
+# linear model; the reference implementation fails there too (see the module report), so L1 is
+# checked at a wider margin.
+ABOVE = {"linf": 1.05, "l2": 1.05, "l1": 1.5}
+
+
+@pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
+@pytest.mark.parametrize("multi", [False, True], ids=["apgd-ce-2-classes", "apgd-t-10-classes"])
+def test_linear_model_ground_truth(norm, multi):
+  """Never a success below 0.97 d*; >= 99% success just above d* (in one call: per-example eps)."""
+  model, x, y, d = _linear_problem(10 if multi else 2, norm, ABOVE[norm])
+  eps = np.concatenate([0.97 * d, ABOVE[norm] * d]).astype(np.float32)
+  result = _jitted(norm, multi)(model.w, model.b, jnp.asarray(np.concatenate([x, x])),
+                                jnp.asarray(np.concatenate([y, y])), jnp.asarray(eps),
+                                jax.random.key(0))
+  success = np.asarray(result.success)
+  assert not success[:N].any()
+  assert success[N:].mean() >= 0.99, success[N:].mean()
+  size = np.asarray(result.norm)
+  assert np.all(size <= eps * (1 + 1e-5) + 1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
+# Nonlinear model: strength against PGD and monotonicity in restarts.
+
+MLP_SHAPE = (16,)
+MLP_CLASSES = 5
+MLP_EPS = 0.06
+
+
+@pytest.fixture(scope="module")
+def mlp_problem():
+  logits_fn = mlp(0, 16, 32, MLP_CLASSES)
+  rng = np.random.default_rng(0)
+  x = jnp.asarray(rng.uniform(0, 1, size=(96,) + MLP_SHAPE), jnp.float32)
+  y = jr.predict(logits_fn(x))  # every point correct on the clean input
+  return logits_fn, x, y
+
+
+def _robust(attack, problem, key=0):
+  logits_fn, x, y = problem
+  run = jax.jit(lambda x, y, k: jr.run(attack, logits_fn, x, y, jr.Budget(MLP_EPS), k))
+  return ~np.asarray(run(x, y, jax.random.key(key)).success)
+
+
+@pytest.fixture(scope="module")
+def apgd_one_restart(mlp_problem):
+  return _robust(apgd("linf", steps=STEPS, restarts=1), mlp_problem)
+
+
+def test_apgd_at_least_as_strong_as_pgd(mlp_problem, apgd_one_restart):
+  pgd_robust = _robust(jr.attacks.pgd("linf", steps=STEPS), mlp_problem)
+  assert 0.1 < pgd_robust.mean() < 0.9, pgd_robust.mean()  # a mid eps: the test can fail
+  assert apgd_one_restart.mean() <= pgd_robust.mean() + 0.02, (apgd_one_restart.mean(),
+                                                                pgd_robust.mean())
+
+
+def test_more_restarts_never_raise_robust_accuracy(mlp_problem, apgd_one_restart):
+  """Run 0 is the same in both attacks (same key, same start), so success can only be added."""
+  three = _robust(apgd("linf", steps=STEPS, restarts=3), mlp_problem)
+  assert np.all(three <= apgd_one_restart), np.flatnonzero(three & ~apgd_one_restart)
+
+
+# ---------------------------------------------------------------------------------------------
+# APGD-T: several targets, untargeted success.
+
+
+def _third_class_model():
+  """A 5-class linear model on [0, 1]^D where, at x = 0.5 with L2 eps = 0.1, only the class with
+  the 3rd largest clean logit can be reached.
+
+  Clean logits at the centre: z = (0, -0.1, -0.9, -5, -6). Class 1 gains at most 0.2 * eps = 0.02
+  over the ball (never reaches 0); class 2 gains 10 * delta_0, so it wins once delta_0 > 0.09,
+  i.e. only along (almost) the first axis, which a random start on the sphere does not reach in
+  D = 32 dimensions.
+  """
+  dim = 32
+  w = np.zeros((dim, 5))
+  w[1:, 1] = 0.2 / np.sqrt(dim - 1)
+  w[0, 2] = 10.0
+  centre = np.full(dim, 0.5)
+  b = np.array([0.0, -0.1, -0.9, -5.0, -6.0]) - centre @ w
+  return Linear(w, b), dim
+
+
+@pytest.mark.parametrize("n_target_classes", [1, 2])
+def test_multi_target_reaches_the_third_class_only_with_two_targets(n_target_classes):
+  model, dim = _third_class_model()
+  x = jnp.full((8, dim), 0.5, jnp.float32)
+  y = jnp.zeros(8, jnp.int32)
+  attack = apgd("l2", targeted=True, n_target_classes=n_target_classes, steps=10)
+  assert not attack.targeted  # APGD-T takes no target= and succeeds untargeted
+  assert attack.num_steps == n_target_classes * 11 - 1
+  result = jax.jit(lambda x, y: jr.run(attack, model.logits_fn, x, y, jr.Budget(0.1),
+                                       jax.random.key(0)))(x, y)
+  success = np.asarray(result.success)
+  if n_target_classes == 1:
+    assert not success.any()
+  else:
+    assert success.all()
+    np.testing.assert_array_equal(np.asarray(jr.predict(result.logits)), np.full(8, 2))
+
+
+def test_ordinary_targeted_mode_needs_target_and_hits_it():
+  model, dim = _third_class_model()
+  x = jnp.full((4, dim), 0.5, jnp.float32)
+  y = jnp.zeros(4, jnp.int32)
+  attack = apgd("l2", targeted=True, n_target_classes=None, steps=10, loss="ce")
+  assert attack.targeted and attack.name == "apgd-ce-l2-10x1-targeted"
+  target = jnp.array([2, 2, 1, 1], jnp.int32)
+  result = jax.jit(lambda x, y, t: jr.run(attack, model.logits_fn, x, y, jr.Budget(0.1),
+                                          jax.random.key(0), t))(x, y, target)
+  np.testing.assert_array_equal(np.asarray(result.success), [True, True, False, False])
+  with pytest.raises(ValueError, match="target"):
+    jr.run(attack, model.logits_fn, x, y, jr.Budget(0.1), jax.random.key(0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad inputs.
+
+
+def _init_shape(attack, classes):
+  model = random_linear(0, 6, classes)
+  x, y = jnp.full((2, 6), 0.5, jnp.float32), jnp.zeros(2, jnp.int32)
+  keys = jax.random.split(jax.random.key(0), 2)
+  return jax.eval_shape(lambda: attack.init(model.logits_fn, x, y, jr.Budget(0.1), keys))
+
+
+def test_bad_inputs_raise():
+  with pytest.raises(ValueError, match="at least 3 classes"):
+    _init_shape(apgd("linf", loss="dlr"), 2)
+  with pytest.raises(ValueError, match="at least 4 classes"):
+    _init_shape(apgd("linf", targeted=True, n_target_classes=2), 3)
+  with pytest.raises(ValueError, match="n_target_classes=5"):
+    _init_shape(apgd("linf", targeted=True, n_target_classes=5), 5)
+  _init_shape(apgd("linf", targeted=True, n_target_classes=4), 5)  # C - 1 targets is fine
+  _init_shape(apgd("linf", loss="dlr"), 3)
+  for kwargs in ({"steps": 0}, {"restarts": 0}, {"targeted": True, "n_target_classes": 0},
+                 {"rho": 0.0}, {"momentum": 1.5}, {"loss": "hinge"}):
+    with pytest.raises(ValueError):
+      apgd("linf", **kwargs)
+  with pytest.raises(ValueError, match="Unknown norm"):
+    apgd("l3")
+
+
+def test_names():
+  assert apgd().name == "apgd-ce-linf-100x1"
+  assert apgd(targeted=True).name == "apgd-t-dlr-linf-100x9targets"
+  assert apgd("l1", loss="dlr", restarts=5).name == "apgd-dlr-l1-100x5"
+  assert apgd("l2", targeted=True, n_target_classes=3, steps=10).num_steps == 3 * 11 - 1
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding.
+
+
+def test_batch_sharded_run_equals_one_device():
+  """APGD-T (top-k targets, one-hot look-ups) in L1 (the L1-box projection), with restarts."""
+  norm, multi = "l1", True
+  model = random_linear(10, DIM, 10)
+  x, y, d = linear_points(model, 3, 16, (DIM,), norm)
+  # The targeted DLR loss (top-k of the logits) must shard too.
+  run = _jitted(norm, multi, steps=3, restarts=2, n_target_classes=2, loss="dlr")
+  eps = jnp.asarray(1.1 * d, jnp.float32)
+  assert_explicit_sharding_matches_one_device(
+      lambda x, y, eps: run(model.w, model.b, x, y, eps, jax.random.key(0)),
+      sharded_args=(x, y, eps))
