@@ -47,6 +47,12 @@ REGISTRY = {
                                                  jr.attacks.pgd("linf", steps=3)),
     "ensemble-l2-targeted": lambda: jr.attacks.ensemble(
         jr.attacks.fgsm("l2", targeted=True), jr.attacks.pgd("l2", steps=3, targeted=True)),
+    "fab-linf": lambda: jr.attacks.fab("linf", steps=10, restarts=2),
+    "fab-l2": lambda: jr.attacks.fab("l2", steps=10),
+    "fab-l1": lambda: jr.attacks.fab("l1", steps=10, class_chunk=2),
+    "fab-t-linf": lambda: jr.attacks.fab("linf", targeted=True, n_target_classes=3, steps=10),
+    "fab-l2-targeted": lambda: jr.attacks.fab("l2", targeted=True, n_target_classes=None,
+                                              steps=10),
     # eot attacks a randomized logits_fn(x, keys); here one that ignores its keys.
     "eot-pgd-linf": lambda: jr.attacks.eot(jr.attacks.pgd("linf", steps=3), samples=3),
 }

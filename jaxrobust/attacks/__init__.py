@@ -5,8 +5,9 @@ from jaxrobust.attacks.carlini_wagner import carlini_wagner_l2
 from jaxrobust.attacks.deepfool import deepfool
 from jaxrobust.attacks.ensemble import ensemble
 from jaxrobust.attacks.eot import eot
+from jaxrobust.attacks.fab import fab
 from jaxrobust.attacks.fgsm import fgsm
 from jaxrobust.attacks.fmn import fmn
 from jaxrobust.attacks.pgd import pgd
 
-__all__ = ["apgd", "carlini_wagner_l2", "deepfool", "ensemble", "eot", "fgsm", "fmn", "pgd"]
+__all__ = ["apgd", "carlini_wagner_l2", "deepfool", "ensemble", "eot", "fab", "fgsm", "fmn", "pgd"]

@@ -1,0 +1,239 @@
+"""FAB: exact hyperplane-box projections, closed-form linear ground truth, eps as an upper bound,
+chunked class gradients, FAB-T, validation and sharding."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import linprog, minimize
+
+import jaxrobust as jr
+from jaxrobust.attacks._fab_projections import project_hyperplane_box
+from jaxrobust.attacks.fab import fab
+from tests.models import (
+  assert_explicit_sharding_matches_one_device,
+  linear_points,
+  mlp,
+  random_linear,
+)
+
+ORD = {"linf": np.inf, "l2": 2, "l1": 1}
+SHAPE = (4, 4)
+CLASSES = 10
+BATCH = 32
+STEPS = 20
+
+
+# --- projections onto {<w, d> = r} ∩ box, against float64 references -----------------------------
+
+
+def _reference_projection(t, w, r, norm):
+  """Optimal ||d||_p for <w, d> = r, 0 <= t + d <= 1 in float64, or None when infeasible."""
+  dim = len(t)
+  lo, hi = -t, 1.0 - t
+  if norm == "linf":  # min s  s.t.  -s <= d_i <= s
+    cost = np.r_[np.zeros(dim), 1.0]
+    a_ub = np.block([[np.eye(dim), -np.ones((dim, 1))], [-np.eye(dim), -np.ones((dim, 1))]])
+    res = linprog(cost, A_ub=a_ub, b_ub=np.zeros(2 * dim), A_eq=np.r_[w, 0.0][None], b_eq=[r],
+                  bounds=list(zip(lo, hi)) + [(0, None)], method="highs")
+    return None if res.status == 2 else res.fun
+  if norm == "l1":  # d = p - n, min sum(p + n)
+    res = linprog(np.ones(2 * dim), A_eq=np.r_[w, -w][None], b_eq=[r],
+                  bounds=[(0, h) for h in hi] + [(0, -low) for low in lo], method="highs")
+    return None if res.status == 2 else res.fun
+  # L2: d(lam) = clip(lam * w, lo, hi) (KKT), <w, d(lam)> is monotone in lam: bisection.
+  g = lambda lam: w @ np.clip(lam * w, lo, hi)
+  reach = g(np.sign(r) * 1e30) if r != 0 else 0.0
+  if abs(reach) < abs(r):
+    return None
+  a, b = (0.0, 1.0) if r >= 0 else (-1.0, 0.0)
+  while (r >= 0 and g(b) < r) or (r < 0 and g(a) > r):
+    a, b = (a, 2 * b) if r >= 0 else (2 * a, b)
+  for _ in range(200):
+    mid = (a + b) / 2
+    a, b = (mid, b) if g(mid) < r else (a, mid)
+  return float(np.linalg.norm(np.clip((a + b) / 2 * w, lo, hi)))
+
+
+@pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
+def test_projection_matches_float64_reference(norm):
+  rng = np.random.default_rng({"linf": 0, "l2": 1, "l1": 2}[norm])
+  n, dim = 90, 12
+  t = rng.uniform(0, 1, (n, dim))
+  t[:15] = rng.integers(0, 2, (15, dim))  # box corners: no room on half of the faces
+  w = rng.normal(size=(n, dim))
+  w[rng.uniform(size=(n, dim)) < 0.15] = 0.0
+  w[15:20, :3] = w[15:20, 3:4]  # ties in |w| (the L1 pivot is shared)
+  r = rng.normal(size=n) * rng.choice([0.1, 1.0, 3.0, 10.0], size=n)  # the large ones infeasible
+  r[20:23] = 0.0
+  project = jax.jit(functools.partial(project_hyperplane_box, lower=0.0, upper=1.0, norm=norm))
+  d = np.asarray(project(jnp.asarray(t, jnp.float32), jnp.asarray(w, jnp.float32),
+                         jnp.asarray(r, jnp.float32)), np.float64)
+  infeasible = 0
+  for i in range(n):
+    assert np.all(t[i] + d[i] >= -1e-6) and np.all(t[i] + d[i] <= 1 + 1e-6), i
+    best = _reference_projection(t[i], w[i], r[i], norm)
+    if best is None:  # the box corner that moves furthest towards the hyperplane
+      infeasible += 1
+      direction = np.sign(w[i] * r[i])
+      corner = np.where(direction > 0, 1 - t[i], np.where(direction < 0, -t[i], 0.0))
+      np.testing.assert_allclose(d[i], corner, atol=1e-6)
+      continue
+    np.testing.assert_allclose(w[i] @ d[i], r[i], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(np.linalg.norm(d[i], ORD[norm]), best, rtol=1e-4, atol=1e-6)
+  assert 5 <= infeasible <= n - 30  # both kinds of problem were exercised
+  np.testing.assert_array_equal(d[20:23], 0.0)
+
+
+# --- linear models: the closed-form minimal distance ---------------------------------------------
+
+
+@functools.cache
+def _linear_run(norm: str, mode: str, class_chunk: int | None = None, restarts: int = 1):
+  """One jitted run per configuration, with per-example eps (compiled once)."""
+  model = random_linear(0, int(np.prod(SHAPE)), CLASSES)
+  if mode == "fab-t":
+    attack = fab(norm, targeted=True, n_target_classes=CLASSES - 1, steps=STEPS)
+  elif mode == "targeted":
+    attack = fab(norm, targeted=True, n_target_classes=None, steps=STEPS)
+  else:
+    attack = fab(norm, steps=STEPS, class_chunk=class_chunk, restarts=restarts)
+
+  @jax.jit
+  def run(x, y, eps, target=None):
+    return jr.run(attack, model.logits_fn, x, y, jr.Budget(eps), jax.random.key(0), target)
+
+  return model, attack, run
+
+
+@pytest.mark.parametrize("mode", ["untargeted", "fab-t"])
+@pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
+def test_linear_model_lands_on_the_minimal_distance(norm, mode):
+  model, attack, run = _linear_run(norm, mode)
+  assert attack.minimum_norm and not attack.targeted
+  x, y, dist = linear_points(model, 1, BATCH, SHAPE, norm)
+  x, y = jnp.asarray(x), jnp.asarray(y)
+  result = run(x, y, jnp.full((BATCH,), jnp.inf, jnp.float32))
+  size = np.asarray(result.norm, np.float64)
+  assert np.asarray(result.success).all()
+  assert np.all(size >= 0.999 * dist), (size / dist).min()
+  assert np.median(size / dist) <= 1.01, np.median(size / dist)
+  x_adv = np.asarray(result.x_adv)
+  assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
+  np.testing.assert_allclose(size, np.linalg.norm((x_adv - np.asarray(x)).reshape(BATCH, -1),
+                                                  ORD[norm], axis=1), rtol=1e-5)
+
+  # eps is an upper bound: nothing within 0.9 d* is adversarial, and jr.run reports norm = inf.
+  below = run(x, y, jnp.asarray(0.9 * dist, jnp.float32))
+  assert not np.asarray(below.success).any()
+  assert np.all(np.isinf(np.asarray(below.norm)))
+  np.testing.assert_array_equal(np.asarray(below.x_adv), np.asarray(x))
+  # ... and a budget equal to the norm found keeps every point (no strict "< eps" test).
+  exact = run(x, y, result.norm)
+  assert np.asarray(exact.success).all()
+  np.testing.assert_array_equal(np.asarray(exact.x_adv), x_adv)
+
+
+def _targeted_distance(model, x, target):
+  """Exact L2 distance to the region where ``target`` wins, inside the box (float64 SLSQP)."""
+  flat = x.reshape(len(x), -1).astype(np.float64)
+  z = flat @ model.w + model.b
+  out = []
+  for i, t in enumerate(target):
+    others = [j for j in range(model.w.shape[1]) if j != t]
+    a = np.stack([model.w[:, t] - model.w[:, j] for j in others])
+    c = z[i, others] - z[i, t]
+    constraint = {"type": "ineq", "fun": lambda d, a=a, c=c: a @ d - c, "jac": lambda d, a=a: a}
+    res = minimize(lambda d: d @ d, np.zeros(flat.shape[1]), jac=lambda d: 2 * d,
+                   constraints=[constraint], bounds=[(-v, 1 - v) for v in flat[i]],
+                   method="SLSQP", options={"ftol": 1e-14, "maxiter": 500})
+    assert res.success
+    out.append(np.sqrt(res.fun))
+  return np.array(out)
+
+
+def test_targeted_reaches_the_target_at_its_distance():
+  """Targeted FAB (success: argmax == target) against the exact distance to the target's cell.
+
+  The target's region is a polytope (z_t >= z_j for every j), but each step linearises only the
+  boundary with the strongest rival, so a few points can alternate between two rivals' planes
+  without reaching the cell in the budget; where it succeeds it lands on the exact distance.
+  """
+  norm = "l2"
+  model, attack, run = _linear_run(norm, "targeted")
+  assert attack.targeted and attack.minimum_norm
+  x, y, _ = linear_points(model, 2, BATCH, SHAPE, norm)
+  rng = np.random.default_rng(3)
+  target = ((y + rng.integers(1, CLASSES, size=BATCH)) % CLASSES).astype(np.int32)
+  dist = _targeted_distance(model, x, target)
+  result = run(jnp.asarray(x), jnp.asarray(y), jnp.full((BATCH,), jnp.inf, jnp.float32),
+               jnp.asarray(target))
+  success = np.asarray(result.success)
+  assert success.mean() >= 0.75, success.mean()
+  np.testing.assert_array_equal(np.asarray(jr.predict(result.logits))[success], target[success])
+  size = np.asarray(result.norm, np.float64)[success]
+  assert np.all(size >= 0.999 * dist[success]), (size / dist[success]).min()
+  assert np.median(size / dist[success]) <= 1.01
+
+
+# --- class chunking and sharding -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def linf_batch():
+  model, _, _ = _linear_run("linf", "untargeted")
+  x, y, _ = linear_points(model, 4, 16, SHAPE, "linf")
+  return jnp.asarray(x), jnp.asarray(y), jnp.full((16,), jnp.inf, jnp.float32)
+
+
+def test_class_chunk_does_not_change_the_result(linf_batch):
+  results = [_linear_run("linf", "untargeted", chunk)[2](*linf_batch) for chunk in (1, 3, None)]
+  assert np.asarray(results[-1].success).all()
+  for other in results[:-1]:  # the same classes chosen; values equal up to float32 rounding
+    np.testing.assert_array_equal(np.asarray(other.success), np.asarray(results[-1].success))
+    np.testing.assert_allclose(np.asarray(other.x_adv), np.asarray(results[-1].x_adv), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(other.norm), np.asarray(results[-1].norm), rtol=1e-5)
+
+
+def test_restarts_never_increase_the_norm(linf_batch):
+  """Restart 0 is the single run (it starts at x); random restarts can only add candidates."""
+  one = _linear_run("linf", "untargeted", 3)[2](*linf_batch)
+  two = _linear_run("linf", "untargeted", 3, 2)[2](*linf_batch)
+  assert np.all(np.asarray(two.norm) <= np.asarray(one.norm))
+  assert np.asarray(two.success).sum() >= np.asarray(one.success).sum()
+
+
+def test_explicit_sharding_matches_one_device(linf_batch):
+  _, _, run = _linear_run("linf", "untargeted", 3, 2)  # chunked class loop, random restarts
+  assert_explicit_sharding_matches_one_device(run, sharded_args=linf_batch)
+
+
+# --- bad inputs ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"norm": "l0"}, {"steps": 0}, {"restarts": 0}, {"alpha_max": 0.0}, {"alpha_max": 1.5},
+    {"eta": 0.5}, {"beta": 0.0}, {"beta": 1.5}, {"class_chunk": 0}, {"targeted": 1},
+    {"targeted": True, "n_target_classes": 0}, {"eta": float("nan")},
+])
+def test_bad_options_raise(kwargs):
+  with pytest.raises(ValueError):
+    fab(**kwargs)
+
+
+def test_too_many_target_classes_raise():
+  logits_fn = mlp(0, 4, 4, 3)
+  x, y = jnp.full((2, 4), 0.5, jnp.float32), jnp.zeros((2,), jnp.int32)
+  # Under jit the errors are raised while tracing, before anything compiles.
+  run = lambda attack, target=None: jax.jit(lambda: jr.run(
+      attack, logits_fn, x, y, jr.Budget(0.1), jax.random.key(0), target))()
+  with pytest.raises(ValueError, match="n_target_classes"):
+    run(fab("linf", targeted=True, n_target_classes=3))
+  with pytest.raises(ValueError, match="target"):  # FAB-T takes no target=
+    run(fab("linf", targeted=True, n_target_classes=2), jnp.ones((2,), jnp.int32))
+  with pytest.raises(ValueError, match="target"):  # a targeted FAB needs one
+    run(fab("linf", targeted=True, n_target_classes=None))
