@@ -18,12 +18,14 @@ from jaxrobust._validation import check_inputs
 from jaxrobust.attacks._common import predict
 from jaxrobust.curves import (CurveConsistency, curve_consistency, curve_from_norms,
                               robustness_curve)
+from jaxrobust.evaluate import evaluate
+from jaxrobust.report import Report
 from jaxrobust.run import run
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Attack", "AttackResult", "Budget", "Curve", "CurveConsistency", "attacks", "check_inputs",
-    "curve_consistency", "curve_from_norms",
+    "Attack", "AttackResult", "Budget", "Curve", "CurveConsistency", "Report", "attacks",
+    "check_inputs", "curve_consistency", "curve_from_norms", "evaluate",
     "losses", "metrics", "predict", "projections", "robustness_curve", "run",
 ]

@@ -11,8 +11,7 @@ from jaxrobust import projections
 from jaxrobust._types import Attack, AttackResult, Budget
 from jaxrobust._validation import check_chunk_size, check_inputs
 from jaxrobust.attacks import _compact, _stochastic
-from jaxrobust.attacks._common import (as_keys, expand, fold_in, is_success, per_example, predict,
-                                       work_dtype)
+from jaxrobust.attacks._common import as_keys, expand, fold_in, is_success, predict, work_dtype
 
 Array = jax.Array
 
@@ -134,7 +133,8 @@ def run_unchecked(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: 
     x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, chunk_size)
   else:
     rows = _attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)
-    eps = per_example(budget.eps, batch, x.dtype)
+    # From a slice of x, so that it carries x's batch sharding like the keys (Explicit meshes).
+    eps = jnp.zeros_like(x.reshape(batch, -1)[:, 0]) + jnp.asarray(budget.eps, x.dtype)
     if chunk_size is None:
       x_adv = rows(x, y, eps, keys, target)
     else:

@@ -1,0 +1,287 @@
+r"""``jr.Report``: what :func:`jaxrobust.evaluate` hands back, built from exact integer counts.
+
+A report is computed on the host from integer sums over every evaluated example, so it does not
+depend on how the examples were batched, padded, ordered or spread over devices. Over ``N``
+examples and the eps grid :math:`\epsilon_1, \dots, \epsilon_K`:
+
+.. math::
+   \mathrm{clean} = \frac{1}{N} \sum_i [\hat y(x_i) = y_i], \qquad
+   \mathrm{RA}_a(\epsilon_k) = \frac{1}{N} \sum_i r_{a,k,i}, \qquad
+   \mathrm{RA}_{\text{worst}}(\epsilon_k) = \frac{1}{N} \sum_i \prod_a r_{a,k,i},
+
+where :math:`r_{a,k,i} = 1` when example :math:`i` is clean-correct and attack :math:`a` broke
+it at no budget :math:`\epsilon_j \le \epsilon_k`. The worst case is taken per example (a point
+is robust at eps only if it survives every attack), never as the minimum of the per-attack
+accuracies (Carlini et al., 2019). AUCs follow :func:`jaxrobust.metrics.curve_auc`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+
+from jaxrobust import metrics
+from jaxrobust._types import Curve
+
+WORST_CASE = "worst_case"
+"""The name of the per-example worst case over all attacks in :meth:`Report.curve`."""
+
+
+def _ratio(count: np.ndarray, n: int) -> np.ndarray:
+  """``count / n`` in float32 (NaN when ``n == 0``), as :class:`jaxrobust.Curve` reports it."""
+  count = np.asarray(count, np.float32)
+  if n == 0:
+    return np.full(count.shape, np.nan, np.float32)
+  return count / np.float32(n)
+
+
+@functools.cache
+def _jitted_auc() -> Any:
+  # Host-side driver code: one small program instead of a dozen eagerly dispatched ops.
+  return jax.jit(metrics.curve_auc)
+
+
+def _auc(epsilons: np.ndarray, accuracy: np.ndarray, clean: np.ndarray) -> float:
+  return float(_jitted_auc()(np.asarray(epsilons, np.float32), np.asarray(accuracy, np.float32),
+                             np.asarray(clean, np.float32)))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class AttackSummary:
+  """One attack's (or the worst case's) robustness curve over the whole data set.
+
+  Attributes:
+    name: the key of the attack in the ``attacks`` mapping (``"worst_case"`` for the worst case).
+    description: the attack's own ``Attack.name`` (its configuration).
+    norm: the attack's norm.
+    minimum_norm: whether the curve comes from per-example minimal norms :math:`\\epsilon^*`.
+    robust_count: ``[K]`` int64, examples robust at each eps.
+    robust_accuracy: ``[K]`` float32, ``robust_count / N``; non-increasing along sorted eps.
+    auc: area under the curve from ``(0, clean accuracy)``, divided by the largest eps.
+    flags: reliability flags of the attack (OR over every batch), e.g. zero gradients.
+  """
+
+  name: str
+  description: str
+  norm: str
+  minimum_norm: bool
+  robust_count: np.ndarray
+  robust_accuracy: np.ndarray
+  auc: float
+  flags: Mapping[str, bool]
+
+  def to_dict(self) -> dict[str, Any]:
+    return {"name": self.name, "description": self.description, "norm": self.norm,
+            "minimum_norm": self.minimum_norm,
+            "robust_count": [int(c) for c in self.robust_count],
+            "robust_accuracy": [float(a) for a in self.robust_accuracy],
+            "auc": self.auc, "flags": {k: bool(v) for k, v in sorted(self.flags.items())}}
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Report:
+  r"""The result of :func:`jaxrobust.evaluate`: curves, clean accuracy, AUCs, flags, examples.
+
+  Attributes:
+    epsilons: ``[K]`` float32 budgets, as given.
+    num_examples: ``N``, the number of evaluated (unpadded) examples.
+    clean_correct: examples classified correctly on the clean input.
+    clean_accuracy: ``clean_correct / N``.
+    attacks: attack name -> :class:`AttackSummary` (the per-attack breakdown).
+    worst_case: the per-example worst case over all attacks, as an :class:`AttackSummary`.
+    per_example: ``None``, or (with ``keep_per_example=True``) a dict of NumPy arrays in data
+      order: ``index [N]`` (global example index, the one the per-example keys derive from),
+      ``correct [N]``, ``robust [A, K, N]`` (attacks in the order of ``attacks``),
+      ``worst_case [K, N]`` and ``eps_star/<name> [N]`` for each minimum-norm attack.
+    timing: wall-clock statistics of the run (not part of equality or of :meth:`to_json`).
+
+  Two reports compare equal when every field but ``timing`` is bitwise equal.
+
+  Examples:
+    >>> import numpy as np
+    >>> r = Report.from_counts(epsilons=np.array([0.1, 0.2], np.float32), n=4, clean_correct=3,
+    ...                        robust={"pgd": np.array([2, 1])}, worst_case=np.array([2, 1]),
+    ...                        info={"pgd": ("pgd-linf", "linf", False)}, flags={"pgd": {}})
+    >>> r.clean_accuracy, r.attacks["pgd"].robust_accuracy.tolist(), r.worst_case.auc
+    (0.75, [0.5, 0.25], 0.5)
+  """
+
+  epsilons: np.ndarray
+  num_examples: int
+  clean_correct: int
+  clean_accuracy: float
+  attacks: Mapping[str, AttackSummary]
+  worst_case: AttackSummary
+  per_example: Mapping[str, np.ndarray] | None = None
+  timing: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+  @classmethod
+  def from_counts(cls, *, epsilons: np.ndarray, n: int, clean_correct: int,
+                  robust: Mapping[str, np.ndarray], worst_case: np.ndarray,
+                  info: Mapping[str, tuple[str, str, bool]],
+                  flags: Mapping[str, Mapping[str, bool]],
+                  per_example: Mapping[str, np.ndarray] | None = None,
+                  timing: Mapping[str, float] | None = None) -> Report:
+    """Builds a report from integer counts.
+
+    Args:
+      epsilons: ``[K]`` budgets.
+      n: number of examples.
+      clean_correct: clean-correct examples.
+      robust: attack name -> ``[K]`` robust counts.
+      worst_case: ``[K]`` counts of examples robust under every attack.
+      info: attack name -> ``(description, norm, minimum_norm)``.
+      flags: attack name -> reliability flags.
+      per_example: optional per-example arrays (see the class attributes).
+      timing: optional wall-clock statistics.
+
+    Returns:
+      A :class:`Report`.
+    """
+    epsilons = np.asarray(epsilons, np.float32)
+    clean = _ratio(np.asarray(clean_correct), n)
+
+    def summary(name, counts, description, norm, minimum_norm, attack_flags):
+      counts = np.asarray(counts, np.int64)
+      accuracy = _ratio(counts, n)
+      return AttackSummary(name=name, description=description, norm=norm,
+                           minimum_norm=bool(minimum_norm), robust_count=counts,
+                           robust_accuracy=accuracy, auc=_auc(epsilons, accuracy, clean),
+                           flags=dict(attack_flags))
+
+    attacks = {name: summary(name, robust[name], *info[name], flags.get(name, {}))
+               for name in robust}
+    norms = sorted({s.norm for s in attacks.values()})
+    any_flags = {f"{name}/{k}": v for name, fl in flags.items() for k, v in fl.items()}
+    worst = summary(WORST_CASE, worst_case, " + ".join(s.description for s in attacks.values()),
+                    "+".join(norms), all(s.minimum_norm for s in attacks.values()), any_flags)
+    return cls(epsilons=epsilons, num_examples=int(n), clean_correct=int(clean_correct),
+               clean_accuracy=float(clean), attacks=attacks, worst_case=worst,
+               per_example=None if per_example is None else dict(per_example),
+               timing=dict(timing or {}))
+
+  @property
+  def flags(self) -> dict[str, dict[str, bool]]:
+    """Attack name -> reliability flags (each an OR over every batch)."""
+    return {name: dict(s.flags) for name, s in self.attacks.items()}
+
+  @property
+  def reliable(self) -> bool:
+    """``False`` when any attack raised any reliability flag."""
+    return not any(v for fl in self.flags.values() for v in fl.values())
+
+  def curve(self, name: str = WORST_CASE) -> Curve:
+    """The :class:`jaxrobust.Curve` of one attack (or of the worst case).
+
+    ``Curve.robust`` holds the per-example flags ``[K, N]`` when the run kept them, else an
+    empty ``[K, 0]`` array.
+
+    Args:
+      name: an attack name, or ``"worst_case"``.
+
+    Returns:
+      A :class:`jaxrobust.Curve` of NumPy arrays.
+    """
+    if name == WORST_CASE:
+      summary = self.worst_case
+    elif name in self.attacks:
+      summary = self.attacks[name]
+    else:
+      raise ValueError(f"Unknown attack {name!r}; the report has {sorted(self.attacks)} and "
+                       f"{WORST_CASE!r}.")
+    robust = np.zeros((len(self.epsilons), 0), bool)
+    if self.per_example is not None:
+      if name == WORST_CASE:
+        robust = self.per_example["worst_case"]
+      else:
+        robust = self.per_example["robust"][list(self.attacks).index(name)]
+    return Curve(epsilons=self.epsilons, clean_accuracy=np.float32(self.clean_accuracy),
+                 robust_accuracy=summary.robust_accuracy, robust=robust,
+                 auc=np.float32(summary.auc))
+
+  def to_dict(self) -> dict[str, Any]:
+    """Everything but the per-example arrays and the timing, as JSON-ready Python values."""
+    return {"epsilons": [float(e) for e in self.epsilons], "num_examples": self.num_examples,
+            "clean_correct": self.clean_correct, "clean_accuracy": self.clean_accuracy,
+            "attacks": {name: s.to_dict() for name, s in self.attacks.items()},
+            "worst_case": self.worst_case.to_dict(),
+            "per_example": None if self.per_example is None else sorted(self.per_example)}
+
+  def to_json(self, *, include_timing: bool = False, indent: int | None = 2) -> str:
+    """The report as JSON (floats printed exactly, so equal reports give equal text).
+
+    Args:
+      include_timing: add the wall-clock statistics (which differ from run to run).
+      indent: passed to :func:`json.dumps`.
+
+    Returns:
+      A JSON string.
+    """
+    out = self.to_dict()
+    if include_timing:
+      out["timing"] = dict(self.timing)
+    return json.dumps(out, indent=indent, allow_nan=True)
+
+  def save(self, directory: os.PathLike | str) -> pathlib.Path:
+    """Writes ``report.json`` (with timing) and, if kept, ``per_example.npz`` into ``directory``.
+
+    Returns:
+      The directory as a :class:`pathlib.Path`.
+    """
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "report.json").write_text(self.to_json(include_timing=True))
+    if self.per_example is not None:
+      np.savez(directory / "per_example.npz", **self.per_example)
+    return directory
+
+  @classmethod
+  def load(cls, directory: os.PathLike | str) -> Report:
+    """Reads a report written by :meth:`save` (the inverse of :meth:`save`)."""
+    directory = pathlib.Path(directory)
+    d = json.loads((directory / "report.json").read_text())
+    per_example = None
+    if d["per_example"] is not None:
+      with np.load(directory / "per_example.npz") as f:
+        per_example = {k: f[k] for k in f.files}
+    info = {n: (s["description"], s["norm"], s["minimum_norm"]) for n, s in d["attacks"].items()}
+    return cls.from_counts(
+        epsilons=np.asarray(d["epsilons"], np.float32), n=d["num_examples"],
+        clean_correct=d["clean_correct"],
+        robust={n: np.asarray(s["robust_count"], np.int64) for n, s in d["attacks"].items()},
+        worst_case=np.asarray(d["worst_case"]["robust_count"], np.int64), info=info,
+        flags={n: s["flags"] for n, s in d["attacks"].items()}, per_example=per_example,
+        timing=d.get("timing"))
+
+  def __eq__(self, other: object) -> bool:
+    if not isinstance(other, Report):
+      return NotImplemented
+    if self.to_json() != other.to_json():
+      return False
+    if (self.per_example is None) != (other.per_example is None):
+      return False
+    if self.per_example is None:
+      return True
+    return all(a.dtype == other.per_example[k].dtype and np.array_equal(
+        a, other.per_example[k], equal_nan=a.dtype.kind == "f")
+               for k, a in self.per_example.items())
+
+  __hash__ = None  # mutable NumPy fields: not hashable
+
+  def __str__(self) -> str:
+    lines = [f"jr.Report: {self.num_examples} examples, clean accuracy {self.clean_accuracy:.4f}",
+             "eps:        " + " ".join(f"{e:8.4g}" for e in self.epsilons)]
+    for s in [*self.attacks.values(), self.worst_case]:
+      flagged = [k for k, v in s.flags.items() if v]
+      lines.append(f"{s.name[:11]:<11} " + " ".join(f"{a:8.4f}" for a in s.robust_accuracy)
+                   + f"   AUC {s.auc:.4f}" + (f"   FLAGS: {', '.join(flagged)}" if flagged
+                                               else ""))
+    return "\n".join(lines)

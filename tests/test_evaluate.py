@@ -1,0 +1,445 @@
+"""Tests for jr.evaluate and jr.Report: references, invariance, sharding, HLO, checkpoints, streams.
+
+Every run shares one tiny MLP and one pair of attacks (tests/evaluate_worker.setup), so that
+jr.evaluate's cached compiled step is reused wherever the options agree.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import re
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxrobust as jr
+from jaxrobust import _checkpoint
+
+evaluate_lib = importlib.import_module("jaxrobust.evaluate")
+from tests import evaluate_worker
+from tests.models import linear_points, random_linear
+
+BATCH = evaluate_worker.BATCH_SIZE
+
+
+@pytest.fixture(scope="module")
+def setup():
+  return evaluate_worker.setup()
+
+
+def run(setup, data=None, **kwargs):
+  logits_fn, x, y, attacks, eps, key = setup
+  options = {"attacks": attacks, "epsilons": eps, "key": key, "batch_size": BATCH, "progress": False,
+                 "keep_per_example": True, "unroll": evaluate_worker.UNROLL}
+  options.update(kwargs)
+  return jr.evaluate(logits_fn, (x, y) if data is None else data, **options)
+
+
+@pytest.fixture(scope="module")
+def reference(setup):
+  """Batches of 8: four full ones and a padded one of 5."""
+  return run(setup)
+
+
+def ragged(x, y, sizes):
+  start = 0
+  for size in sizes:
+    yield x[start:start + size], y[start:start + size]
+    start += size
+  assert start == len(x)
+
+
+# ------------------------------------------------------------------------------------------------
+# Agreement with independent references.
+
+
+def test_matches_robustness_curve_per_example(setup, reference):
+  logits_fn, x, y, attacks, eps, key = setup
+  pe = reference.per_example
+  np.testing.assert_array_equal(pe["index"], np.arange(len(x)))
+  # robustness_curve with one key folds in the example's position: the global index here.
+  curves = jax.jit(lambda e, k: [jr.robustness_curve(
+      a, logits_fn, jnp.asarray(x), jnp.asarray(y), e, k, unroll=evaluate_worker.UNROLL)
+                                 for a in attacks.values()])(eps, key)
+  for a, (name, curve) in enumerate(zip(attacks, curves)):
+    np.testing.assert_array_equal(pe["robust"][a], np.asarray(curve.robust))
+    np.testing.assert_array_equal(reference.attacks[name].robust_accuracy,
+                                  np.asarray(curve.robust_accuracy))
+    assert reference.attacks[name].auc == pytest.approx(float(curve.auc), abs=1e-6)
+  clean = np.argmax(np.asarray(logits_fn(jnp.asarray(x))), axis=1) == y
+  np.testing.assert_array_equal(pe["correct"], clean)
+  assert reference.clean_correct == int(clean.sum())
+  assert reference.clean_accuracy == pytest.approx(clean.mean())
+
+
+def test_worst_case_is_per_example_over_attacks(reference):
+  pe = reference.per_example
+  np.testing.assert_array_equal(pe["worst_case"], pe["robust"].all(axis=0))
+  np.testing.assert_array_equal(reference.worst_case.robust_count, pe["worst_case"].sum(axis=1))
+  counts = np.stack([s.robust_count for s in reference.attacks.values()])
+  assert np.all(reference.worst_case.robust_count <= counts.min(axis=0))
+  # Curves are non-increasing in eps (the grid is sorted) and start below clean accuracy.
+  for s in [*reference.attacks.values(), reference.worst_case]:
+    assert np.all(np.diff(s.robust_count) <= 0)
+    assert s.robust_count[0] <= reference.clean_correct
+
+
+def test_linear_model_closed_form():
+  """Two classes, Linf: PGD-3 (step 2.5/3 eps) and FGSM reach the optimal corner exactly."""
+  model = random_linear(5, 12, 2)
+  x, y, dist = linear_points(model, 6, 40, (3, 4), "linf")
+  # Budgets halfway between the widest-spaced consecutive distances: no point lies near an eps.
+  d = np.sort(dist[(dist > 0.005) & (dist < 0.15)])
+  widest = np.sort(np.argsort(np.diff(d))[-3:])
+  eps = ((d[widest] + d[widest + 1]) / 2).astype(np.float32)
+  assert np.min(np.abs(dist[None, :] - eps[:, None])) > 1e-4
+  report = jr.evaluate(model.logits_fn, (x, y),
+                       attacks={"pgd": jr.attacks.pgd("linf", steps=3),
+                                "fgsm": jr.attacks.fgsm("linf")},
+                       epsilons=eps, key=jax.random.key(0), batch_size=16, progress=False)
+  expected = (dist[None, :] > eps[:, None]).sum(axis=1)
+  assert 0 < expected[-1] < expected[0] < len(x)  # the grid is informative
+  for s in [*report.attacks.values(), report.worst_case]:
+    np.testing.assert_array_equal(s.robust_count, expected)
+  assert report.clean_accuracy == 1.0
+
+
+# ------------------------------------------------------------------------------------------------
+# Invariance: batch size, padding, ragged batches, batch order of the stream, devices.
+
+
+def test_batch_size_padding_and_ragged_batches_do_not_matter(setup, reference):
+  # (robustness_curve above ran all 37 examples as one batch and agreed per example.)
+  _, x, y, *_ = setup
+  assert run(setup, data=ragged(x, y, [8, 3, 8, 8, 8, 2])) == reference  # short batches mid-way
+  assert run(setup, data=(x, y, np.arange(len(x)))) == reference  # explicit global indices
+  with pytest.raises(ValueError, match="shape"):  # every batch must match the compiled one
+    run(setup, data=[(x[:4], y[:4]), (x[4:8].reshape(4, 12), y[4:8])])
+
+
+def test_explicit_indices_make_order_irrelevant(setup, reference):
+  _, x, y, *_ = setup
+  order = np.random.default_rng(0).permutation(len(x))
+  shuffled = run(setup, data=(x[order], y[order], order))
+  assert shuffled.to_json() == reference.to_json()
+  back = np.argsort(shuffled.per_example["index"])
+  for k, v in reference.per_example.items():
+    np.testing.assert_array_equal(shuffled.per_example[k][..., back], v)
+
+
+@pytest.mark.parametrize("shard_map", [False, True])
+def test_eight_devices_explicit_mesh_bitwise_equal_one(setup, reference, shard_map):
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+  report = run(setup, batch_size=16, mesh=mesh, use_shard_map=shard_map)  # 16 + 16 + padded 5
+  assert report == reference
+
+
+def test_eight_devices_auto_2d_mesh_named_batch_axis_bitwise_equal_one(setup, reference):
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices")
+  mesh = jax.make_mesh((2, 4), ("model", "data"), axis_types=(AxisType.Auto,) * 2)
+  assert run(setup, mesh=mesh, batch_axis="data") == reference  # replicated over "model"
+
+
+def test_no_retrace_across_batches_and_calls(setup, reference):
+  logits_fn, x, y, _attacks, eps, _key = setup
+  run(setup, data=(x[:16], y[:16]))  # two full batches: compiled (or cached) for batches of 8
+  step = next(s for k, s in evaluate_lib._STEP_CACHE.items()
+              if k[0] is logits_fn and k[3] and k[7] is None)
+  programs = step._cache_size()
+  traced = len(evaluate_worker.CALLS)  # logits_fn counts its Python calls (= traces)
+  # A new eps grid, a new key, other data and a padded last batch: no new trace or program.
+  again = run(setup, data=(x[:20], y[:20]), epsilons=eps * 0.5, key=jax.random.key(7))
+  assert len(evaluate_worker.CALLS) == traced and step._cache_size() == programs
+  assert again.num_examples == 20 and again.per_example["index"].tolist() == list(range(20))
+
+
+def affine(params, x):
+  w, b = params
+  return x.reshape(x.shape[0], -1) @ w + b[None, :]
+
+
+def test_partial_model_arrays_are_step_arguments(setup):
+  """functools.partial(apply, params): params are arguments, not constants; new params reuse it."""
+  _, x, y, attacks, eps, key = setup
+  rng = np.random.default_rng(4)
+  models = [functools.partial(affine, (jnp.asarray(rng.normal(size=(12, 4)), jnp.float32),
+                                       jnp.asarray(rng.normal(size=4), jnp.float32)))
+            for _ in range(2)]
+  reports, sizes = [], []
+  for model in models:
+    reports.append(jr.evaluate(model, (x, y), attacks={"fgsm": attacks["fgsm"]}, epsilons=eps,
+                               key=key, batch_size=BATCH, progress=False))
+    step = next(s for k, s in evaluate_lib._STEP_CACHE.items()
+                if isinstance(k[0], tuple) and k[0][0] is affine)
+    sizes.append(step._cache_size())
+  assert sizes[0] == sizes[1] == 1  # the second parameter set reused the compiled program
+  for model, report in zip(models, reports):  # ... and was really used
+    clean = np.argmax(np.asarray(model(jnp.asarray(x))), axis=1) == y
+    assert report.clean_correct == int(clean.sum())
+  assert reports[0].clean_correct != reports[1].clean_correct
+  arrays = evaluate_lib._split_model(models[0])[0]
+  args = (x[:BATCH], y[:BATCH], np.ones(BATCH, bool), np.arange(BATCH, dtype=np.uint32), eps,
+          np.asarray(jax.random.key_data(key)), np.float32(0), np.float32(1))
+  text = step.lower(arrays, *args).as_text()
+  assert "tensor<12x4xf32>" in text
+  assert not re.search(r"constant dense<[^\n]*tensor<12x4xf32>", text)
+
+
+# ------------------------------------------------------------------------------------------------
+# The compiled attack loop needs no communication.
+
+_COLLECTIVE = re.compile(r"\b(all-reduce|all-gather|collective-permute|all-to-all|reduce-scatter)"
+                         r"(-start|-done)?\(")
+
+
+def _computations(hlo: str) -> dict[str, str]:
+  comps, name, lines = {}, None, []
+  for line in hlo.splitlines():
+    head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{\s*$", line)
+    if head and name is None:
+      name, lines = head.group(1), []
+    elif line.startswith("}") and name is not None:
+      comps[name] = "\n".join(lines)
+      name = None
+    elif name is not None:
+      lines.append(line)
+  return comps
+
+
+def _called(text: str) -> set[str]:
+  names = set(re.findall(r"(?:body|condition|to_apply|calls)=%?([\w.\-]+)", text))
+  for group in re.findall(r"(?:branch_computations|called_computations)=\{([^}]*)\}", text):
+    names.update(n.strip().lstrip("%") for n in group.split(","))
+  return names
+
+
+def test_hlo_attack_loop_has_no_collective(setup):
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices")
+  logits_fn, x, y, attacks, eps, key = setup
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+  # The program jr.evaluate compiled for test_eight_devices_explicit_mesh_bitwise_equal_one[False]
+  # (taken from its cache; compiled here if that test did not run).
+  model = evaluate_lib._split_model(logits_fn)
+  step = evaluate_lib._jitted_step(model, attacks, jax.random.key_impl(key), True, None,
+                                   evaluate_worker.UNROLL, None, mesh, "data", False)
+  with jax.set_mesh(mesh):
+    put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
+    args = (put(x[:16], P("data")), put(y[:16], P("data")), put(np.ones(16, bool), P("data")),
+            put(np.arange(16, dtype=np.uint32), P("data")), put(eps, P()),
+            put(np.asarray(jax.random.key_data(key)), P()), put(np.float32(0), P()),
+            put(np.float32(1), P()))
+    hlo = step.lower(model[0], *args).compile().as_text()
+  comps = _computations(hlo)
+  bodies = {b for text in comps.values() for b in re.findall(r"body=%?([\w.\-]+)", text)}
+  assert bodies, "expected the attack loops (over steps or eps) as while loops"
+  inside, todo = set(), list(bodies)
+  while todo:  # every computation reachable from a while body
+    name = todo.pop()
+    if name in inside or name not in comps:
+      continue
+    inside.add(name)
+    todo.extend(_called(comps[name]))
+  for name in inside:
+    assert not _COLLECTIVE.search(comps[name]), f"collective inside the loop body {name}"
+  assert _COLLECTIVE.search(hlo), "the global metric sum should be an all-reduce"
+
+
+# ------------------------------------------------------------------------------------------------
+# Checkpoints.
+
+
+def crash_after(x, y, batches):
+  for i, start in enumerate(range(0, len(x), BATCH)):
+    if i == batches:
+      raise RuntimeError("simulated crash")
+    yield x[start:start + BATCH], y[start:start + BATCH]
+
+
+def test_checkpoint_resume_equals_uninterrupted(setup, reference, tmp_path):
+  _, x, y, *_ = setup
+  path = tmp_path / "run.ckpt"
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    run(setup, data=crash_after(x, y, 3), checkpoint=path)
+  header, arrays = _checkpoint.load(path)
+  assert header["state"]["position"] == 3 and header["state"]["n"] == 24
+  assert arrays["per_example.index"].tolist() == list(range(24))
+  resumed = run(setup, checkpoint=path)
+  assert resumed == reference
+  assert resumed.timing["examples_evaluated"] == len(x) - 24  # the first 24 were not redone
+  assert run(setup, checkpoint=path) == reference  # a finished checkpoint: nothing left to do
+  assert not [p for p in tmp_path.iterdir() if p.name != "run.ckpt"]  # no temporary files left
+
+
+def test_checkpoint_refuses_another_run(setup, tmp_path):
+  _logits_fn, x, y, attacks, eps, _key = setup
+  path = tmp_path / "run.ckpt"
+  with pytest.raises(RuntimeError):
+    run(setup, data=crash_after(x, y, 2), checkpoint=path)
+  with pytest.raises(ValueError, match="epsilons"):
+    run(setup, checkpoint=path, epsilons=eps * 2)
+  with pytest.raises(ValueError, match="key"):
+    run(setup, checkpoint=path, key=jax.random.key(99))
+  with pytest.raises(ValueError, match="batch_size"):
+    run(setup, checkpoint=path, batch_size=4)
+  # Same attack names and descriptions, another step size: caught by the configuration digest.
+  other = {"pgd": jr.attacks.pgd("linf", steps=3, step_size=0.5), "fgsm": attacks["fgsm"]}
+  assert other["pgd"].name == attacks["pgd"].name
+  with pytest.raises(ValueError, match="attacks"):
+    run(setup, checkpoint=path, attacks=other)
+  changed = x.copy()
+  changed[9, 0, 0] = 0.5 * changed[9, 0, 0]  # in the second batch, already done
+  with pytest.raises(ValueError, match="different data"):
+    run(setup, data=(changed, y), checkpoint=path)
+  with pytest.raises(ValueError, match="only 1"):
+    run(setup, data=(x[:8], y[:8]), checkpoint=path)
+  path.write_bytes(b"not a checkpoint")
+  with pytest.raises(ValueError, match="not a jaxrobust.evaluate checkpoint"):
+    run(setup, checkpoint=path)
+
+
+# ------------------------------------------------------------------------------------------------
+# Streaming, progress, flags.
+
+
+def test_generator_streams_with_bounded_memory(setup):
+  _logits_fn, _x, _y, _attacks, _eps, _key = setup
+  live, most = [0], [0]
+
+  def dead():
+    live[0] -= 1
+
+  def stream():
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+      xb = rng.uniform(0.0, 1.0, (BATCH, 3, 4)).astype(np.float32)  # fresh arrays every batch
+      yb = rng.integers(0, 4, BATCH).astype(np.int32)
+      for a in (xb, yb):
+        weakref.finalize(a, dead)
+      live[0] += 2
+      most[0] = max(most[0], live[0])
+      yield xb, yb
+
+  report = run(setup, data=stream())
+  assert report.num_examples == 200 * BATCH
+  assert most[0] <= 4, f"{most[0]} batch arrays alive at once: consumed batches are retained"
+
+
+def test_progress_bar_shows_rate_and_running_accuracy(setup, reference, capsys):
+  report = run(setup, progress=True)
+  err = capsys.readouterr().err
+  assert "ex/s" in err and "robust=" in err and "clean=" in err
+  assert f"{reference.num_examples}/{reference.num_examples}" in err
+  assert report == reference
+
+
+def flagging_attack(threshold):
+  """A no-op attack (x_adv = x) whose ``info`` flags inputs with a first pixel above threshold."""
+
+  def drive(logits_fn, x, y, budget, keys, target, active, chunk_size):
+    bright = jnp.any(active & (x.reshape(x.shape[0], -1)[:, 0] > threshold))
+    return x, {"flags": {"bright_input": bright, "never": jnp.zeros((), bool)}}
+
+  unused = lambda *args: None
+  return jr.Attack(init=unused, step=unused, finalize=unused, num_steps=0, norm="linf",
+                   name=f"flagger-{threshold}", drive=drive)
+
+
+@pytest.mark.parametrize("shard_map", [False, True])
+def test_reliability_flags_are_or_over_batches(setup, shard_map):
+  if shard_map and len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices")
+  logits_fn, x, y, _attacks, eps, key = setup
+  x = np.minimum(x, 0.9)
+  x[30, 0, 0] = 0.97  # one example in the fourth batch
+  y = np.argmax(np.asarray(logits_fn(jnp.asarray(x))), axis=1).astype(np.int32)  # all correct
+  mesh = jax.make_mesh((8,), ("data",)) if shard_map else None
+  attack = {"flag": flagging_attack(0.95)}  # one object: both runs share the compiled step
+  report = jr.evaluate(logits_fn, (x, y), attacks=attack, epsilons=eps,
+                       key=key, batch_size=BATCH, progress=False, mesh=mesh,
+                       use_shard_map=shard_map)
+  assert report.flags == {"flag": {"bright_input": True, "never": False}}
+  assert not report.reliable
+  # x_adv = x breaks nothing.
+  np.testing.assert_array_equal(report.attacks["flag"].robust_count, [len(x)] * len(eps))
+  quiet = jr.evaluate(logits_fn, (x[:24], y[:24]), attacks=attack,
+                      epsilons=eps, key=key, batch_size=BATCH, progress=False, mesh=mesh,
+                      use_shard_map=shard_map)
+  assert quiet.flags == {"flag": {"bright_input": False, "never": False}} and quiet.reliable
+
+
+# ------------------------------------------------------------------------------------------------
+# Report.
+
+
+def test_report_save_load_json_and_curve(reference, tmp_path):
+  again = jr.Report.load(reference.save(tmp_path / "r"))
+  assert again == reference
+  d = json.loads(reference.to_json())
+  assert d["num_examples"] == 37 and set(d["attacks"]) == {"pgd", "fgsm"}
+  assert "timing" not in d and "timing" in json.loads((tmp_path / "r" / "report.json").read_text())
+  curve = reference.curve("fgsm")
+  np.testing.assert_array_equal(curve.robust, reference.per_example["robust"][1])
+  np.testing.assert_allclose(curve.robust_accuracy, curve.robust.mean(axis=1))
+  with pytest.raises(ValueError, match="Unknown attack"):
+    reference.curve("nope")
+  assert "worst_case" in str(reference)
+
+
+def test_report_round_trips_minimal_norms(tmp_path):
+  per = {"index": np.arange(3), "correct": np.array([True, True, False]),
+         "robust": np.zeros((1, 2, 3), bool), "worst_case": np.zeros((2, 3), bool),
+         "eps_star/fmn": np.array([0.1, np.inf, 0.0], np.float32)}
+  report = jr.Report.from_counts(epsilons=np.array([0.1, 0.2]), n=3, clean_correct=2,
+                                 robust={"fmn": np.array([1, 1])}, worst_case=np.array([1, 1]),
+                                 info={"fmn": ("fmn-linf", "linf", True)}, flags={"fmn": {}},
+                                 per_example=per)
+  again = jr.Report.load(report.save(tmp_path))
+  assert again == report
+  assert again.per_example["eps_star/fmn"].tolist() == [np.float32(0.1), np.inf, 0.0]
+  changed = dict(per, **{"eps_star/fmn": np.array([0.1, np.inf, 0.5], np.float32)})
+  assert report != jr.Report.from_counts(
+      epsilons=np.array([0.1, 0.2]), n=3, clean_correct=2, robust={"fmn": np.array([1, 1])},
+      worst_case=np.array([1, 1]), info={"fmn": ("fmn-linf", "linf", True)}, flags={"fmn": {}},
+      per_example=changed)
+
+
+# ------------------------------------------------------------------------------------------------
+# Bad configurations and data.
+
+
+def test_bad_inputs_raise_clear_errors(setup):
+  _logits_fn, x, y, attacks, _eps, key = setup
+  with pytest.raises(ValueError, match="targeted"):
+    run(setup, attacks={"t": jr.attacks.pgd("linf", steps=3, targeted=True)})
+  with pytest.raises(ValueError, match="one norm"):
+    run(setup, attacks={"a": attacks["pgd"], "b": jr.attacks.pgd("l2", steps=3)})
+  with pytest.raises(ValueError, match="larger than batch_size"):
+    run(setup, data=[(x[:9], y[:9])])
+  with pytest.raises(ValueError, match="box"):
+    run(setup, data=(x * 2, y))
+  with pytest.raises(ValueError, match=r"\[0, 4\)"):
+    run(setup, data=(x, y + 4))
+  with pytest.raises(ValueError, match="batch_size"):
+    run(setup, batch_size=0)
+  with pytest.raises(ValueError, match="single PRNG key"):
+    run(setup, key=jax.random.split(key, 3))
+  with pytest.raises(ValueError, match="epsilons"):
+    run(setup, epsilons=np.array([8.0]))
+  with pytest.raises(ValueError, match="empty"):
+    run(setup, data=iter([]))
+  with pytest.raises(TypeError, match="jr.Attack"):
+    run(setup, attacks=[attacks["pgd"]])
+  if len(jax.devices()) >= 8:
+    with pytest.raises(ValueError, match="multiple of the mesh axis"):
+      run(setup, batch_size=12, mesh=jax.make_mesh((8,), ("data",)))
