@@ -53,6 +53,13 @@ REGISTRY = {
     "fab-t-linf": lambda: jr.attacks.fab("linf", targeted=True, n_target_classes=3, steps=10),
     "fab-l2-targeted": lambda: jr.attacks.fab("l2", targeted=True, n_target_classes=None,
                                               steps=10),
+    "square-linf": lambda: jr.attacks.square("linf", queries=30),
+    "square-l2": lambda: jr.attacks.square("l2", queries=30, restarts=2),
+    "square-linf-targeted": lambda: jr.attacks.square("linf", queries=30, targeted=True),
+    "auto_attack-linf": lambda: jr.attacks.auto_attack("linf", n_target_classes=3, steps=4,
+                                                       queries=20),
+    "auto_attack-l2-plus": lambda: jr.attacks.auto_attack("l2", "plus", n_target_classes=2,
+                                                          steps=3, queries=10),
     # eot attacks a randomized logits_fn(x, keys); here one that ignores its keys.
     "eot-pgd-linf": lambda: jr.attacks.eot(jr.attacks.pgd("linf", steps=3), samples=3),
 }

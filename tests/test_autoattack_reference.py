@@ -98,15 +98,13 @@ def test_frozen_model_reproduces_reference_clean_predictions(kind, name):
 @pytest.fixture(scope="module")
 def auto_attack_fn():
   """``(params, x, y, eps, key) -> (robust_after [M, B], x_adv)``, compiled once for all cases."""
-  factory = getattr(jr.attacks, "auto_attack", None)
-  if factory is None:  # TODO(lead): remove this guard once jr.attacks.auto_attack exists
-    pytest.skip("jr.attacks.auto_attack is not implemented yet")
-  attack = factory("linf", version="standard")
+  attack = jr.attacks.auto_attack("linf", version="standard")
   model = SmallCNN()
 
   @jax.jit
   def fn(params, x, y, eps, key):
-    result = jr.run(attack, functools.partial(model.apply, params), x, y, jr.Budget(eps), key)
+    result = jr.run(attack, functools.partial(model.apply, params), x, y, jr.Budget(eps), key,
+                    chunk_size=20)
     return result.info["robust_after"], result.x_adv, result.success
 
   return fn

@@ -1,0 +1,207 @@
+r"""AutoAttack (Croce & Hein 2020): the community's reference suite, with its exact defaults.
+
+Each version is a per-example worst-case :func:`~jaxrobust.attacks.ensemble`; every member runs
+only on the points the previous ones left robust.
+
+========== ================================================================================
+version    members (AutoAttack's defaults)
+========== ================================================================================
+standard   APGD-CE (100 steps, 1 restart) → APGD-T (targeted DLR, 9 targets, 100 steps)
+           → FAB-T (9 targets, 100 steps) → Square (5000 queries, p_init 0.8).
+           For L1: APGD-CE with 5 restarts and APGD-T with 5 targets.
+plus       APGD-CE (5 restarts) → APGD-DLR (5 restarts) → FAB (5 restarts) → Square (5000)
+           → APGD-T (9 targets) → FAB-T (9 targets).
+rand       APGD-CE and APGD-DLR (1 restart each), both with 20 EOT draws
+           (:func:`~jaxrobust.attacks.eot`) on a randomized ``logits_fn(x, keys)``.
+========== ================================================================================
+
+Reliability checks, reported in ``AttackResult.info["flags"]`` (``[]`` bool each) with the counts
+behind them in ``info["counts"]``, never only as log lines:
+
+* ``probability_outputs``: every output row lies in :math:`[0, 1]` and sums to 1 (softmax
+  outputs flatten the losses' gradients; pass logits);
+* ``randomized``: two forward passes on the clean batch disagree (deterministic versions only; a
+  randomized model needs ``version="rand"``);
+* ``zero_gradients``: some clean-correct point has an exactly zero cross-entropy input gradient;
+* ``square_beats_white_box``: Square broke more than 0.2% of the points that every gradient
+  attack before it missed (gradient masking is likely; AutoAttack's threshold);
+* ``non_finite_logits``: some clean logits are NaN/Inf;
+* ``too_few_classes_for_targets``: the model has fewer than ``n_target_classes + 1`` classes, so
+  the targeted members use ``C - 1`` targets (AutoAttack warns and runs on).
+
+Differences from the reference, all documented where they live: every member returns its best
+point; L1 APGD runs without AutoAttack's ``use_largereps`` eps schedule.
+
+References:
+  Croce & Hein, "Reliable evaluation of adversarial robustness with an ensemble of diverse
+  parameter-free attacks", ICML 2020; reference code github.com/fra31/auto-attack.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrobust import losses as losses_lib
+from jaxrobust._types import Attack
+from jaxrobust._validation import check_positive_int
+from jaxrobust.attacks._common import loss_grad_logits
+from jaxrobust.attacks.apgd import apgd
+from jaxrobust.attacks.ensemble import build as build_ensemble
+from jaxrobust.attacks.eot import eot
+from jaxrobust.attacks.fab import fab
+from jaxrobust.attacks.square import square
+from jaxrobust.projections import check_norm
+
+Array = jax.Array
+
+VERSIONS = ("standard", "plus", "rand")
+SQUARE_THRESHOLD = 0.002
+"""Fraction of the batch Square must break beyond the gradient attacks to raise the flag."""
+
+
+def _targets(norm: str, version: str, n_target_classes: int) -> tuple[int, int]:
+  """Targets requested for APGD-T and FAB-T (AutoAttack's L1 standard uses 5 for APGD-T)."""
+  if version == "standard" and norm == "l1":
+    return min(n_target_classes, 5), n_target_classes
+  return n_target_classes, n_target_classes
+
+
+def _members(norm: str, version: str, num_classes: int, n_target_classes: int, steps: int,
+             queries: int, samples: int) -> list[Attack]:
+  """The members of ``version`` for a model with ``num_classes`` classes."""
+  apgd_targets, fab_targets = (min(t, num_classes - 1)
+                               for t in _targets(norm, version, n_target_classes))
+  if version == "standard":
+    ce_restarts = 5 if norm == "l1" else 1
+    members = [apgd(norm, loss="ce", steps=steps, restarts=ce_restarts),
+               apgd(norm, loss="dlr", targeted=True, n_target_classes=apgd_targets, steps=steps),
+               fab(norm, targeted=True, n_target_classes=fab_targets, steps=steps)]
+    if norm != "l1":  # Square has no L1 version
+      members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False))
+    return members
+  if version == "plus":
+    members = [apgd(norm, loss="ce", steps=steps, restarts=5),
+               apgd(norm, loss="dlr", steps=steps, restarts=5),
+               fab(norm, steps=steps, restarts=5)]
+    if norm != "l1":
+      members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False))
+    members += [apgd(norm, loss="dlr", targeted=True, n_target_classes=apgd_targets,
+                     steps=steps),
+                fab(norm, targeted=True, n_target_classes=fab_targets, steps=steps)]
+    return members
+  return [eot(apgd(norm, loss="ce", steps=steps), samples),
+          eot(apgd(norm, loss="dlr", steps=steps), samples)]
+
+
+def _check_classes(version: str, num_classes: int) -> None:
+  """DLR needs 3 classes and targeted DLR 4 (AutoAttack only warns; a wrong number is worse)."""
+  need = 3 if version == "rand" else 4
+  if num_classes < need:
+    raise ValueError(f"auto_attack(version={version!r}) uses the "
+                     f"{'DLR' if need == 3 else 'targeted DLR'} loss, which needs at least {need} "
+                     f"classes; the model has {num_classes}. Use an ensemble of APGD-CE, FAB and "
+                     "Square instead (jr.attacks.ensemble).")
+
+
+def _flags(norm, version, n_target_classes, has_square):
+  """``extra_info`` for the ensemble: AutoAttack's reliability checks as flags and counts."""
+
+  def extra_info(logits_fn, x, y, budget, keys, target, todo, robust_after, members):
+    del budget, target, members
+    counts = {}
+    if version == "rand":
+      logits = logits_fn(x, keys)
+      randomized = jnp.zeros((), bool)
+    else:
+      logits = logits_fn(x)
+      again = logits_fn(x)
+      scale = jnp.linalg.norm(logits.astype(jnp.float32), axis=-1, keepdims=True) + 1e-10
+      diff = jnp.max(jnp.abs(logits.astype(jnp.float32) - again.astype(jnp.float32)) / scale)
+      randomized = diff > 1e-4
+    logits = logits.astype(jnp.float32)
+    finite_rows = jnp.all(jnp.isfinite(logits), axis=-1)
+    counts["non_finite_logits"] = jnp.sum(~finite_rows, dtype=jnp.int32)
+    probability = (jnp.all(logits < 1.0 + 1e-5) & jnp.all(logits > -1e-5)
+                   & jnp.all(jnp.abs(jnp.sum(logits, axis=-1) - 1.0) < 1e-5))
+    if version == "rand":
+      zero = jnp.zeros_like(todo)
+    else:
+      _, grad, _ = loss_grad_logits(logits_fn, losses_lib.cross_entropy, x, y, None)
+      zero = todo & jnp.all(grad.reshape(grad.shape[0], -1) == 0, axis=-1)
+    counts["zero_gradient_points"] = jnp.sum(zero, dtype=jnp.int32)
+    flags = {"probability_outputs": probability, "randomized": randomized,
+             "zero_gradients": counts["zero_gradient_points"] > 0,
+             "non_finite_logits": counts["non_finite_logits"] > 0,
+             "too_few_classes_for_targets": jnp.asarray(
+                 version != "rand"
+                 and logits.shape[-1] - 1 < max(_targets(norm, version, n_target_classes)))}
+    if has_square:
+      index = 3  # Square follows APGD-CE, APGD-T/-DLR and FAB in both deterministic versions
+      before, after = robust_after[index - 1], robust_after[index]
+      counts["square_only_points"] = jnp.sum(before & ~after, dtype=jnp.int32)
+      flags["square_beats_white_box"] = (
+          counts["square_only_points"].astype(jnp.float32) > SQUARE_THRESHOLD * todo.shape[0])
+    else:
+      flags["square_beats_white_box"] = jnp.zeros((), bool)
+    return {"flags": flags, "counts": counts}
+
+  return extra_info
+
+
+def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_classes: int = 9,
+                steps: int = 100, queries: int = 5000, samples: int = 20) -> Attack:
+  r"""AutoAttack's ``standard``, ``plus`` or ``rand`` suite as one per-example worst-case attack.
+
+  Robust accuracy is :math:`\frac1N\sum_x [f(x) = y]\prod_m [\text{member } m \text{ fails on }
+  x]`, with each member run only on the points still robust (see the module docstring for the
+  members). ``jr.run(...).info`` holds ``robust_after`` (``[M, B]``, the per-attack breakdown),
+  ``flags`` (the reliability checks) and ``counts``. Pass ``chunk_size=`` to :func:`jaxrobust.run`
+  or :func:`jaxrobust.robustness_curve` so that points already broken cost close to nothing.
+
+  Args:
+    norm: ``"linf"``, ``"l2"`` or ``"l1"`` (L1 has no Square member, as in AutoAttack).
+    version: ``"standard"``, ``"plus"`` or ``"rand"`` (for a randomized ``logits_fn(x, keys)``).
+    n_target_classes: targets of APGD-T and FAB-T (AutoAttack: 9; APGD-T under L1 ``standard``
+      uses at most 5). A model with fewer classes uses ``C - 1`` and raises the
+      ``too_few_classes_for_targets`` flag.
+    steps: iterations of every APGD and FAB run (AutoAttack: 100).
+    queries: Square's query budget (AutoAttack: 5000).
+    samples: EOT draws of the ``rand`` version (AutoAttack: 20).
+
+  Returns:
+    A fixed-budget :class:`jaxrobust.Attack`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> import jaxrobust as jr
+    >>> w = jnp.eye(4) * 2.0 - 0.5  # 4 classes, logits z = x @ w
+    >>> logits_fn = lambda x: x.reshape(x.shape[0], -1) @ w
+    >>> x = jnp.array([[0.9, 0.5, 0.4, 0.3]]).reshape(1, 2, 2, 1)
+    >>> attack = jr.attacks.auto_attack("linf", n_target_classes=3, steps=10, queries=20)
+    >>> result = jr.run(attack, logits_fn, x, jnp.array([0]), jr.Budget(0.2), jax.random.key(0))
+    >>> bool(result.success[0]), result.info["robust_after"].shape
+    (True, (4, 1))
+
+  References:
+    Croce & Hein, "Reliable evaluation of adversarial robustness with an ensemble of diverse
+    parameter-free attacks", ICML 2020.
+  """
+  check_norm(norm)
+  if version not in VERSIONS:
+    raise ValueError(f"Unknown AutoAttack version {version!r}; supported: "
+                     f"{', '.join(map(repr, VERSIONS))}.")
+  n_target_classes = check_positive_int("n_target_classes", n_target_classes)
+  steps = check_positive_int("steps", steps)
+  queries = check_positive_int("queries", queries)
+  samples = check_positive_int("samples", samples)
+
+  def members_fn(num_classes: int) -> list[Attack]:
+    _check_classes(version, num_classes)
+    return _members(norm, version, num_classes, n_target_classes, steps, queries, samples)
+
+  has_square = version != "rand" and norm != "l1"
+  return build_ensemble(
+      members_fn, norm=norm, targeted=False, samples=samples if version == "rand" else 0,
+      name=f"auto_attack-{version}-{norm}",
+      extra_info=_flags(norm, version, n_target_classes, has_square))

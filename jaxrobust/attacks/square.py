@@ -1,0 +1,523 @@
+r"""The Square attack (Andriushchenko et al., 2020): score-based random search, no gradients.
+
+Square asks the model only for its logits, one forward pass ("query") per iteration, so it is the
+attack to run when gradients are masked (rounded inputs, ``stop_gradient``, saturated logits).
+It minimises a margin-like objective :math:`m(x')` (by default
+:math:`m = z_y - \max_{j \ne y} z_j`; for a targeted attack the cross-entropy of the target) by
+random search over perturbations on the boundary of the eps-ball, accepting a candidate only when
+it lowers :math:`m` (or is adversarial):
+
+.. math::
+   x^{(k+1)} = \begin{cases} \tilde x & m(\tilde x) < m(x^{(k)}) \text{ or } \tilde x
+   \text{ adversarial} \\ x^{(k)} & \text{otherwise,} \end{cases}
+
+where the candidate :math:`\tilde x` changes :math:`x^{(k)}` only inside a random square window
+of side :math:`s_k` (the same window for every channel). The window side shrinks with the
+iteration :math:`k` of ``queries`` (AutoAttack's rescaled schedule): with
+:math:`i = \lfloor 10000\,k / \text{queries} \rfloor`,
+
+.. math::
+   p_k = p_\text{init} \cdot 2^{-n(i)}, \qquad n(i) = \#\{\tau \in (10, 50, 200, 500, 1000, 2000,
+   4000, 6000, 8000) : i > \tau\},
+
+and :math:`s_k = \min(\max(\operatorname{round}(\sqrt{p_k H W}), 1), \min(H, W))` for Linf
+(:math:`\max(\cdot, 3)` and rounded up to an odd number for L2), so a window covers about a
+fraction :math:`p_k` of the image.
+
+**Linf.** Start from vertical stripes :math:`x + \epsilon\,\sigma`, with one random sign
+:math:`\sigma` per column and channel; a candidate sets the window to
+:math:`x^{(k)} + 2\epsilon\,\sigma_c` (one random sign per channel), clipped to the ball and the
+box, so every coordinate sits at a vertex :math:`x \pm \epsilon` unless the box cuts it.
+
+**L2.** Start from a centred grid of :math:`s_0 \times s_0` tiles (:math:`s_0 =
+\max(\lfloor \min(H, W) / 5 \rfloor, 1)`), each holding the pattern :math:`\pm\eta(s_0)` (random sign per
+tile and channel, random transpose per tile), rescaled to norm :math:`\epsilon`. Here
+:math:`\eta(s)` is an :math:`s \times s` pattern whose top and bottom halves have opposite signs
+and equal norm, each half made of nested squares around its centre,
+:math:`\eta_{ij} \propto \sum_{k = d_{ij}}^{K-1} (k + 1)^{-2}` with :math:`d_{ij}` the Chebyshev
+distance to the half's centre. A candidate draws two windows :math:`W_1, W_2`; per channel
+:math:`c` it empties both and refills :math:`W_1` with
+
+.. math::
+   \delta_{W_1, c} \leftarrow \frac{v}{\|v\|_2}\sqrt{\frac{\max(\epsilon^2 - \|\delta\|_2^2, 0)}{C}
+   + \|\delta_{W_1 \cup W_2, c}\|_2^2}, \qquad
+   v = \pm\eta(s_k) + \frac{\delta_{W_1, c}}{\|\delta_{W_1, c}\|_2},
+
+which moves mass from :math:`W_2` into :math:`W_1` and keeps the norm; then the whole
+perturbation is rescaled to norm :math:`\epsilon` and clipped to the box. The window's pattern is
+evaluated per pixel in closed form, :math:`\sum_{k=d}^{K-1} (k+1)^{-2} = \psi_1(d + 1) -
+\psi_1(K + 1)` with the trigamma function :math:`\psi_1`, so placing it costs no gather and no
+matrix product.
+
+A point stops changing once it is adversarial. ``restarts`` independent runs are laid end to end
+in one scan of ``restarts * (queries + 1) - 1`` steps, each step one query: ``init`` queries the
+first run's start, every later step either queries one candidate or, between runs, the next run's
+start. The best point over the runs is returned (success first, then the objective); a point
+broken in one run is not attacked in the next ones, as in AutoAttack.
+
+Differences from the reference implementation (``fra31/auto-attack``), all deliberate: every
+example draws its own windows, signs and transposes from its own key (the reference shares one
+window per iteration across the batch), so results do not depend on the batch; window corners are
+uniform over all ``H - s + 1`` positions per axis (the reference's ``randint(0, H - s)`` never
+places a window at the last position, so with ``s < H`` the last row and column are never
+updated); non-square images ``H != W`` are handled per axis (the L2 start grid is centred on each
+axis and fits every image size, where the reference's grid fails for images under 5 pixels or
+when ``H // (H // 5)`` tiles overflow the image; for ``H = W >= 25`` both grids coincide).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrobust import losses as losses_lib
+from jaxrobust._types import Attack, Budget
+from jaxrobust._validation import check_positive_int
+from jaxrobust.attacks._common import Best, expand, fold_in, is_success, unpack_budget
+
+Array = jax.Array
+
+P_THRESHOLDS = (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000)
+"""Rescaled-iteration thresholds after which the Square window fraction ``p`` halves."""
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+class SquareState(NamedTuple):
+  """The ``lax.scan`` carry of the Square attack."""
+
+  x_cur: Array  # [B, ...] work dtype: the current run's accepted point, inside box and ball.
+  objective: Array  # [B] float32: the objective (lower is better) at x_cur.
+  success: Array  # [B] bool: x_cur is adversarial (the point no longer changes in this run).
+  best: Best  # best point of the finished runs (success first, then -objective).
+  keys: Array  # [B] typed PRNG keys, one per example.
+  t: Array  # [] int32: steps done.
+
+
+def p_schedule(queries: int, p_init: float = 0.8, rescale: bool = True) -> np.ndarray:
+  r"""The fraction :math:`p_k` of the image a window covers at each iteration ``k`` of a run.
+
+  The rescaled schedule (the Square reference's default): :math:`i = \lfloor 10000 k /
+  \text{queries} \rfloor` and :math:`p_k = p_\text{init} / 2^{n}` with :math:`n` the number of
+  thresholds in :data:`P_THRESHOLDS` that :math:`i` exceeds. With ``rescale=False`` (what the
+  AutoAttack suite runs) :math:`i = k`.
+
+  Args:
+    queries: iterations per run.
+    p_init: the initial fraction.
+    rescale: map the run onto 10000 iterations before applying the thresholds.
+
+  Returns:
+    ``[queries]`` float64 array.
+
+  Examples:
+    >>> (p_schedule(20, 0.8) * 512 / 0.8).astype(int).tolist()[:6]
+    [512, 64, 32, 16, 16, 8]
+
+  References:
+    Andriushchenko, Croce, Flammarion & Hein, "Square Attack: a query-efficient black-box
+    adversarial attack via random search", ECCV 2020.
+  """
+  out = np.empty(queries)
+  for k in range(queries):
+    i = int(k / queries * 10000) if rescale else k
+    out[k] = p_init / 2 ** sum(i > tau for tau in P_THRESHOLDS)
+  return out
+
+
+def window_sizes(norm: str, queries: int, p_init: float, height: int, width: int,
+                 rescale: bool = True) -> np.ndarray:
+  """The window side ``s_k`` at each iteration of a run (``[queries]`` int array).
+
+  Linf: ``max(round(sqrt(p_k H W)), 1)``; L2: ``max(round(sqrt(p_k H W)), 3)``, plus one if even;
+  both capped at ``min(H, W)``. ``round`` is Python's (halves to even), as in the reference.
+
+  Examples:
+    >>> window_sizes("linf", 5000, 0.8, 32, 32)[[0, 6, 26, 101, 4999]].tolist()
+    [29, 20, 14, 10, 1]
+    >>> window_sizes("l2", 5000, 0.8, 32, 32)[[0, 6, 26, 101, 4999]].tolist()
+    [29, 21, 15, 11, 3]
+  """
+  sizes = []
+  for p in p_schedule(queries, p_init, rescale):
+    s = round(math.sqrt(p * height * width))
+    if norm == "linf":
+      s = max(s, 1)
+    else:
+      s = max(s, 3)
+      s += 1 - s % 2
+    sizes.append(min(s, height, width))
+  return np.asarray(sizes, np.int32)
+
+
+def _nested(rows: int, cols: int) -> np.ndarray:
+  """Nested squares around the centre of a ``rows x cols`` array, not normalised (float64).
+
+  The entry at Chebyshev distance ``d`` from the centre ``(rows // 2, cols // 2)`` is
+  ``sum_{k=d}^{K-1} 1 / (k + 1)**2`` with ``K = max(rows, cols) // 2 + 1``.
+  """
+  levels = max(rows, cols) // 2 + 1
+  tail = np.cumsum((1.0 / np.arange(1, levels + 1) ** 2)[::-1])[::-1]  # tail[d] = sum_{k>=d}
+  dist = np.maximum(np.abs(np.arange(rows) - rows // 2)[:, None],
+                    np.abs(np.arange(cols) - cols // 2)[None, :])
+  return tail[dist]
+
+
+def _rectangle(rows: int, cols: int) -> np.ndarray:
+  """:func:`_nested` with unit L2 norm (an empty ``[0, cols]`` array for ``rows = 0``)."""
+  if rows == 0:
+    return np.zeros((0, cols))
+  r = _nested(rows, cols)
+  return r / np.sqrt(np.sum(r * r))
+
+
+def eta(s: int) -> np.ndarray:
+  r"""The L2 window pattern :math:`\eta(s)`: ``[s, s]`` float64 with unit L2 norm.
+
+  The top ``s // 2`` rows are nested squares (:math:`\sum_{k \ge d} (k+1)^{-2}` at Chebyshev
+  distance :math:`d` from their centre) of norm :math:`1/\sqrt 2`; the bottom rows the same with
+  a minus sign.
+
+  Examples:
+    >>> import numpy as np
+    >>> e = eta(5)
+    >>> round(float(np.sum(e ** 2)), 6), bool((e[:2] > 0).all() and (e[2:] < 0).all())
+    (1.0, True)
+  """
+  top = _rectangle(s // 2, s)
+  bottom = -_rectangle(s - s // 2, s)
+  pattern = np.concatenate([top, bottom], axis=0)
+  return pattern / np.sqrt(np.sum(pattern * pattern))
+
+
+def _trigamma(x: Array) -> Array:
+  r""":math:`\psi_1(x) = \sum_{k \ge 0} (x + k)^{-2}` for :math:`x \ge 1`, elementwise.
+
+  Six terms of the series, then the asymptotic expansion at :math:`z = x + 6 \ge 7` (truncation
+  error below :math:`10^{-10}`).
+  """
+  head = sum(1 / (x + i) ** 2 for i in range(6))
+  z = x + 6
+  w = 1 / (z * z)
+  tail = (1 + (1 / 2 + (1 / 6 + (-1 / 30 + (1 / 42 - w / 30) * w) * w) / z) / z) / z
+  return head + tail
+
+
+@functools.lru_cache(maxsize=32)
+def _schedule_tables(norm: str, queries: int, p_init: float, height: int, width: int,
+                     rescale: bool = True):
+  """Static per-iteration tables: window sides ``[queries]`` and, for L2, the ``eta`` constants.
+
+  For L2 the second result is ``[queries, 3]``: ``psi_1(K + 1)`` with ``K = s // 2 + 1`` (so the
+  nested-square sum is ``psi_1(d + 1) - psi_1(K + 1)`` at Chebyshev distance ``d``), and the
+  scales of the top and bottom halves that make the pattern equal :func:`eta`.
+  """
+  sizes = window_sizes(norm, queries, p_init, height, width, rescale)
+  if norm == "linf":
+    return sizes, None
+  constants = {}
+  for s in set(sizes.tolist()):
+    total = math.sqrt(2.0) if s // 2 else 1.0  # the norm of the two unit-norm halves together
+    scales = [1 / (math.sqrt(np.sum(_nested(rows, s) ** 2)) * total) if rows else 0.0
+              for rows in (s // 2, s - s // 2)]
+    constants[s] = (_trigamma(float(s // 2 + 2)), *scales)
+  return sizes, np.asarray([constants[s] for s in sizes.tolist()])
+
+
+def _eta_window(s: Array, constants: Array, start_h: Array, start_w: Array, flip: Array,
+                height: int, width: int, dtype) -> Array:
+  """``eta(s)`` (transposed where ``flip``) placed at ``(start_h, start_w)``: ``[B, H, W, 1]``.
+
+  Evaluated per pixel in closed form from iota comparisons (no gathers, no matmuls): 0 outside
+  the window.
+  """
+  rows = jax.lax.broadcasted_iota(jnp.int32, (1, height, width, 1), 1) - expand(start_h, 4)
+  cols = jax.lax.broadcasted_iota(jnp.int32, (1, height, width, 1), 2) - expand(start_w, 4)
+  inside = (rows >= 0) & (rows < s) & (cols >= 0) & (cols < s)
+  flip = expand(flip, 4)
+  li, lj = jnp.where(flip, cols, rows), jnp.where(flip, rows, cols)
+  half = s // 2
+  top = li < half
+  centre = jnp.where(top, half // 2, half + (s - half) // 2)
+  d = jnp.maximum(jnp.abs(li - centre), jnp.abs(lj - half))
+  psi_k, scale_top, scale_bottom = (constants[i].astype(dtype) for i in range(3))
+  value = _trigamma(d.astype(dtype) + 1) - psi_k
+  value = jnp.where(top, value * scale_top, -value * scale_bottom)
+  return jnp.where(inside, value, 0)
+
+
+@functools.lru_cache(maxsize=32)
+def _start_grid(height: int, width: int):
+  """The L2 start's tiles: ``one_hot [H*W, T]`` pixel-to-tile and the pattern maps ``[H*W]``.
+
+  Tiles of side ``s = max(min(H, W) // 5, 1)`` on a grid centred on each axis; ``plain`` and
+  ``transposed`` hold, per pixel, the value of ``eta(s)`` (or its transpose) of its tile (0 off
+  the grid).
+  """
+  s = max(min(height, width) // 5, 1)
+  pattern = eta(s)
+  rows, cols = height // s, width // s
+  top, left = (height - rows * s) // 2, (width - cols * s) // 2
+  one_hot = np.zeros((height, width, rows * cols))
+  plain = np.zeros((height, width))
+  transposed = np.zeros((height, width))
+  for a in range(rows):
+    for b in range(cols):
+      r0, c0 = top + a * s, left + b * s
+      one_hot[r0:r0 + s, c0:c0 + s, a * cols + b] = 1.0
+      plain[r0:r0 + s, c0:c0 + s] = pattern
+      transposed[r0:r0 + s, c0:c0 + s] = pattern.T
+  return (one_hot.reshape(height * width, rows * cols), plain.reshape(-1),
+          transposed.reshape(-1))
+
+
+def _images(x: Array) -> Array:
+  """``[B, H, W, C]`` view of ``x`` (``[B, H, W]`` gets ``C = 1``); anything else is an error."""
+  if x.ndim == 4:
+    return x
+  if x.ndim == 3:
+    return x[..., None]
+  raise ValueError(
+      f"square needs images of shape [B, H, W, C] (NHWC, as Flax) or [B, H, W]; got x of shape "
+      f"{x.shape}. Reshape flat inputs to images (and back inside logits_fn).")
+
+
+def _window(start_h: Array, start_w: Array, s: Array, height: int, width: int) -> Array:
+  """``[B, H, W, 1]`` bool: the per-example ``s x s`` window at ``(start_h, start_w)``."""
+  rows = jax.lax.broadcasted_iota(jnp.int32, (1, height, 1, 1), 1)
+  cols = jax.lax.broadcasted_iota(jnp.int32, (1, 1, width, 1), 2)
+  h0, w0 = expand(start_h, 4), expand(start_w, 4)
+  return (rows >= h0) & (rows < h0 + s) & (cols >= w0) & (cols < w0 + s)
+
+
+def _channel_norm(v: Array) -> Array:
+  """Per-example, per-channel L2 norm over the spatial axes of ``[B, H, W, C]``, ``[B, 1, 1, C]``.
+
+  Used by the L2 window update, which (like the reference) rescales each channel separately.
+  """
+  return jnp.sqrt(jnp.sum(v * v, axis=(1, 2), keepdims=True))
+
+
+def _image_norm(v: Array) -> Array:
+  """Per-example L2 norm of ``[B, H, W, C]``: ``[B, 1, 1, 1]``."""
+  return jnp.sqrt(jnp.sum(v * v, axis=(1, 2, 3), keepdims=True))
+
+
+def _sign(bits: Array, dtype) -> Array:
+  """``+1`` or ``-1`` from the lowest bit of each word."""
+  return jnp.where((bits & 1) == 1, 1, -1).astype(dtype)
+
+
+def _start_words(norm: str, height: int, width: int, channels: int) -> int:
+  """Random ``uint32`` words one example's start needs."""
+  if norm == "linf":
+    return width * channels
+  return _start_grid(height, width)[0].shape[1] * (channels + 1)
+
+
+def _linf_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array) -> Array:
+  """Vertical stripes: ``x + eps * sign`` with one sign per column and channel, in the box."""
+  batch, _, width, channels = x4.shape
+  signs = _sign(bits.reshape(batch, 1, width, channels), x4.dtype)
+  return jnp.clip(x4 + expand(eps, 4) * signs, lower, upper)
+
+
+def _l2_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array) -> Array:
+  """A centred grid of ``±eta`` tiles (random sign per tile and channel, random transpose)."""
+  batch, height, width, channels = x4.shape
+  one_hot, plain, transposed = (jnp.asarray(a, x4.dtype) for a in _start_grid(height, width))
+  tiles = one_hot.shape[1]
+
+  bits = bits.reshape(batch, tiles, channels + 1)
+  signs = _sign(bits[:, :, :channels], x4.dtype)  # [B, T, C]
+  flips = (bits[:, :, channels] & 1).astype(x4.dtype)  # [B, T]: transpose the tile's pattern
+  flipped = jnp.einsum("pt,bt->bp", one_hot, flips, precision=_HIGHEST)  # [B, H*W] in {0, 1}
+  value = jnp.where(flipped > 0.5, transposed[None, :], plain[None, :])
+  sign_map = jnp.einsum("pt,btc->bpc", one_hot, signs, precision=_HIGHEST)  # [B, H*W, C]
+  delta = (value[:, :, None] * sign_map).reshape(batch, height, width, channels)
+  delta = delta / (_image_norm(delta) + 1e-12) * expand(eps, 4)
+  return jnp.clip(x4 + delta, lower, upper)
+
+
+def square(norm: str = "linf", *, queries: int = 5000, p_init: float = 0.8,
+           loss: str | Callable[..., Array] | None = None, restarts: int = 1,
+           targeted: bool = False, rescale_schedule: bool = True) -> Attack:
+  r"""Square attack: random search over square-window updates, one query per iteration.
+
+  Gradient-free and score-based: each iteration proposes a candidate that differs from the
+  current point only in a random :math:`s_k \times s_k` window and keeps it only if it lowers the
+  objective :math:`m` (or is adversarial),
+
+  .. math:: x^{(k+1)} = \tilde x \ \text{ if } m(\tilde x) < m(x^{(k)}) \text{ or } \tilde x
+            \text{ is adversarial, else } x^{(k)}.
+
+  Linf candidates set the window to the vertex :math:`x \pm \epsilon` (one sign per channel);
+  L2 candidates move mass from a second window into the first, reshaped to the pattern
+  :math:`\eta(s_k)`, keeping :math:`\|\delta\|_2 = \epsilon`. The window covers about a fraction
+  :math:`p_k` of the image, :math:`p_\text{init}` halved after each of AutoAttack's thresholds
+  (10, 50, 200, 500, 1000, 2000, 4000, 6000, 8000) on the rescaled iteration
+  :math:`\lfloor 10000 k / \text{queries} \rfloor` (see :func:`p_schedule` and the module
+  docstring for the full update rules). Every example draws its own windows and signs from its
+  own key; a point that is adversarial stops changing.
+
+  Inputs must be images ``[B, H, W, C]`` (NHWC) or ``[B, H, W]``. The defaults are AutoAttack's
+  (5000 queries, ``p_init = 0.8``, margin objective untargeted, cross-entropy targeted).
+
+  Args:
+    norm: ``"linf"`` or ``"l2"``.
+    queries: iterations per run (>= 1), one forward pass each, plus one for each run's start.
+    p_init: initial window fraction, in ``(0, 1]``.
+    rescale_schedule: stretch the window-size schedule over ``queries`` as if they were 10000
+      (the Square reference's default); AutoAttack's suite runs Square with ``False``.
+    loss: the objective as a library loss, larger meaning more adversarial (Square minimises its
+      negative): ``"margin"``, ``"ce"``, ``"dlr"`` or a function (see :mod:`jaxrobust.losses`).
+      Default: ``"margin"`` (:math:`m = z_y - \max_{j \ne y} z_j`) untargeted and ``"ce"``
+      (cross-entropy of the target) targeted, as in AutoAttack.
+    restarts: independent runs (>= 1); points broken in one run are not attacked again.
+    targeted: drive the prediction to ``target`` (pass ``target=`` to :func:`jaxrobust.run`).
+
+  Returns:
+    A fixed-budget :class:`jaxrobust.Attack` with ``restarts * (queries + 1) - 1`` steps.
+
+  Raises:
+    ValueError: unknown norm or loss, options out of range; inputs that are not images (when the
+      attack is traced).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> import jaxrobust as jr
+    >>> from jaxrobust.attacks.square import square
+    >>> def logits_fn(x):  # rounded inputs: the input gradient is zero everywhere
+    ...   total = jnp.sum(jnp.round(x * 8) / 8, axis=(1, 2, 3))
+    ...   return jnp.stack([jnp.full_like(total, 0.5), total], axis=1)
+    >>> x, y = jnp.full((1, 4, 4, 1), 0.05), jnp.array([0])
+    >>> attack = square("linf", queries=100)
+    >>> run = jax.jit(lambda x: jr.run(attack, logits_fn, x, y, jr.Budget(0.1), jax.random.key(0)))
+    >>> result = run(x)
+    >>> bool(result.success[0]), float(jnp.max(jnp.abs(result.x_adv - x))) <= 0.1 + 1e-7
+    (True, True)
+
+  References:
+    Andriushchenko, Croce, Flammarion & Hein, "Square Attack: a query-efficient black-box
+    adversarial attack via random search", ECCV 2020.
+    Croce & Hein, "Reliable evaluation of adversarial robustness with an ensemble of diverse
+    parameter-free attacks", ICML 2020 (the defaults, as part of AutoAttack).
+  """
+  if not isinstance(norm, str) or norm not in ("linf", "l2"):
+    raise ValueError(f"square supports norm 'linf' or 'l2', got {norm!r}.")
+  queries = check_positive_int("queries", queries)
+  restarts = check_positive_int("restarts", restarts)
+  if isinstance(p_init, bool) or not isinstance(p_init, (int, float, np.floating)) \
+      or not 0 < p_init <= 1:
+    raise ValueError(f"p_init must be a number in (0, 1], got {p_init!r}.")
+  p_init = float(p_init)
+  if not isinstance(targeted, bool):
+    raise ValueError(f"targeted must be a bool, got {targeted!r}.")  # noqa: TRY004 (as fmn)
+  if loss is None:
+    loss = "ce" if targeted else "margin"
+  loss_fn = losses_lib.resolve(loss, targeted)
+  period = queries + 1  # a run's iterations plus the step that queries the next run's start
+  num_steps = restarts * period - 1
+  start_fn = _linf_start if norm == "linf" else _l2_start
+
+  def objective(logits_fn, x_new, y, target):
+    logits = logits_fn(x_new)
+    value = loss_fn(logits, y) if target is None else loss_fn(logits, y, target)
+    return -value.astype(jnp.float32), is_success(logits, y, target)
+
+  def draw(x, keys, candidate: bool, start: bool) -> Array:
+    """One ``jax.random.bits`` call per example (each call costs compile time): ``[B, n]``."""
+    _, height, width, channels = _images(x).shape
+    words = (5 + channels if candidate else 0) + \
+        (_start_words(norm, height, width, channels) if start else 0)
+    return jax.vmap(lambda k: jax.random.bits(k, (words,), jnp.uint32))(keys)
+
+  def start(x, eps, lower, upper, bits):
+    return start_fn(_images(x), eps, lower, upper, bits).reshape(x.shape)
+
+  def candidate(x, x_cur, eps, lower, upper, bits, j):
+    """The window update of iteration ``j`` of the current run, from ``[B, 5 + C]`` words."""
+    x4, cur4 = _images(x), _images(x_cur)
+    _, height, width, channels = x4.shape
+    sizes, constants = _schedule_tables(norm, queries, p_init, height, width,
+                                        rescale_schedule)
+    j = jnp.minimum(j, queries - 1)
+    s = jnp.asarray(sizes)[j]
+
+    # Four window corners (uniform over the H - s + 1 and W - s + 1 positions, up to a modulo
+    # bias of at most (H - s + 1) / 2**32), C signs and one transpose bit.
+    span_h = (height - s + 1).astype(jnp.uint32)
+    span_w = (width - s + 1).astype(jnp.uint32)
+    h1, w1 = (bits[:, 0] % span_h).astype(jnp.int32), (bits[:, 1] % span_w).astype(jnp.int32)
+    h2, w2 = (bits[:, 2] % span_h).astype(jnp.int32), (bits[:, 3] % span_w).astype(jnp.int32)
+    signs = _sign(bits[:, 4:4 + channels], x4.dtype)  # [B, C]
+    flip = (bits[:, 4 + channels] & 1) == 1  # [B]
+    signs = signs[:, None, None, :]  # [B, 1, 1, C]
+    e = expand(eps, 4)
+    first = _window(h1, w1, s, height, width)
+    if norm == "linf":
+      moved = jnp.clip(cur4 + jnp.where(first, 2 * e * signs, 0), x4 - e, x4 + e)
+      return jnp.clip(moved, lower, upper).reshape(x.shape)
+
+    delta = cur4 - x4
+    both = first | _window(h2, w2, s, height, width)
+    placed = _eta_window(s, jnp.asarray(constants)[j], h1, w1, flip, height, width, x4.dtype)
+    old = jnp.where(first, delta, 0)
+    direction = placed * signs + old / (_channel_norm(old) + 1e-12)
+    spare = jnp.maximum(e * e - _image_norm(delta) ** 2, 0) / channels
+    size = jnp.sqrt(spare + _channel_norm(jnp.where(both, delta, 0)) ** 2)
+    refill = direction / (_channel_norm(direction) + 1e-12) * size
+    delta = jnp.where(both, 0, delta) + jnp.where(first, refill, 0)
+    delta = delta / (_image_norm(delta) + 1e-12) * e
+    return jnp.clip(x4 + delta, lower, upper).reshape(x.shape)
+
+  def init(logits_fn, x, y, budget: Budget, keys, target=None):
+    x, eps, lower, upper = unpack_budget(x, budget)
+    _images(x)
+    x0 = start(x, eps, lower, upper, draw(x, fold_in(keys, 0), candidate=False, start=True))
+    value, success = objective(logits_fn, x0, y, target)
+    return SquareState(x0, value, success, Best.empty(x0), keys, jnp.zeros((), jnp.int32))
+
+  def step(logits_fn, state: SquareState, x, y, budget: Budget, target=None):
+    x, eps, lower, upper = unpack_budget(x, budget)
+    j = state.t % period
+    # Step t draws from fold_in(key, t + 1) (init used fold_in(key, 0)); with restarts, one draw
+    # also holds the words of the next run's start.
+    bits = draw(x, fold_in(state.keys, state.t + 1), candidate=True, start=restarts > 1)
+    channels = _images(x).shape[-1]
+    proposal = candidate(x, state.x_cur, eps, lower, upper, bits[:, :5 + channels], j)
+    if restarts > 1:
+      restart = j == queries
+      fresh = start(x, eps, lower, upper, bits[:, 5 + channels:])
+      proposal = jnp.where(restart, fresh, proposal)
+    value, success = objective(logits_fn, proposal, y, target)
+    # Only points not yet adversarial move, and only to a lower objective or an adversarial point.
+    active = ~state.success & ~state.best.success
+    accept = active & ((value < state.objective) | success)
+    x_cur = jnp.where(expand(accept, x.ndim), proposal, state.x_cur)
+    new_value = jnp.where(accept, value, state.objective)
+    new_success = state.success | (accept & success)
+    best = state.best
+    if restarts > 1:
+      # Between runs: bank the finished run's point and start the next run from its query.
+      banked = best.update(state.x_cur, -state.objective, state.success)
+      best = jax.tree.map(lambda a, b: jnp.where(restart, a, b), banked, best)
+      x_cur = jnp.where(restart, proposal, x_cur)
+      new_value = jnp.where(restart, value, new_value)
+      new_success = jnp.where(restart, success, new_success)
+    return SquareState(x_cur, new_value, new_success, best, state.keys, state.t + 1)
+
+  def finalize(logits_fn, state: SquareState, x, y, budget: Budget, target=None):
+    del logits_fn, x, y, budget, target
+    return state.best.update(state.x_cur, -state.objective, state.success).x
+
+  name = f"square-{norm}-{queries}x{restarts}-{loss if isinstance(loss, str) else 'custom'}"
+  name += "-targeted" if targeted else ""
+  return Attack(init=init, step=step, finalize=finalize, num_steps=num_steps, norm=norm,
+                targeted=targeted, minimum_norm=False, name=name)
