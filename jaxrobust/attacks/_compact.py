@@ -52,7 +52,6 @@ def compacted(fn: Callable[..., Any], active: Array, chunk_size: int, *rows: Any
 
   Examples:
     >>> import jax.numpy as jnp
-from jax.sharding import PartitionSpec as P
     >>> out = compacted(lambda v: v * 10, jnp.array([True, False, True]), 1, jnp.arange(3.0))
     >>> out.tolist()
     [0.0, 0.0, 20.0]
