@@ -77,7 +77,8 @@ def child(args: argparse.Namespace) -> None:
         report = jr.evaluate(logits_fn, (x[:n], y[:n]), attacks={name: attack},
                              epsilons=jnp.array([args.eps]), key=jax.random.key(0),
                              batch_size=batch, mesh=mesh, progress=False,
-                             unroll=args.unroll or 1)
+                             unroll=args.unroll or 1,
+                             chunk_size=args.chunk_size if name == "auto_attack" else None)
         runs.append(report.timing)
       best = max(runs[1:], key=lambda t: t["examples_per_s"])
       print(json.dumps({
@@ -98,6 +99,8 @@ def main() -> None:
   parser.add_argument("--eps", type=float, default=0.1)
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--auto-attack", action="store_true", help="also time auto_attack")
+  parser.add_argument("--chunk-size", type=int, default=32,
+                      help="auto_attack's compute skipping: survivors run in chunks of this size")
   parser.add_argument("--unroll", action="store_true",
                       help="unroll the attack loops (faster on XLA:CPU, slower to compile)")
   parser.add_argument("--out", type=pathlib.Path, help="write the rows as JSON lines here")
@@ -112,6 +115,7 @@ def main() -> None:
   for devices in args.devices:
     cmd = [sys.executable, __file__, "--child", str(devices), "--n", str(args.n), "--aa-n",
            str(args.aa_n), "--eps", str(args.eps), "--repeats", str(args.repeats),
+           "--chunk-size", str(args.chunk_size),
            "--batch-sizes", *map(str, args.batch_sizes)]
     cmd += ["--auto-attack"] if args.auto_attack else []
     cmd += ["--unroll"] if args.unroll else []

@@ -11,7 +11,8 @@ from jaxrobust import projections
 from jaxrobust._types import Attack, AttackResult, Budget
 from jaxrobust._validation import check_chunk_size, check_inputs
 from jaxrobust.attacks import _compact, _stochastic
-from jaxrobust.attacks._common import as_keys, expand, fold_in, is_success, predict, work_dtype
+from jaxrobust.attacks._common import (as_keys, expand, fold_in, is_success, like_batch, predict,
+                                       work_dtype)
 
 Array = jax.Array
 
@@ -123,7 +124,7 @@ def run_unchecked(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: 
   budget = Budget(*budget)
   x = x.astype(work_dtype(x))
   batch = x.shape[0]
-  keys = as_keys(key, batch)
+  keys = like_batch(as_keys(key, batch), x)
   if clean_correct is None:
     clean_correct = clean_correct_mask(attack, logits_fn, x, y, keys)
   clean_wrong = ~clean_correct
@@ -133,8 +134,7 @@ def run_unchecked(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: 
     x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, chunk_size)
   else:
     rows = _attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)
-    # From a slice of x, so that it carries x's batch sharding like the keys (Explicit meshes).
-    eps = jnp.zeros_like(x.reshape(batch, -1)[:, 0]) + jnp.asarray(budget.eps, x.dtype)
+    eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), (batch,)), x)
     if chunk_size is None:
       x_adv = rows(x, y, eps, keys, target)
     else:

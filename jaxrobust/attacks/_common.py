@@ -77,6 +77,20 @@ def as_keys(key: Array, batch: int) -> Array:
   return key
 
 
+def like_batch(a: Array, x: Array) -> Array:
+  """``a`` (``[B, ...]``) resharded like ``x``'s batch axis when ``x``'s type shows one.
+
+  Under an Explicit mesh axis, per-example arrays built without reference to ``x`` (keys from
+  ``fold_in`` of an index, eps broadcast from a scalar) are replicated; ``vmap``-ing them together
+  with batch-sharded ones fails, so they are sliced like ``x`` (a local operation). Under Auto axes
+  or without a mesh this returns ``a`` unchanged.
+  """
+  spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+  if not spec or spec[0] is None:
+    return a
+  return jax.reshard(a, jax.sharding.PartitionSpec(spec[0]))
+
+
 def fold_in(keys: Array, data: Array | int) -> Array:
   """``fold_in`` applied to each per-example key."""
   return jax.vmap(lambda k: jax.random.fold_in(k, data))(keys)
