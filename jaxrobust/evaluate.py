@@ -553,7 +553,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     keep_per_example: keep per-example arrays in the report (``Report.per_example``).
     eps_batch_size: how fixed-budget attacks loop over eps (see :func:`robustness_curve`).
     unroll: attack-loop unrolling (see :func:`jaxrobust.run`).
-    chunk_size: compact the points an attack still has to attack (see :func:`jaxrobust.run`).
+    chunk_size: compact the points an attack still has to attack (see :func:`jaxrobust.run`);
+      with a ``mesh`` this selects the ``shard_map`` path, so the compaction stays per device.
     allow_large_eps: accept budgets that cover the whole box.
 
   Returns:
@@ -617,6 +618,11 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     if batch_size % mesh.shape[axis]:
       raise ValueError(f"batch_size {batch_size} must be a multiple of the mesh axis {axis!r} of "
                        f"size {mesh.shape[axis]}.")
+    if chunk_size is not None and not use_shard_map:
+      # Compaction moves rows within the batch: run it per device, where it stays local (under
+      # jit, Explicit axes cannot close over the mesh-placed parameters inside the compaction's
+      # own shard_map, and Auto axes would move rows between devices).
+      use_shard_map = True
   elif use_shard_map:
     raise ValueError("use_shard_map=True needs a mesh=.")
   elif num_processes > 1:

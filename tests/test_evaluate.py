@@ -443,3 +443,30 @@ def test_bad_inputs_raise_clear_errors(setup):
   if len(jax.devices()) >= 8:
     with pytest.raises(ValueError, match="multiple of the mesh axis"):
       run(setup, batch_size=12, mesh=jax.make_mesh((8,), ("data",)))
+
+
+@pytest.mark.parametrize("axis_type", ["explicit", "auto"])
+def test_compute_skipping_on_a_mesh_equals_one_device(axis_type):
+  """chunk_size with a mesh: per-device compaction, with the parameters as step arguments."""
+  from jax.sharding import AxisType
+
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.normal(size=(16, 5)), jnp.float32)
+
+  def apply(w, x):
+    return jnp.tanh(x.reshape(x.shape[0], -1) @ w) * 4
+
+  x = rng.uniform(0, 1, (64, 4, 4, 1)).astype(np.float32)
+  y = np.asarray(jnp.argmax(apply(w, jnp.asarray(x)), 1)).astype(np.int32)
+  attack = jr.attacks.ensemble(jr.attacks.fgsm(), jr.attacks.pgd(steps=3))
+  kind = AxisType.Explicit if axis_type == "explicit" else AxisType.Auto
+  mesh = jax.make_mesh((8,), ("batch",), axis_types=(kind,))
+  common = dict(attacks={"e": attack}, epsilons=[0.05, 0.1], key=jax.random.key(0),
+                batch_size=32, progress=False)
+  sharded = jr.evaluate(functools.partial(apply, w), (x, y), mesh=mesh, chunk_size=4, **common)
+  single = jr.evaluate(functools.partial(apply, w), (x, y), **common)
+  np.testing.assert_array_equal(np.asarray(sharded.worst_case.robust_accuracy),
+                                np.asarray(single.worst_case.robust_accuracy))
+  assert 0 < float(single.worst_case.robust_accuracy[-1]) < float(single.clean_accuracy)

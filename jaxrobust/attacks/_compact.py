@@ -64,8 +64,16 @@ def compacted(fn: Callable[..., Any], active: Array, chunk_size: int, *rows: Any
     # Rows built by broadcasting (e.g. a scalar eps) are replicated: slice them like the batch.
     rows = jax.tree.map(lambda a: jax.reshard(a, spec), rows)
     in_specs = (spec,) + jax.tree.map(lambda _: spec, rows)
-    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=spec,
-                         check_vma=False)(active, *rows)
+    try:
+      return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=spec,
+                           check_vma=False)(active, *rows)
+    except NotImplementedError as e:
+      raise ValueError(
+          "chunk_size with a batch sharded over an Explicit mesh axis compacts per device under "
+          "shard_map, which cannot close over traced arrays placed on the mesh (e.g. model "
+          "parameters passed to your jit). Run the attack inside your own jax.shard_map "
+          "(jr.evaluate does this when given chunk_size), or close over concrete parameters."
+      ) from e
   return _compacted(fn, active, chunk_size, *rows)
 
 
