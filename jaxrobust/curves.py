@@ -133,7 +133,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
 
   x = x.astype(work_dtype(x))  # as run_unchecked sees it, so `correct` is the same prediction
   keys = as_keys(key, x.shape[0])
-  correct = clean_correct_mask(attack, logits_fn, x, y, keys)
+  correct = clean_correct_mask(attack.samples, logits_fn, x, y, keys)
   if attack.minimum_norm:
     result = run_unchecked(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), keys, target,
                            unroll=unroll, clean_correct=correct, chunk_size=chunk_size)

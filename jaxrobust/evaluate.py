@@ -156,7 +156,7 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
     mask = mask.astype(bool)  # padding is never attacked (and costs nothing with chunk_size)
     epsilons = epsilons.astype(jnp.float32)
     # Randomized models (attack.samples > 0) judge the clean prediction by majority vote.
-    correct = clean_correct_mask(items[0], logits_fn, x, y, keys)
+    correct = clean_correct_mask(max(a.samples for a in items), logits_fn, x, y, keys)
     num_eps = epsilons.shape[0]
     # Per-example budgets built from a slice of x carry x's batch sharding, like the keys (an
     # Explicit mesh axis types every array; a vmap over keys and eps needs both sharded alike).

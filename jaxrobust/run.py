@@ -84,12 +84,13 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
                        chunk_size=chunk_size)
 
 
-def clean_correct_mask(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
+def clean_correct_mask(samples: int, logits_fn: Callable[..., Array], x: Array, y: Array,
                        keys: Array) -> Array:
-  """``[B]`` bool: the clean prediction is ``y`` (for a randomized model, by majority vote)."""
-  if attack.samples:
-    counts, _ = _stochastic.votes(logits_fn, x, fold_in(keys, _CLEAN_DRAWS), attack.samples)
-    return _stochastic.majority_correct(counts, y, attack.samples)
+  """``[B]`` bool: the clean prediction is ``y``; for a randomized model (``samples > 0``, see
+  :attr:`jaxrobust.Attack.samples`), by a strict majority over ``samples`` draws."""
+  if samples:
+    counts, _ = _stochastic.votes(logits_fn, x, fold_in(keys, _CLEAN_DRAWS), samples)
+    return _stochastic.majority_correct(counts, y, samples)
   return predict(logits_fn(x)) == y.astype(jnp.int32)
 
 
@@ -126,7 +127,7 @@ def run_unchecked(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: 
   batch = x.shape[0]
   keys = like_batch(as_keys(key, batch), x)
   if clean_correct is None:
-    clean_correct = clean_correct_mask(attack, logits_fn, x, y, keys)
+    clean_correct = clean_correct_mask(attack.samples, logits_fn, x, y, keys)
   clean_wrong = ~clean_correct
   todo = clean_correct if active is None else clean_correct & active
   info = None

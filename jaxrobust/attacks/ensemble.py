@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust._types import Attack, Budget
+from jaxrobust.attacks._common import expand, work_dtype
 
 Array = jax.Array
 
@@ -71,7 +72,7 @@ def run_members(members: Sequence[Attack], logits_fn: Callable[..., Array], x: A
     result = run_unchecked(member, logits_fn, x, y, budget, keys, target,
                            clean_correct=everyone, active=alive, chunk_size=chunk_size)
     newly = alive & result.success
-    x_adv = jnp.where(newly.reshape(newly.shape + (1,) * (x.ndim - 1)), result.x_adv, x_adv)
+    x_adv = jnp.where(expand(newly, x.ndim), result.x_adv, x_adv)
     alive = alive & ~result.success
     robust_after.append(alive)
   return x_adv, jnp.stack(robust_after)
@@ -102,9 +103,8 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
   def init(logits_fn, x, y, budget, keys, target=None):
     from jaxrobust.run import clean_correct_mask
 
-    attack = Attack(init, step, finalize, 0, norm, targeted, False, name, None, samples)
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    todo = clean_correct_mask(attack, logits_fn, x, y, keys)
+    x = x.astype(work_dtype(x))
+    todo = clean_correct_mask(samples, logits_fn, x, y, keys)
     x_adv, _ = drive(logits_fn, x, y, budget, keys, target, todo, None)
     return EnsembleState(x_adv)
 
