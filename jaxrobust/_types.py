@@ -96,16 +96,18 @@ class AttackResult(NamedTuple):
   """What ``jr.run`` returns; every field is recomputed from ``x_adv``.
 
   Attributes:
-    x_adv: ``[B, ...]`` adversarial inputs, inside the box exactly and inside the eps-ball (to
-      float32 rounding of ``x + delta``). Points misclassified on the clean input get ``x``.
+    x_adv: ``[B, ...]`` adversarial inputs of ``x``'s dtype, finite, inside the box exactly and
+      inside the eps-ball (to float32 rounding of ``x + delta``). Points misclassified on the
+      clean input get ``x``.
     success: ``[B]`` bool. Untargeted: ``argmax logits(x_adv) != y``; targeted:
-      ``argmax == target``. Non-finite logits never count as a correct prediction.
+      ``argmax == target`` (also on clean-misclassified points, which are returned unchanged).
+      Non-finite logits never count as a correct prediction.
     norm: ``[B]`` the attack-norm size of ``x_adv - x`` (``inf`` where a minimum-norm attack found
       no adversarial point; 0 for clean-misclassified points).
     logits: ``[B, C]`` logits on ``x_adv`` (for a randomized model, their mean over the draws).
-    info: ``None``, or a dict of extra arrays from attacks that report more (ensembles:
-      ``robust_after [M, B]``, the per-member breakdown; AutoAttack: ``flags``, a dict of ``[]``
-      bool reliability flags, and the counts behind them).
+    info: a dict of extra arrays: ``flags`` (``[]`` bool reliability checks, see
+      :func:`jaxrobust.run`) and ``counts`` (the counts behind them) for every attack; ensembles add
+      ``robust_after [M, B]``, the per-member breakdown, and AutoAttack its own checks.
   """
 
   x_adv: Array
@@ -126,6 +128,9 @@ class Curve(NamedTuple):
     robust: ``[K, B]`` the per-example flags behind ``robust_accuracy``.
     auc: ``[]`` area under robust accuracy against eps, starting at ``(0, clean_accuracy)``,
       divided by the largest eps (so a perfectly robust model scores its clean accuracy).
+    info: ``None``, or a dict: ``flags`` (``[]`` bool reliability checks, e.g.
+      ``non_finite_gradients``) and ``counts`` (the counts behind them), as in
+      :attr:`AttackResult.info`.
   """
 
   epsilons: Array
@@ -133,6 +138,7 @@ class Curve(NamedTuple):
   robust_accuracy: Array
   robust: Array
   auc: Array
+  info: Optional[dict] = None
 
 
 Target = Optional[Array]

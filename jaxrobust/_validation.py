@@ -8,6 +8,8 @@ Every message says what was wrong and how to fix it.
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any, Callable
 
 import jax
@@ -37,15 +39,43 @@ def check_step_size(step_size: Any) -> float:
   return float(step_size)
 
 
+def _takes_arguments(fn: Callable[..., Any], count: int) -> bool:
+  """Whether ``fn`` accepts ``count`` positional arguments (``True`` when it cannot be told)."""
+  try:
+    inspect.signature(fn).bind(*range(count))
+  except TypeError:
+    return False
+  except ValueError:  # no signature (some builtins and C extensions)
+    return True
+  return True
+
+
 def logits_shape(logits_fn: Callable[..., jax.Array], x: jax.Array,
                  samples: int = 0) -> tuple[int, ...]:
   """The shape of ``logits_fn(x)`` (``logits_fn(x, keys)`` if ``samples``), by tracing only."""
   spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
   if samples:
     keys = jax.ShapeDtypeStruct((x.shape[0],), jax.random.key(0).dtype)
-    out = jax.eval_shape(logits_fn, spec, keys)
+    try:
+      out = jax.eval_shape(logits_fn, spec, keys)
+    except TypeError as error:
+      if _takes_arguments(logits_fn, 2):
+        raise
+      raise ValueError(
+          "This attack is for a randomized model logits_fn(x, keys) (one PRNG key per example), "
+          "as built by jr.attacks.eot(...) or auto_attack(version='rand'), but logits_fn cannot "
+          f"be called as logits_fn(x, keys): {error}. For a deterministic model logits_fn(x) use "
+          "the attack without eot() (or auto_attack(version='standard')).") from error
   else:
-    out = jax.eval_shape(logits_fn, spec)
+    try:
+      out = jax.eval_shape(logits_fn, spec)
+    except TypeError as error:
+      if _takes_arguments(logits_fn, 1) or not _takes_arguments(logits_fn, 2):
+        raise
+      raise ValueError(
+          f"logits_fn must be called as logits_fn(x), but it needs more arguments: {error}. A "
+          "randomized model logits_fn(x, keys) is attacked through jr.attacks.eot(attack, "
+          "samples).") from error
   if not hasattr(out, "shape"):
     raise ValueError(f"logits_fn must return one array of logits [B, C], got {out!r}.")
   return tuple(out.shape)
@@ -175,7 +205,7 @@ def check_eps(eps: Any, batch: int, norm: str, *, lower: Any, upper: Any, input_
 def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, budget: Budget,
                  *, norm: str, target: Any = None, targeted: bool = False,
                  minimum_norm: bool = False, allow_large_eps: bool = False,
-                 samples: int = 0) -> int:
+                 samples: int = 0, name: str = "this attack") -> int:
   """Validates one attack call; returns the number of classes.
 
   Shape checks always run; value checks run on concrete inputs only (see the module docstring).
@@ -198,8 +228,11 @@ def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, bu
   if targeted and target is None:
     raise ValueError("This attack is targeted: pass target= (int [B] of target classes).")
   if not targeted and target is not None:
-    raise ValueError("target= was given to an untargeted attack; build the attack with "
-                     "targeted=True.")
+    raise ValueError(
+        f"target= was given to {name}, which takes no targets: it is untargeted, or it chooses its "
+        "own targets (APGD-T / FAB-T with n_target_classes set, which succeed when the prediction "
+        "leaves y). For an attack towards given targets build it with targeted=True (and "
+        "n_target_classes=None for apgd/fab).")
   check_batch(x, y, target)
   batch = x.shape[0]
   num_classes = check_logits(logits_shape(logits_fn, x, samples), batch)

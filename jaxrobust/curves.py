@@ -17,8 +17,8 @@ import numpy as np
 from jaxrobust import metrics
 from jaxrobust._types import Attack, Budget, Curve
 from jaxrobust._validation import check_chunk_size, check_eps, check_inputs
-from jaxrobust.attacks._common import as_keys, fold_in, work_dtype
-from jaxrobust.run import clean_correct_mask, run_unchecked
+from jaxrobust.attacks._common import as_keys, fold_in
+from jaxrobust.run import clean_diagnosis, run_scored
 
 Array = jax.Array
 
@@ -54,11 +54,20 @@ def curve_from_norms(norms: Array, correct: Array, epsilons: Array) -> Curve:
   return _curve(epsilons, correct, robust)
 
 
-def _curve(epsilons: Array, correct: Array, robust: Array) -> Curve:
+def _curve(epsilons: Array, correct: Array, robust: Array, info: dict | None = None) -> Curve:
   clean = jnp.mean(correct.astype(jnp.float32))
   accuracy = jnp.mean(robust.astype(jnp.float32), axis=1)
   return Curve(epsilons=epsilons, clean_accuracy=clean, robust_accuracy=accuracy, robust=robust,
-               auc=metrics.curve_auc(epsilons, accuracy, clean))
+               auc=metrics.curve_auc(epsilons, accuracy, clean), info=info)
+
+
+def _reliability(bad_gradient: Array, correct: Array, non_finite_adversarials: Array) -> dict:
+  """The curve's ``info``: reliability flags and the counts behind them (see
+  :func:`jaxrobust.run`); ``non_finite_adversarials`` is summed over the eps of the grid."""
+  counts = {"non_finite_gradient_points": jnp.sum(correct & bad_gradient, dtype=jnp.int32),
+            "non_finite_adversarials": jnp.sum(non_finite_adversarials, dtype=jnp.int32)}
+  return {"flags": {k.replace("_points", "s"): v > 0 for k, v in counts.items()},
+          "counts": counts}
 
 
 def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
@@ -131,34 +140,36 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
             input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
             allow_large_eps=allow_large_eps, name="epsilons")
 
-  x = x.astype(work_dtype(x))  # as run_unchecked sees it, so `correct` is the same prediction
   keys = as_keys(key, x.shape[0])
-  correct = clean_correct_mask(attack.samples, logits_fn, x, y, keys)
+  correct, bad_gradient = clean_diagnosis(attack.samples, logits_fn, x, y, keys)
   if attack.minimum_norm:
-    result = run_unchecked(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), keys, target,
+    result, _ = run_scored(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), keys, target,
                            unroll=unroll, clean_correct=correct, chunk_size=chunk_size)
-    return curve_from_norms(result.norm, correct, epsilons)
+    info = _reliability(bad_gradient, correct,
+                        result.info["counts"]["non_finite_adversarials"])
+    curve = curve_from_norms(result.norm, correct, epsilons)
+    return curve._replace(info=info)
 
   if chunk_size is not None:
-    broken = _broken_skipping(attack, logits_fn, x, y, epsilons, keys, lower, upper, target,
-                              unroll, correct, chunk_size)
+    broken, bad_rows = _broken_skipping(attack, logits_fn, x, y, epsilons, keys, lower, upper,
+                                        target, unroll, correct, chunk_size)
     robust = correct[None, :] & ~_worst_case_over_smaller_eps(broken, epsilons)
-    return _curve(epsilons, correct, robust)
+    return _curve(epsilons, correct, robust, _reliability(bad_gradient, correct, bad_rows))
 
   def broken_at(index_and_eps):
     index, eps = index_and_eps
-    result = run_unchecked(attack, logits_fn, x, y, Budget(eps, lower, upper),
-                           fold_in(keys, index), target, unroll=unroll,
-                           clean_correct=correct)
-    return result.success
+    result, broken = run_scored(attack, logits_fn, x, y, Budget(eps, lower, upper),
+                                fold_in(keys, index), target, unroll=unroll,
+                                clean_correct=correct)
+    return broken, result.info["counts"]["non_finite_adversarials"]
 
   indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)
   if eps_batch_size == 0:
-    broken = jax.vmap(broken_at)(indexed)
+    broken, bad_rows = jax.vmap(broken_at)(indexed)
   else:
-    broken = jax.lax.map(broken_at, indexed, batch_size=eps_batch_size or None)
+    broken, bad_rows = jax.lax.map(broken_at, indexed, batch_size=eps_batch_size or None)
   robust = correct[None, :] & ~_worst_case_over_smaller_eps(broken, epsilons)
-  return _curve(epsilons, correct, robust)
+  return _curve(epsilons, correct, robust, _reliability(bad_gradient, correct, bad_rows))
 
 
 def _broken_skipping(attack, logits_fn, x, y, epsilons, keys, lower, upper, target, unroll,
@@ -173,16 +184,18 @@ def _broken_skipping(attack, logits_fn, x, y, epsilons, keys, lower, upper, targ
 
   def body(broken_before, index_and_eps):
     index, eps = index_and_eps
-    result = run_unchecked(attack, logits_fn, x, y, Budget(eps, lower, upper),
-                           fold_in(keys, index), target, unroll=unroll, clean_correct=correct,
-                           active=~broken_before, chunk_size=chunk_size)
-    success = result.success & correct & ~broken_before
-    return broken_before | success, success
+    result, broken = run_scored(attack, logits_fn, x, y, Budget(eps, lower, upper),
+                                fold_in(keys, index), target, unroll=unroll,
+                                clean_correct=correct, active=~broken_before,
+                                chunk_size=chunk_size)
+    broken = broken & correct & ~broken_before
+    return broken_before | broken, (broken, result.info["counts"]["non_finite_adversarials"])
 
-  _, in_order = jax.lax.scan(body, jnp.zeros_like(correct), (order, jnp.sort(epsilons)))
+  _, (in_order, bad_rows) = jax.lax.scan(body, jnp.zeros_like(correct),
+                                         (order, jnp.sort(epsilons)))
   # Back to the caller's eps order with a one-hot contraction (no gather on a sharded array).
   back = order[None, :] == jnp.arange(epsilons.shape[0], dtype=jnp.uint32)[:, None]  # [K, J]
-  return jnp.any(back[:, :, None] & in_order[None, :, :], axis=1)
+  return jnp.any(back[:, :, None] & in_order[None, :, :], axis=1), bad_rows
 
 
 class CurveConsistency(NamedTuple):

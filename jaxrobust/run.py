@@ -11,8 +11,9 @@ from jaxrobust import projections
 from jaxrobust._types import Attack, AttackResult, Budget
 from jaxrobust._validation import check_chunk_size, check_inputs
 from jaxrobust.attacks import _compact, _stochastic
-from jaxrobust.attacks._common import (as_keys, expand, fold_in, is_success, like_batch, predict,
-                                       work_dtype)
+from jaxrobust import losses
+from jaxrobust.attacks._common import (as_keys, expand, fold_in, is_correct, is_success,
+                                       like_batch, rows_finite, work_dtype)
 
 Array = jax.Array
 
@@ -31,11 +32,26 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   The attack's ``init``/``step`` run under one fixed-length ``jax.lax.scan``; ``finalize`` hands
   back the best point seen. Then, on the returned points only:
 
-  * points misclassified on the clean input get ``x_adv = x``, ``success = True``, ``norm = 0``;
+  * points misclassified on the clean input are not attacked: they get ``x_adv = x`` and
+    ``norm = 0``; an untargeted attack counts them as ``success = True`` (the model is already
+    wrong), a targeted one only where the clean prediction already is the target;
+  * the returned point is always finite, inside the box and the ball, and of ``x``'s dtype
+    (bfloat16 and float16 inputs are attacked in float32 and rounded towards ``x``, so rounding
+    never leaves the ball);
   * ``success`` and ``logits`` are recomputed by one more forward pass on ``x_adv``, so they
-    always agree with re-predicting the returned points;
-  * non-finite logits never count as a correct prediction (they count as a success for an
-    untargeted attack and a failure for a targeted one).
+    always agree with re-predicting the returned points: untargeted, ``argmax != y``; targeted,
+    ``argmax == target``. Non-finite logits never count as a correct prediction (they count as a
+    success for an untargeted attack and a failure for a targeted one);
+  * ``info["flags"]`` holds reliability checks (``[]`` bool) and ``info["counts"]`` the counts
+    behind them: ``non_finite_gradients`` (clean-correct points whose input gradient of the
+    cross-entropy is NaN or infinite at the clean input: attacks then use the finite part of the
+    gradient, and the robust accuracy is likely overestimated) and ``non_finite_adversarials``
+    (points where an attack produced a non-finite point, replaced by ``x``); composite attacks
+    (ensembles, AutoAttack) add their own.
+
+  A targeted attack's ``success`` (the target was reached) is not the same as the point being
+  broken (the prediction is not ``y``): :func:`jaxrobust.robustness_curve` counts a point as
+  robust only where the prediction on the returned point is still ``y``.
 
   Inputs are validated here when they are concrete; inside a user's ``jax.jit`` only shapes are
   checked, so call :func:`jaxrobust.check_inputs` on the host once if values may be wrong.
@@ -60,7 +76,9 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
       14 on the demo CNN), so unroll short attacks only.
     chunk_size: skip the points that need no attack (misclassified ones; for an ensemble, those an
       earlier member broke): the points to attack are compacted into chunks of this many rows and
-      only chunks holding such points are computed. Results equal the dense run (``None``).
+      only chunks holding such points are computed. Results equal the dense run (``None``). The
+      chunk loop is a ``lax.while_loop``, which JAX cannot differentiate in reverse mode: to take
+      ``jax.grad`` through an attack (adversarial training), leave ``chunk_size=None``.
 
   Returns:
     A :class:`jaxrobust.AttackResult`.
@@ -78,10 +96,30 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   budget = Budget(*budget)
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
                targeted=attack.targeted, minimum_norm=attack.minimum_norm,
-               allow_large_eps=allow_large_eps, samples=attack.samples)
+               allow_large_eps=allow_large_eps, samples=attack.samples, name=attack.name)
   check_chunk_size(chunk_size)
   return run_unchecked(attack, logits_fn, x, y, budget, key, target, unroll=unroll,
                        chunk_size=chunk_size)
+
+
+def clean_diagnosis(samples: int, logits_fn: Callable[..., Array], x: Array, y: Array,
+                    keys: Array) -> tuple[Array, Array]:
+  """The clean verdict and the gradient check, from one forward and one backward pass.
+
+  Returns ``(correct, bad_gradient)``, both ``[B]`` bool: the clean prediction is ``y`` (for a
+  randomized model, ``samples > 0``, by a strict majority over ``samples`` draws; see
+  :attr:`jaxrobust.Attack.samples`), and the input gradient of the cross-entropy at ``x`` has a
+  non-finite entry (not checked for randomized models: ``False``).
+  """
+  if samples:
+    return clean_correct_mask(samples, logits_fn, x, y, keys), jnp.zeros(y.shape, bool)
+
+  def total(inputs):
+    logits = logits_fn(inputs)
+    return jnp.sum(losses.cross_entropy(logits, y).astype(jnp.float32)), logits
+
+  grad, logits = jax.grad(total, has_aux=True)(x)
+  return is_correct(logits, y), ~rows_finite(grad)
 
 
 def clean_correct_mask(samples: int, logits_fn: Callable[..., Array], x: Array, y: Array,
@@ -91,7 +129,7 @@ def clean_correct_mask(samples: int, logits_fn: Callable[..., Array], x: Array, 
   if samples:
     counts, _ = _stochastic.votes(logits_fn, x, fold_in(keys, _CLEAN_DRAWS), samples)
     return _stochastic.majority_correct(counts, y, samples)
-  return predict(logits_fn(x)) == y.astype(jnp.int32)
+  return is_correct(logits_fn(x), y)
 
 
 def _attack_rows(attack: Attack, logits_fn, lower, upper, unroll):
@@ -110,29 +148,66 @@ def _attack_rows(attack: Attack, logits_fn, lower, upper, unroll):
   return rows
 
 
+def round_toward(x_adv: Array, x: Array) -> Array:
+  """``x_adv`` (work dtype) in ``x``'s dtype, rounded towards ``x`` where rounding to nearest
+  would move it away from ``x``: every coordinate of ``result - x`` is then no larger than that of
+  ``x_adv - x``, so the point stays inside any Lp ball around ``x`` and inside the box.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> x = jnp.array([[0.5]], jnp.bfloat16)
+    >>> round_toward(jnp.array([[0.5 + 0.0031]]), x).astype(jnp.float32).tolist()
+    [[0.5]]
+  """
+  if x_adv.dtype == x.dtype:
+    return x_adv
+  nearest = x_adv.astype(x.dtype)
+  reference = x.astype(x_adv.dtype)
+  farther = jnp.abs(nearest.astype(x_adv.dtype) - reference) > jnp.abs(x_adv - reference)
+  return jnp.where(farther, jnp.nextafter(nearest, x), nearest)
+
+
 def run_unchecked(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                   budget: Budget, key: Array, target: Array | None = None, *,
                   unroll: int | bool = 1, clean_correct: Array | None = None,
-                  active: Array | None = None, chunk_size: int | None = None) -> AttackResult:
+                  bad_gradient: Array | None = None, active: Array | None = None,
+                  chunk_size: int | None = None) -> AttackResult:
   """:func:`run` without input validation (for drivers that validated once already).
 
-  ``clean_correct`` (``[B]`` bool, clean prediction equals ``y``) may be passed by a driver that
-  has it already, e.g. a curve running the attack once per eps, to skip one forward pass.
+  ``clean_correct`` (``[B]`` bool, clean prediction equals ``y``) and ``bad_gradient`` (``[B]``
+  bool, from :func:`clean_diagnosis`) may be passed by a driver that has them already, e.g. a
+  curve running the attack once per eps, to skip a forward and a backward pass.
   ``active`` (``[B]`` bool) restricts the attack to some points (the others get ``x_adv = x``);
   with ``chunk_size`` the active points are compacted into chunks of that many rows and only
   chunks holding active points are computed (see :mod:`jaxrobust.attacks._compact`).
   """
+  return run_scored(attack, logits_fn, x, y, budget, key, target, unroll=unroll,
+                    clean_correct=clean_correct, bad_gradient=bad_gradient, active=active,
+                    chunk_size=chunk_size)[0]
+
+
+def run_scored(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
+               budget: Budget, key: Array, target: Array | None = None, *,
+               unroll: int | bool = 1, clean_correct: Array | None = None,
+               bad_gradient: Array | None = None, active: Array | None = None,
+               chunk_size: int | None = None) -> tuple[AttackResult, Array]:
+  """:func:`run_unchecked` and ``broken`` (``[B]`` bool): the point is not robust, i.e. the clean
+  prediction or the prediction on ``x_adv`` is not ``y``. For untargeted attacks ``broken`` equals
+  ``success``; for targeted ones a point can be broken without the target being reached."""
   budget = Budget(*budget)
+  x_input = x
   x = x.astype(work_dtype(x))
   batch = x.shape[0]
   keys = like_batch(as_keys(key, batch), x)
   if clean_correct is None:
-    clean_correct = clean_correct_mask(attack.samples, logits_fn, x, y, keys)
+    clean_correct, checked = clean_diagnosis(attack.samples, logits_fn, x_input, y, keys)
+    bad_gradient = checked if bad_gradient is None else bad_gradient
   clean_wrong = ~clean_correct
   todo = clean_correct if active is None else clean_correct & active
-  info = None
+  info = {}
   if attack.drive is not None:
     x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, chunk_size)
+    info = dict(info or {})
   else:
     rows = _attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)
     eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), (batch,)), x)
@@ -140,16 +215,33 @@ def run_unchecked(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: 
       x_adv = rows(x, y, eps, keys, target)
     else:
       x_adv = _compact.compacted(rows, todo, chunk_size, x, y, eps, keys, target)
-  x_adv = jnp.where(expand(todo, x.ndim), x_adv.astype(x.dtype), x)
+  x_adv = x_adv.astype(x.dtype)
+  # The returned point is finite and inside the box whatever the attack did (a NaN gradient, an
+  # overflowing loss): a non-finite row falls back to x, and is counted.
+  finite = rows_finite(x_adv)
+  lower, upper = (jnp.asarray(b, x.dtype) for b in (budget.lower, budget.upper))
+  x_adv = jnp.where(expand(todo & finite, x.ndim), jnp.clip(x_adv, lower, upper), x)
+  x_adv = round_toward(x_adv, x_input)
   if attack.samples:
     counts, logits = _stochastic.votes(logits_fn, x_adv, fold_in(keys, _SCORE_DRAWS),
                                        attack.samples)
     success = _stochastic.majority_success(counts, y, target, attack.samples)
+    broken = _stochastic.majority_success(counts, y, None, attack.samples)
   else:
     logits = logits_fn(x_adv)
     success = is_success(logits, y, target)
-  success = success | clean_wrong
-  size = projections.norm(x_adv - x, attack.norm)
+    broken = ~is_correct(logits, y)
+  broken = broken | clean_wrong
+  if target is None:
+    success = success | clean_wrong
+  size = projections.norm(x_adv.astype(x.dtype) - x, attack.norm)
   if attack.minimum_norm:
     size = jnp.where(success, size, jnp.inf)
-  return AttackResult(x_adv=x_adv, success=success, norm=size, logits=logits, info=info)
+  flags, counts = dict(info.pop("flags", {})), dict(info.pop("counts", {}))
+  counts["non_finite_adversarials"] = jnp.sum(todo & ~finite, dtype=jnp.int32)
+  flags["non_finite_adversarials"] = counts["non_finite_adversarials"] > 0
+  if bad_gradient is not None:
+    counts["non_finite_gradient_points"] = jnp.sum(clean_correct & bad_gradient, dtype=jnp.int32)
+    flags["non_finite_gradients"] = counts["non_finite_gradient_points"] > 0
+  info.update(flags=flags, counts=counts)
+  return AttackResult(x_adv=x_adv, success=success, norm=size, logits=logits, info=info), broken

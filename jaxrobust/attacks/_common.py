@@ -26,17 +26,31 @@ def predict(logits: Array) -> Array:
   return jnp.where(finite, jnp.argmax(logits, axis=-1).astype(jnp.int32), -1)
 
 
-def is_success(logits: Array, y: Array, target: Array | None) -> Array:
-  """Untargeted: prediction differs from ``y``; targeted: prediction equals ``target``."""
+def is_correct(logits: Array, y: Array) -> Array:
+  """``[B]`` bool: the prediction is ``y``. Never true for non-finite logits, even where ``y``
+  holds the invalid label ``-1`` (labels are only shape-checked inside ``jit``)."""
   pred = predict(logits)
+  return (pred == y.astype(jnp.int32)) & (pred >= 0)
+
+
+def is_success(logits: Array, y: Array, target: Array | None) -> Array:
+  """Untargeted: the prediction is not ``y``; targeted: the prediction is ``target``.
+
+  Non-finite logits count as a success of an untargeted attack (the model is not correct there)
+  and as a failure of a targeted one (it does not predict the target).
+  """
   if target is None:
-    return pred != y.astype(jnp.int32)
-  return pred == target.astype(jnp.int32)
+    return ~is_correct(logits, y)
+  return is_correct(logits, target)
 
 
 def work_dtype(x: Array) -> jnp.dtype:
-  """Perturbation arithmetic runs in float32 at least, even for bfloat16 inputs."""
-  return jnp.promote_types(x.dtype, jnp.float32)
+  """Perturbation arithmetic runs in float32 at least, even for bfloat16 inputs (float64 stays).
+
+  Decided by bit width, not by type promotion, which strict promotion refuses for bfloat16.
+  """
+  dtype = jnp.dtype(x.dtype)
+  return dtype if jnp.finfo(dtype).bits >= 32 else jnp.dtype(jnp.float32)
 
 
 def per_example(value: Array, batch: int, dtype: jnp.dtype) -> Array:
@@ -85,10 +99,14 @@ def like_batch(a: Array, x: Array) -> Array:
   with batch-sharded ones fails, so they are sliced like ``x`` (a local operation). Under Auto axes
   or without a mesh this returns ``a`` unchanged.
   """
-  spec = getattr(getattr(jax.typeof(x), "sharding", None), "spec", None)
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  spec = getattr(sharding, "spec", None)
   if not spec or spec[0] is None:
     return a
-  return jax.reshard(a, jax.sharding.PartitionSpec(spec[0]))
+  # The mesh comes from x's own type (an abstract mesh under jit), so this works with and without
+  # ``jax.set_mesh``: arrays carry their mesh.
+  return jax.reshard(a, jax.sharding.NamedSharding(sharding.mesh,
+                                                   jax.sharding.PartitionSpec(spec[0])))
 
 
 def fold_in(keys: Array, data: Array | int) -> Array:
@@ -103,9 +121,15 @@ def loss_grad_logits(logits_fn: Callable[[Array], Array], loss_fn: Callable[...,
   Valid because the model treats examples independently: the gradient of the summed loss with
   respect to example ``i`` is the gradient of example ``i``'s own loss. For a randomized model
   wrapped by :func:`jaxrobust.attacks.eot` the loss and gradient are averaged over its draws.
+
+  Non-finite gradient entries (a model with ``sqrt`` or ``log`` of zero inside, or logits so large
+  that the loss overflows) are replaced by 0, so no NaN ever reaches an iterate: the attack then
+  works with the finite part of the gradient. :func:`jaxrobust.run` reports such models with the
+  ``non_finite_gradients`` reliability flag.
   """
   if hasattr(logits_fn, "loss_and_grad"):
-    return logits_fn.loss_and_grad(loss_fn, x, y, target)
+    per_ex, grad, logits = logits_fn.loss_and_grad(loss_fn, x, y, target)
+    return per_ex, finite_or_zero(grad), logits
 
   def total(inputs):
     logits = logits_fn(inputs)
@@ -113,7 +137,17 @@ def loss_grad_logits(logits_fn: Callable[[Array], Array], loss_fn: Callable[...,
     return jnp.sum(per_ex.astype(jnp.float32)), (per_ex.astype(jnp.float32), logits)
 
   (_, (per_ex, logits)), grad = jax.value_and_grad(total, has_aux=True)(x)
-  return per_ex, grad.astype(x.dtype), logits
+  return per_ex, finite_or_zero(grad.astype(x.dtype)), logits
+
+
+def finite_or_zero(a: Array) -> Array:
+  """``a`` with NaN and +-Inf entries replaced by 0."""
+  return jnp.where(jnp.isfinite(a), a, jnp.zeros_like(a))
+
+
+def rows_finite(a: Array) -> Array:
+  """``[B]`` bool: every entry of the example is finite."""
+  return jnp.all(jnp.isfinite(a.reshape(a.shape[0], -1)), axis=1)
 
 
 class Best(NamedTuple):

@@ -1,0 +1,256 @@
+"""Regression tests: jr.run and jr.robustness_curve never turn a broken computation into a verdict.
+
+Each test reproduces one way a number could silently be wrong: NaN input gradients, overflowing
+logits, targeted success on points that were already misclassified, invalid labels with NaN
+logits, low-precision inputs whose rounding changes the verdict, Explicit-mesh arrays used without
+``jax.set_mesh``, and confusing errors for randomized-model and targeted options.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxrobust as jr
+
+DIM, CLASSES, BATCH = 16, 4, 32
+
+
+@pytest.fixture(scope="module")
+def problem():
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.normal(size=(DIM, CLASSES)), jnp.float32)
+  v = jnp.asarray(rng.normal(size=(DIM, 4)), jnp.float32)
+  x = jnp.asarray(rng.uniform(0.3, 0.7, size=(BATCH, DIM)), jnp.float32)
+  y = jnp.argmax(x @ w, axis=1).astype(jnp.int32)
+  return w, v, x, y
+
+
+def linear(w, x):
+  return x.reshape(x.shape[0], -1) @ w
+
+
+def nan_gradient(w, v, x):
+  """The same logits as ``linear``, but the input gradient is NaN wherever some ``h < 0`` (the
+  ``where(h > 0, sqrt(h), 0)`` trap: the untaken branch's derivative is NaN, times 0)."""
+  h = x.reshape(x.shape[0], -1) @ v - 2.0
+  masked = jnp.where(h > 0, jnp.sqrt(h), 0.0)
+  return linear(w, x) + 0.0 * jnp.sum(masked, axis=1, keepdims=True)
+
+
+# Every attack family at small settings: (attack, eps). Minimum-norm attacks take eps = inf.
+ATTACKS = {
+    "fgsm": (lambda: jr.attacks.fgsm("linf"), 0.05),
+    "pgd-linf": (lambda: jr.attacks.pgd("linf", steps=5), 0.05),
+    "pgd-l2": (lambda: jr.attacks.pgd("l2", steps=5), 0.3),
+    "apgd": (lambda: jr.attacks.apgd("linf", steps=5), 0.05),
+    "square": (lambda: jr.attacks.square("linf", queries=20), 0.05),
+    "fab": (lambda: jr.attacks.fab("l2", steps=5), float("inf")),
+    "fmn": (lambda: jr.attacks.fmn("l2", steps=5), float("inf")),
+    "deepfool": (lambda: jr.attacks.deepfool("l2", steps=5), float("inf")),
+    "carlini_wagner_l2": (lambda: jr.attacks.carlini_wagner_l2(steps=5, binary_search_steps=2),
+                          float("inf")),
+    "auto_attack": (lambda: jr.attacks.auto_attack("linf", n_target_classes=2, steps=4,
+                                                   queries=20), 0.05),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ATTACKS))
+def test_nan_gradients_give_finite_points_and_a_flag(problem, name):
+  w, v, x, y = problem
+  make, eps = ATTACKS[name]
+  model = functools.partial(nan_gradient, w, v)
+  grad = jax.grad(lambda x: jnp.sum(jax.nn.log_softmax(model(x))[jnp.arange(BATCH), y]))(x)
+  bad = ~np.isfinite(np.asarray(grad)).all(axis=1)
+  assert bad.sum() >= BATCH // 2  # the model really has NaN gradients on most points
+
+  attack = make()
+  result = jax.jit(lambda x, y: jr.run(attack, model, x, y, jr.Budget(eps), jax.random.key(0)))(
+      x, y)
+  x_adv = np.asarray(result.x_adv)
+  assert np.isfinite(x_adv).all()
+  assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
+  if np.isfinite(eps):
+    assert np.all(np.asarray(jr.projections.norm(result.x_adv - x, attack.norm)) <= eps * 1.0001)
+  # Verdicts are re-predictions of the returned (finite) points, never artefacts of NaN.
+  pred = np.asarray(jnp.argmax(linear(w, result.x_adv), axis=1))
+  np.testing.assert_array_equal(np.asarray(result.success), pred != np.asarray(y))
+  assert bool(result.info["flags"]["non_finite_gradients"])
+  assert int(result.info["counts"]["non_finite_gradient_points"]) == int(bad.sum())
+
+
+def test_plain_model_raises_no_gradient_flag(problem):
+  w, _, x, y = problem
+  result = jr.run(jr.attacks.pgd(steps=3), functools.partial(linear, w), x, y, jr.Budget(0.05),
+                  jax.random.key(0))
+  assert not bool(result.info["flags"]["non_finite_gradients"])
+  assert int(result.info["counts"]["non_finite_gradient_points"]) == 0
+  assert not bool(result.info["flags"]["non_finite_adversarials"])
+
+
+def test_nan_gradient_curve_at_eps_zero_is_clean_accuracy_and_flagged(problem):
+  w, v, x, y = problem
+  model = functools.partial(nan_gradient, w, v)
+  curve = jax.jit(lambda x, y: jr.robustness_curve(
+      jr.attacks.pgd("l2", steps=5), model, x, y, jnp.array([0.0, 0.5]), jax.random.key(0)))(x, y)
+  assert float(curve.robust_accuracy[0]) == float(curve.clean_accuracy) == 1.0
+  assert bool(curve.info["flags"]["non_finite_gradients"])
+
+
+@pytest.mark.parametrize("norm", ["linf", "l2"])
+def test_huge_logits_do_not_break_points_at_eps_zero(problem, norm):
+  w, _, x, y = problem
+  model = lambda x: 1e9 * linear(w, x)  # overflows the loss, not the prediction
+  result = jax.jit(lambda x, y: jr.run(jr.attacks.pgd(norm, steps=5), model, x, y,
+                                       jr.Budget(0.0), jax.random.key(0)))(x, y)
+  np.testing.assert_array_equal(np.asarray(result.x_adv), np.asarray(x))
+  assert not np.asarray(result.success).any()
+
+
+def _misclassified_half(y):
+  """Labels with every other point made wrong, and targets different from the label and from
+  the clean prediction on the wrong points (so success there would be a lie)."""
+  y_used = jnp.where(jnp.arange(BATCH) % 2 == 0, y, (y + 1) % CLASSES)
+  target = (y_used + 1) % CLASSES
+  target = jnp.where(target == y, (target + 1) % CLASSES, target)
+  return y_used.astype(jnp.int32), target.astype(jnp.int32)
+
+
+TARGETED = {
+    "pgd": (lambda: jr.attacks.pgd("linf", steps=5, targeted=True), 0.02),
+    "fmn": (lambda: jr.attacks.fmn("l2", steps=10, targeted=True), float("inf")),
+    "fab": (lambda: jr.attacks.fab("l2", targeted=True, n_target_classes=None, steps=5),
+            float("inf")),
+    "square": (lambda: jr.attacks.square("linf", queries=20, targeted=True), 0.02),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TARGETED))
+def test_targeted_success_means_target_reached(problem, name):
+  w, _, x, y = problem
+  y_used, target = _misclassified_half(y)
+  make, eps = TARGETED[name]
+  model = functools.partial(linear, w)
+  result = jr.run(make(), model, x, y_used, jr.Budget(eps), jax.random.key(0), target=target)
+  pred = jnp.argmax(model(result.x_adv), axis=1)
+  np.testing.assert_array_equal(np.asarray(result.success), np.asarray(pred == target))
+  clean_pred = jnp.argmax(model(x), axis=1)
+  rate = jr.metrics.attack_success_rate(clean_pred, pred, y_used, target=target)
+  assert float(jnp.mean(result.success)) == pytest.approx(float(rate))
+  wrong = np.asarray(clean_pred != y_used)
+  np.testing.assert_array_equal(np.asarray(result.x_adv)[wrong], np.asarray(x)[wrong])
+
+
+def test_targeted_curve_counts_points_whose_prediction_left_y(problem):
+  """A targeted attack that moves a point to a class other than its target did not succeed, but
+  the point is not robust: the curve agrees with re-predicting the attack's points."""
+  w, _, x, y = problem
+  y_used, target = _misclassified_half(y)
+  model = functools.partial(linear, w)
+  attack = jr.attacks.pgd("linf", steps=5, targeted=True)
+  eps = jnp.array([0.0, 0.02, 0.1])
+  curve = jr.robustness_curve(attack, model, x, y_used, eps, jax.random.key(0), target=target)
+  correct = np.asarray(jnp.argmax(model(x), axis=1) == y_used)
+  assert float(curve.clean_accuracy) == pytest.approx(correct.mean())
+  # The curve runs eps k with each example's key (fold_in(key, i)) folded with k.
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(0), i))(
+      jnp.arange(BATCH, dtype=jnp.uint32))
+  for k, e in enumerate(np.asarray(eps)):
+    keys_k = jax.vmap(lambda key: jax.random.fold_in(key, k))(keys)
+    result = jr.run(attack, model, x, y_used, jr.Budget(float(e)), keys_k, target=target)
+    robust = correct & np.asarray(jnp.argmax(model(result.x_adv), axis=1) == y_used)
+    if k:  # the curve also takes the worst case over smaller eps
+      robust &= np.asarray(curve.robust[k - 1])
+    np.testing.assert_array_equal(np.asarray(curve.robust[k]), robust)
+
+
+def test_invalid_label_with_nan_logits_is_not_correct(problem):
+  _, _, x, y = problem
+  model = lambda x: jnp.full((x.shape[0], CLASSES), jnp.nan)
+  labels = jnp.full_like(y, -1)  # only shape-checked inside jit
+  result = jax.jit(lambda x, y: jr.run(jr.attacks.fgsm(), model, x, y, jr.Budget(0.05),
+                                       jax.random.key(0)))(x, labels)
+  assert np.asarray(result.success).all()
+  curve = jax.jit(lambda x, y: jr.robustness_curve(jr.attacks.fgsm(), model, x, y,
+                                                   jnp.array([0.0]), jax.random.key(0)))(x, labels)
+  assert float(curve.clean_accuracy) == 0.0
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
+def test_low_precision_inputs_come_back_in_their_dtype_inside_the_ball(problem, dtype, norm):
+  w, _, x, y = problem
+  xl = x.astype(dtype)
+  model = lambda x: linear(w.astype(dtype), x.astype(dtype)).astype(jnp.float32)
+  yl = jnp.argmax(model(xl), axis=1).astype(jnp.int32)
+  eps = {"linf": 0.05, "l2": 0.3, "l1": 1.0}[norm]
+  result = jr.run(jr.attacks.pgd(norm, steps=5), model, xl, yl, jr.Budget(eps), jax.random.key(0))
+  assert result.x_adv.dtype == dtype
+  delta = result.x_adv.astype(jnp.float32) - xl.astype(jnp.float32)
+  assert float(jnp.max(jr.projections.norm(delta, norm))) <= eps * (1 + 1e-6)
+  np.testing.assert_array_equal(np.asarray(result.success),
+                                np.asarray(jnp.argmax(model(result.x_adv), axis=1) != yl))
+
+
+def _meshes():
+  if jax.device_count() < 8:
+    pytest.skip("needs 8 devices")
+  return {"explicit": jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,)),
+          "auto": jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))}
+
+
+@pytest.mark.parametrize("axes", ["explicit", "auto"])
+@pytest.mark.parametrize("set_mesh", [False, True])
+@pytest.mark.parametrize("entry", ["run", "curve", "curve_chunked", "auto_attack_chunked"])
+def test_sharded_arrays_with_and_without_set_mesh(problem, axes, set_mesh, entry):
+  w, _, x, y = problem
+  mesh = _meshes()[axes]
+  model = functools.partial(linear, w)
+  eps = jnp.array([0.0, 0.03, 0.1])
+  key = jax.random.key(0)
+  if entry == "run":
+    fn = lambda x, y: jr.run(jr.attacks.pgd(steps=3), model, x, y, jr.Budget(0.05), key).success
+  elif entry == "curve":
+    fn = lambda x, y: jr.robustness_curve(jr.attacks.pgd(steps=3), model, x, y, eps, key).robust
+  elif entry == "curve_chunked":
+    fn = lambda x, y: jr.robustness_curve(jr.attacks.pgd(steps=3), model, x, y, eps, key,
+                                          chunk_size=8).robust
+  else:
+    attack = jr.attacks.auto_attack("linf", n_target_classes=2, steps=3, queries=10)
+    fn = lambda x, y: jr.run(attack, model, x, y, jr.Budget(0.05), key, chunk_size=8).success
+  expected = jax.jit(fn)(x, y)
+  xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+  ys = jax.device_put(y, NamedSharding(mesh, P("data")))
+  if set_mesh:
+    with jax.set_mesh(mesh):
+      got = jax.jit(fn)(xs, ys)
+  else:
+    got = jax.jit(fn)(xs, ys)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))
+
+
+def test_eot_on_a_deterministic_model_says_what_to_do(problem):
+  w, _, x, y = problem
+  with pytest.raises(ValueError, match="randomized model logits_fn"):
+    jr.run(jr.attacks.eot(jr.attacks.pgd(steps=2), 2), functools.partial(linear, w), x, y,
+           jr.Budget(0.05), jax.random.key(0))
+
+
+def test_randomized_model_without_eot_says_what_to_do(problem):
+  w, _, x, y = problem
+  noisy = lambda x, keys: linear(w, x)
+  with pytest.raises(ValueError, match="jr.attacks.eot"):
+    jr.run(jr.attacks.pgd(steps=2), noisy, x, y, jr.Budget(0.05), jax.random.key(0))
+
+
+def test_target_for_apgd_t_explains_n_target_classes(problem):
+  w, _, x, y = problem
+  with pytest.raises(ValueError, match="n_target_classes=None"):
+    jr.run(jr.attacks.apgd(targeted=True, steps=2), functools.partial(linear, w), x, y,
+           jr.Budget(0.05), jax.random.key(0), target=(y + 1) % CLASSES)
