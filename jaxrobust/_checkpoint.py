@@ -5,14 +5,18 @@ running data hash, reducer counts) plus NumPy arrays. It is replaced atomically 
 written to a temporary file in the same directory, flushed and ``fsync``-ed, then renamed over
 the old one with :func:`os.replace` (atomic on POSIX), and the directory is ``fsync``-ed. A
 process killed at any moment (SIGKILL included) leaves either the old or the new checkpoint,
-never a torn one.
+never a torn one. The temporary file has a unique name (:func:`tempfile.mkstemp`), so writers in
+several threads or processes never share one: the file ends up holding one writer's complete
+checkpoint (the last to rename), never a mixture.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,16 +33,34 @@ def save(path: os.PathLike | str, header: Mapping[str, Any],
     path: the checkpoint file.
     header: JSON-serialisable metadata.
     arrays: named NumPy arrays.
+
+  Examples:
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> from jaxrobust import _checkpoint
+    >>> directory = tempfile.mkdtemp()
+    >>> path = os.path.join(directory, "run.ckpt")
+    >>> _checkpoint.save(path, {"position": 3}, {"robust": np.array([5, 2])})
+    >>> header, arrays = _checkpoint.load(path)
+    >>> header, arrays["robust"].tolist(), os.listdir(directory)  # no temporary file left
+    ({'position': 3}, [5, 2], ['run.ckpt'])
   """
   path = pathlib.Path(path)
-  tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
   payload = {_HEADER: np.asarray(json.dumps(dict(header), sort_keys=True))}
   payload.update(arrays or {})
-  with open(tmp, "wb") as f:
-    np.savez(f, **payload)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  # A name of its own for every call: a pid-based name is shared by the threads of one process,
+  # which then write into, and rename, each other's half-written file.
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      np.savez(f, **payload)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    raise
   try:  # persist the rename itself
     fd = os.open(path.parent, os.O_RDONLY)
   except OSError:

@@ -14,11 +14,17 @@ attack :math:`a` and budget :math:`\epsilon_k` the step computes
 :math:`\sum_i m_i r_{a,k,i}` and :math:`\sum_i m_i \prod_a r_{a,k,i}` (the per-example worst case
 over attacks). The host adds them up in int64 (:class:`jaxrobust.Report`). Because every
 example's randomness derives from its global index and the sums are exact integers, the report
-does not depend on batch size, padding, batch order, device count or an interruption.
+does not depend on batch size, padding, batch order, device count or an interruption. Reliability
+flags are decided the same way, from integer counts summed over the whole data set.
+
+The report describes the model as it is when the call starts: compiled steps are reused across
+calls only where they compute what a fresh one would (the model's parameters are arguments, or
+the arrays compiled in as constants are the very same ones; see :func:`evaluate`).
 
 Scaling: with ``mesh=`` the batch is sharded over the mesh's first (or ``batch_axis``) axis with
 :class:`jax.sharding.NamedSharding`; the attack loop is purely per-example, so XLA compiles it
-with no cross-device communication and only the final integer sums are all-reduced. Multi-host
+with no cross-device movement of attack data (only integer scalars, the reliability counts of
+each eps, and the final integer sums are all-reduced). Multi-host
 runs call :func:`jax.distributed.initialize` first; each process then passes its own shard of
 the data and the batches are assembled with :func:`jax.make_array_from_process_local_data`.
 """
@@ -30,6 +36,8 @@ import functools
 import hashlib
 import math
 import os
+import re
+import sys
 import time
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -52,14 +60,14 @@ from jaxrobust._validation import (
   check_x_in_box,
   logits_shape,
 )
-from jaxrobust.attacks._common import fold_in, work_dtype
+from jaxrobust.attacks._common import fold_in
 from jaxrobust.curves import _worst_case_over_smaller_eps
 from jaxrobust.report import Report
-from jaxrobust.run import clean_correct_mask, run_unchecked
+from jaxrobust.run import clean_diagnosis, run_unchecked
 
 Array = jax.Array
 
-_CHECKPOINT_VERSION = 1
+_CHECKPOINT_VERSION = 2  # 2: model fingerprint, reliability counts
 
 
 class Totals(NamedTuple):
@@ -82,13 +90,18 @@ class PerExample(NamedTuple):
   eps_star: Array  # [B, M] float32, minimal norms of the M minimum-norm attacks
 
 
-def _result_flags(result: Any) -> dict[str, Array]:
-  """``AttackResult.info["flags"]`` (if any) as scalar bools: each flag OR-ed over its array."""
+def _result_checks(result: Any) -> tuple[dict[str, Array], dict[str, Array]]:
+  """``(flags, counts)`` of ``AttackResult.info``: each flag OR-ed over its array (``[]`` bool),
+  each count as an int32 array (an integer sum over the batch)."""
   info = getattr(result, "info", None)
-  flags = info.get("flags") if isinstance(info, Mapping) else None
-  if not isinstance(flags, Mapping):
-    return {}
-  return {str(k): jnp.any(jnp.asarray(v).astype(bool)) for k, v in sorted(flags.items())}
+  if not isinstance(info, Mapping):
+    return {}, {}
+  flags, counts = info.get("flags"), info.get("counts")
+  flags = ({str(k): jnp.any(jnp.asarray(v).astype(bool)) for k, v in sorted(flags.items())}
+           if isinstance(flags, Mapping) else {})
+  counts = ({str(k): jnp.asarray(v).astype(jnp.int32) for k, v in sorted(counts.items())}
+            if isinstance(counts, Mapping) else {})
+  return flags, counts
 
 
 def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack], *,
@@ -98,14 +111,21 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
                axis_name: str | None = None) -> Callable[..., tuple]:
   r"""The per-batch evaluation step (not jitted): every attack on one padded batch.
 
-  ``step(x, y, mask, index, epsilons, key_data, lower, upper) -> (Totals, flags, PerExample)``
+  ``step(x, y, mask, index, epsilons, key_data, lower, upper) -> (Totals, flags, counts,
+  PerExample)``
   with ``x [B, ...]``, ``y [B]`` int32, ``mask [B]`` bool, ``index [B]`` uint32 global indices,
   ``epsilons [K]`` float32, ``key_data`` the raw data of one PRNG key, and scalar bounds. Example
   ``i`` draws its randomness from ``fold_in(key, index[i])`` (and, for a fixed-budget attack,
   ``fold_in(., k)`` at the ``k``-th eps, as :func:`jaxrobust.robustness_curve` does), so every
   attack sees the same keys whatever else is evaluated with it. ``flags`` is a tuple (one dict
-  per attack) of scalar bools. With ``axis_name`` (inside :func:`jax.shard_map`) the sums and
-  flags are reduced over that axis with :func:`jaxrobust.metrics.psum`.
+  per attack) of the attack's reliability flags (``AttackResult.info["flags"]``, OR-ed over the
+  batch and the eps grid) and ``counts`` a tuple of dicts of the integer counts behind them
+  (``info["counts"]``: ``[K, ...]`` for a fixed-budget attack, one per eps; ``[...]`` for a
+  minimum-norm attack), summed over the unpadded examples. A flag that compares a count with a
+  fraction of the data (AutoAttack's ``square_beats_white_box``) is only meaningful over the whole
+  data set: :class:`jaxrobust.Report` decides it again from the summed counts. With
+  ``axis_name`` (inside :func:`jax.shard_map`) the sums, counts and flags are reduced over that
+  axis with :func:`jaxrobust.metrics.psum`.
 
   Args:
     logits_fn: the model.
@@ -127,9 +147,9 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
     >>> logits_fn = lambda x: x @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
     >>> step = jax.jit(build_step(logits_fn, {"pgd": jr.attacks.pgd(steps=5)}))
     >>> x, y = jnp.array([[0.6, 0.4], [0.9, 0.1]]), jnp.array([0, 0])  # Linf distances 0.1, 0.4
-    >>> totals, flags, _ = step(x, y, jnp.array([True, True]), jnp.arange(2, dtype=jnp.uint32),
-    ...                         jnp.array([0.05, 0.2]), jax.random.key_data(jax.random.key(0)),
-    ...                         0.0, 1.0)
+    >>> totals, flags, counts, _ = step(
+    ...     x, y, jnp.array([True, True]), jnp.arange(2, dtype=jnp.uint32), jnp.array([0.05, 0.2]),
+    ...     jax.random.key_data(jax.random.key(0)), 0.0, 1.0)
     >>> int(totals.clean_correct), totals.robust.tolist(), totals.worst_case.tolist()
     (2, [[2, 1]], [2, 1])
   """
@@ -151,42 +171,47 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
     logits_fn = rebuild(model_arrays)
     key = jax.random.wrap_key_data(key_data, impl=key_impl)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
-    x = x.astype(work_dtype(x))
     y = y.astype(jnp.int32)
     mask = mask.astype(bool)  # padding is never attacked (and costs nothing with chunk_size)
     epsilons = epsilons.astype(jnp.float32)
-    # Randomized models (attack.samples > 0) judge the clean prediction by majority vote.
-    correct = clean_correct_mask(max(a.samples for a in items), logits_fn, x, y, keys)
+    # As jr.robustness_curve: the clean verdict (for a randomized model, attack.samples > 0, a
+    # majority vote) and the non-finite gradient check, on x as given (bfloat16 stays bfloat16).
+    correct, bad_gradient = clean_diagnosis(max(a.samples for a in items), logits_fn, x, y, keys)
+    bad_gradient = bad_gradient & mask  # padded copies must not add to the counts
     num_eps = epsilons.shape[0]
     # Per-example budgets built from a slice of x carry x's batch sharding, like the keys (an
     # Explicit mesh axis types every array; a vmap over keys and eps needs both sharded alike).
     zeros = jnp.zeros_like(x.reshape(x.shape[0], -1)[:, 0], dtype=jnp.float32)  # [B]
-    robust, eps_star, flags = [], [], []
+    robust, eps_star, flags, counts = [], [], [], []
     for attack in items:
       if attack.minimum_norm:
         result = run_unchecked(attack, logits_fn, x, y, Budget(zeros + jnp.inf, lower, upper), keys,
-                               unroll=unroll, clean_correct=correct,
+                               unroll=unroll, clean_correct=correct, bad_gradient=bad_gradient,
                                active=mask, chunk_size=chunk_size)
         size = result.norm.astype(jnp.float32)
         robust.append(correct[None, :] & (size[None, :] > epsilons[:, None]))
         eps_star.append(size)
-        flags.append(_result_flags(result))
+        attack_flags, attack_counts = _result_checks(result)
+        flags.append(attack_flags)
+        counts.append(attack_counts)
         continue
 
       def broken_at(index_and_eps, attack=attack):
         k, eps = index_and_eps
         result = run_unchecked(attack, logits_fn, x, y, Budget(zeros + eps, lower, upper),
                                fold_in(keys, k), unroll=unroll, clean_correct=correct,
-                               active=mask, chunk_size=chunk_size)
-        return result.success, _result_flags(result)
+                               bad_gradient=bad_gradient, active=mask, chunk_size=chunk_size)
+        return (result.success, *_result_checks(result))
 
       indexed = (jnp.arange(num_eps, dtype=jnp.uint32), epsilons)
       if eps_batch_size == 0:
-        broken, attack_flags = jax.vmap(broken_at)(indexed)
+        broken, attack_flags, attack_counts = jax.vmap(broken_at)(indexed)
       else:
-        broken, attack_flags = jax.lax.map(broken_at, indexed, batch_size=eps_batch_size or None)
+        broken, attack_flags, attack_counts = jax.lax.map(broken_at, indexed,
+                                                          batch_size=eps_batch_size or None)
       robust.append(correct[None, :] & ~_worst_case_over_smaller_eps(broken, epsilons))
       flags.append({k: jnp.any(v) for k, v in attack_flags.items()})
+      counts.append(attack_counts)  # [K, ...] each: one per eps
 
     robust = jnp.stack(robust)  # [A, K, B]
     worst = jnp.all(robust, axis=0)  # [K, B]
@@ -194,30 +219,48 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
                     clean_correct=jnp.sum(correct & mask, dtype=jnp.int32),
                     robust=jnp.sum(robust & mask[None, None, :], axis=-1, dtype=jnp.int32),
                     worst_case=jnp.sum(worst & mask[None, :], axis=-1, dtype=jnp.int32))
-    flags = tuple(flags)
+    flags, counts = tuple(flags), tuple(counts)
     if axis_name is not None:
       totals = metrics.psum(totals, axis_name)
       flags = jax.tree.map(lambda f: jax.lax.psum(f.astype(jnp.int32), axis_name) > 0, flags)
+      counts = jax.tree.map(lambda c: jax.lax.psum(c, axis_name), counts)
     if not keep_per_example:
-      return totals, flags, None
+      return totals, flags, counts, None
     stars = jnp.stack(eps_star, axis=1) if eps_star else zeros[:, None][:, :0]
-    return totals, flags, PerExample(
+    return totals, flags, counts, PerExample(
         mask=mask, index=index, correct=correct, robust=jnp.moveaxis(robust, -1, 0),
         worst_case=jnp.moveaxis(worst, -1, 0), eps_star=stars)
 
   return step
 
 
-def _split_model(logits_fn: Callable[[Array], Array]) -> tuple[list, Callable, Any]:
-  """``(arrays, rebuild, identity)``: the arrays a ``functools.partial`` model binds, a function
-  rebuilding the model from them, and what identifies the model apart from those arrays.
+class _Model(NamedTuple):
+  """A model taken apart: the arrays passed to the compiled step as arguments, a function
+  rebuilding ``logits_fn`` from them, and what identifies the model apart from those arrays."""
 
-  ``functools.partial(model.apply, params)`` thus passes ``params`` to the compiled step as
-  arguments (they keep their sharding and are not baked into the program as constants, and new
-  parameters of the same shapes reuse the program); any other callable is used as it is.
+  arrays: Any  # a pytree of arrays (empty for an opaque callable)
+  rebuild: Callable[[Any], Callable[..., Array]]
+  identity: Any
+
+
+def _split_model(logits_fn: Callable[..., Array]) -> _Model:
+  """Takes ``logits_fn`` apart into the arrays it reads and the rest, as far as they can be seen.
+
+  * ``functools.partial(model.apply, params)`` (and ``jax.tree_util.Partial``): the array leaves
+    of its arguments;
+  * a ``flax.nnx.Module``: its whole state (``nnx.split``; rebuilt with ``nnx.merge``);
+  * any other callable is used as it is: what it reads is captured when it is traced (see
+    :func:`_trace_model`).
+
+  Arguments keep their sharding, are not copied into the program as constants, and new values of
+  the same shapes reuse the compiled step.
   """
+  nnx = sys.modules.get("flax.nnx")  # an nnx.Module exists only if flax.nnx was imported
+  if nnx is not None and isinstance(logits_fn, nnx.Module):
+    graphdef, state = nnx.split(logits_fn)
+    return _Model(state, lambda state: nnx.merge(graphdef, state), ("nnx", graphdef))
   if not isinstance(logits_fn, functools.partial):
-    return [], lambda _: logits_fn, logits_fn
+    return _Model([], lambda _: logits_fn, logits_fn)
   leaves, treedef = jax.tree.flatten((logits_fn.args, logits_fn.keywords))
   is_array = tuple(isinstance(v, (jax.Array, np.ndarray)) for v in leaves)
   arrays = [v for v, a in zip(leaves, is_array) if a]
@@ -230,7 +273,89 @@ def _split_model(logits_fn: Callable[[Array], Array]) -> tuple[list, Callable, A
         treedef, [next(it_arrays) if a else next(it_statics) for a in is_array])
     return functools.partial(func, *args, **keywords)
 
-  return arrays, rebuild, (func, treedef, is_array, statics)
+  return _Model(arrays, rebuild, ("partial", func, treedef, is_array, statics))
+
+
+class _Trace(NamedTuple):
+  """What tracing the model's forward pass at the step's batch shape shows of it."""
+
+  program: str  # SHA-256 of the forward jaxpr's text (its structure and Python constants)
+  constants: tuple  # every array the traced forward captured rather than took as an argument
+
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _jaxpr_constants(jaxpr: Any) -> list:
+  """The constants of a closed jaxpr and of every closed jaxpr nested in its equations (an inner
+  ``jax.jit`` keeps the arrays its function closes over as constants of its own)."""
+  found = list(getattr(jaxpr, "consts", ()))
+  inner = getattr(jaxpr, "jaxpr", jaxpr)
+  todo = [v for eqn in getattr(inner, "eqns", ()) for v in eqn.params.values()]
+  while todo:
+    value = todo.pop()
+    if isinstance(value, (tuple, list)):
+      todo.extend(value)
+    elif hasattr(value, "eqns") or (hasattr(value, "jaxpr") and hasattr(value, "consts")):
+      found.extend(_jaxpr_constants(value))
+  return found
+
+
+def _trace_model(model: _Model, x: jax.ShapeDtypeStruct,
+                 keys: jax.ShapeDtypeStruct | None) -> _Trace:
+  """Traces ``logits_fn(x)`` (``logits_fn(x, keys)`` for a randomized model) once, at call time.
+
+  A callable that closes over arrays (a closure, a global, an object's attribute, a function of
+  a ``partial`` that does) has them compiled into the step as constants, with the values they
+  have when the step is traced. The trace lists them, so that a compiled step is reused only
+  while they are the very same (immutable) arrays, and the jaxpr's text catches changed Python
+  constants and architectures.
+  """
+  def forward(arrays, *inputs):
+    return model.rebuild(arrays)(*inputs)
+
+  closed = jax.make_jaxpr(forward)(model.arrays, x, *(() if keys is None else (keys,)))
+  text = _ADDRESS.sub("", str(closed.jaxpr))  # function reprs may carry memory addresses
+  return _Trace(program=hashlib.sha256(text.encode()).hexdigest(),
+                constants=tuple(_jaxpr_constants(closed)))
+
+
+def _constant_key(value: Any) -> Any:
+  """A key under which a captured constant can be recognised again: a ``jax.Array`` is immutable,
+  so the object itself (its ``id``, while the cache keeps it alive) identifies its value; a NumPy
+  array can be changed in place, so its bytes are hashed."""
+  if isinstance(value, jax.Array):
+    return ("array", id(value))
+  digest = hashlib.sha256()
+  _hash_array(digest, value)
+  return ("value", digest.hexdigest())
+
+
+def _hash_array(digest: Any, value: Any) -> None:
+  """Adds an array's shape, dtype and values to ``digest`` (the shards this process holds, with
+  their positions, for an array spread over several processes)."""
+  if isinstance(value, jax.Array) and jnp.issubdtype(value.dtype, jax.dtypes.prng_key):
+    value = jax.random.key_data(value)
+  if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+    digest.update(f"{type(value).__qualname__}|{value!r}|".encode())
+    return
+  digest.update(f"{tuple(value.shape)}|{value.dtype}|".encode())
+  if isinstance(value, jax.Array) and not value.is_fully_addressable:
+    for shard in sorted(value.addressable_shards, key=lambda s: str(s.index)):
+      digest.update(str(shard.index).encode())
+      digest.update(np.ascontiguousarray(np.asarray(shard.data)).tobytes())
+    return
+  digest.update(np.ascontiguousarray(np.asarray(value)).tobytes())
+
+
+def _model_fingerprint(model: _Model, trace: _Trace) -> dict[str, str]:
+  """What identifies the model in a checkpoint: the traced program and the values of every array
+  it reads, arguments (the parameters of a ``partial`` or an ``nnx.Module``) and captured
+  constants (those of a closure) alike."""
+  digest = hashlib.sha256()
+  for value in [*jax.tree.leaves(model.arrays), *trace.constants]:
+    _hash_array(digest, value)
+  return {"program": trace.program, "arrays": digest.hexdigest()}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -339,7 +464,8 @@ def _to_host(a: Array) -> np.ndarray:
 
 
 class _Run:
-  """The host-side reducer: int64 sums, OR-ed flags, per-example arrays, position, data hash."""
+  """The host-side reducer: int64 sums, OR-ed flags, summed reliability counts, per-example
+  arrays, position, data hash."""
 
   def __init__(self, num_attacks: int, num_eps: int, names: tuple[str, ...],
                min_norm: tuple[str, ...], keep: bool):
@@ -353,6 +479,7 @@ class _Run:
     self.robust = np.zeros((num_attacks, num_eps), np.int64)
     self.worst = np.zeros((num_eps,), np.int64)
     self.flags: dict[str, dict[str, bool]] = {n: {} for n in names}
+    self.counts: dict[str, dict[str, np.ndarray]] = {n: {} for n in names}
     self.per_example: dict[str, np.ndarray] = {}
     if keep:
       self.per_example = {
@@ -361,7 +488,7 @@ class _Run:
           "worst_case": np.zeros((0, num_eps), bool),
           "eps_star": np.zeros((0, len(min_norm)), np.float32)}
 
-  def add(self, totals: Totals, flags: tuple, per: PerExample | None) -> None:
+  def add(self, totals: Totals, flags: tuple, counts: tuple, per: PerExample | None) -> None:
     self.n += int(totals.n)
     self.clean_correct += int(totals.clean_correct)
     self.robust += np.asarray(totals.robust, np.int64)
@@ -369,6 +496,10 @@ class _Run:
     for name, attack_flags in zip(self.names, flags):
       for k, v in attack_flags.items():
         self.flags[name][k] = bool(self.flags[name].get(k, False) or bool(v))
+    for name, attack_counts in zip(self.names, counts):
+      for k, v in attack_counts.items():
+        v = np.asarray(v, np.int64)
+        self.counts[name][k] = self.counts[name][k] + v if k in self.counts[name] else v
     if self.keep and per is not None:
       keep = np.asarray(per.mask, bool)
       fields = {"index": np.asarray(per.index).astype(np.int64), "correct": per.correct,
@@ -379,7 +510,9 @@ class _Run:
   def state(self) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     header = {"position": self.position, "seen": self.seen, "n": self.n,
               "clean_correct": self.clean_correct,
-              "flags": {n: dict(f) for n, f in self.flags.items()}}
+              "flags": {n: dict(f) for n, f in self.flags.items()},
+              "counts": {n: {k: v.tolist() for k, v in c.items()}
+                         for n, c in self.counts.items()}}
     arrays = {"robust": self.robust.copy(), "worst": self.worst.copy()}
     arrays.update({f"per_example.{k}": v for k, v in self.per_example.items()})
     return header, arrays
@@ -388,6 +521,8 @@ class _Run:
     self.position, self.seen = int(header["position"]), int(header["seen"])
     self.n, self.clean_correct = int(header["n"]), int(header["clean_correct"])
     self.flags = {n: dict(header["flags"].get(n, {})) for n in self.names}
+    self.counts = {n: {k: np.asarray(v, np.int64) for k, v in header["counts"].get(n, {}).items()}
+                   for n in self.names}
     self.robust = arrays["robust"].astype(np.int64)
     self.worst = arrays["worst"].astype(np.int64)
     if self.keep:
@@ -432,6 +567,23 @@ def _agree_on_position(state: _Run, position: int, digest: str | None,
   return state.position, previous["data_sha256"]
 
 
+def _check_same_model(path: str, stored: Mapping[str, str] | None,
+                      current: Mapping[str, str]) -> None:
+  """Refuses to resume a checkpoint written for another model (other weights or program)."""
+  if stored is None or dict(stored) == dict(current):
+    return
+  what = []
+  if stored.get("arrays") != current.get("arrays"):
+    what.append("its weights (the arrays the model reads, as arguments or captured constants) "
+                "differ")
+  if stored.get("program") != current.get("program"):
+    what.append("its traced program differs (another architecture, a changed Python constant "
+                "in the model, or another JAX version)")
+  raise ValueError(f"Checkpoint {path} was written for a different model: {'; '.join(what)}. "
+                   "Resuming would mix two models' results. Delete it or pass another "
+                   "checkpoint path.")
+
+
 def _hash_batch(hasher: Any, x: np.ndarray, y: np.ndarray, index: np.ndarray | None) -> None:
   hasher.update(f"{x.shape}|{x.dtype}|{y.dtype}|{index is not None}".encode())
   hasher.update(np.ascontiguousarray(x).tobytes())
@@ -443,39 +595,48 @@ def _hash_batch(hasher: Any, x: np.ndarray, y: np.ndarray, index: np.ndarray | N
 # ------------------------------------------------------------------------------------------------
 # The driver.
 
-_STEP_CACHE: dict[Any, Callable[..., Any]] = {}
+_STEP_CACHE: dict[Any, tuple[Callable[..., Any], tuple]] = {}
 _STEP_CACHE_SIZE = 8
 
 
-def _jitted_step(model, attacks, key_impl, keep_per_example, eps_batch_size, unroll,
-                 chunk_size, mesh, axis, use_shard_map):
-  """The ``jax.jit``-ed step, cached for the same model, attacks and options.
+def _jitted_step(model: _Model, trace: _Trace, attacks, key_impl, keep_per_example,
+                 eps_batch_size, unroll, chunk_size, mesh, axis, use_shard_map):
+  """The ``jax.jit``-ed step, reused only where it computes what a fresh one would.
 
-  The same ``logits_fn`` and attack objects always trace to the same program, so repeated calls
-  (e.g. a new eps grid or key) reuse the compiled step; a few recent entries are kept.
+  A compiled step depends on its arguments (data, eps, key and the model's arrays in
+  ``model.arrays``) and on what was baked in when it was traced: the program (``trace.program``)
+  and the arrays the model captured (``trace.constants``). It is reused only when the model's
+  identity, program and captured arrays are the same (a ``jax.Array`` cannot change in place), so
+  a model whose weights were replaced (a rebound global, a new attribute value, a new ``partial``
+  over a closure) gets a new step, while new parameters passed as arguments reuse it. Cached
+  steps of the same model with other captured arrays are dropped (they can only be stale).
   """
-  _, rebuild, identity = model
-  cache_key = (identity, tuple(attacks.items()), str(key_impl), keep_per_example,
-               eps_batch_size, unroll, chunk_size, mesh, axis, use_shard_map)
+  base = (model.identity, trace.program, tuple(attacks.items()), str(key_impl), keep_per_example,
+          eps_batch_size, unroll, chunk_size, mesh, axis, use_shard_map)
+  cache_key = (base, tuple(_constant_key(c) for c in trace.constants))
   try:
     cached = _STEP_CACHE.get(cache_key)
   except TypeError:  # something unhashable: build without caching
     cache_key, cached = None, None
   if cached is not None:
-    return cached
-  step_fn = _build_step(rebuild, attacks, key_impl=key_impl, keep_per_example=keep_per_example,
-                        eps_batch_size=eps_batch_size, unroll=unroll, chunk_size=chunk_size,
+    return cached[0]
+  step_fn = _build_step(model.rebuild, attacks, key_impl=key_impl,
+                        keep_per_example=keep_per_example, eps_batch_size=eps_batch_size,
+                        unroll=unroll, chunk_size=chunk_size,
                         axis_name=axis if use_shard_map else None)
   if use_shard_map:  # data parallel: the model's arrays are replicated on every device
     batch_spec = P(axis)
     step_fn = jax.shard_map(
         step_fn, mesh=mesh, in_specs=(P(),) + (batch_spec,) * 4 + (P(),) * 4,
-        out_specs=(P(), P(), batch_spec if keep_per_example else None), check_vma=False)
+        out_specs=(P(), P(), P(), batch_spec if keep_per_example else None), check_vma=False)
   step_fn = jax.jit(step_fn)
   if cache_key is not None:
+    for stale in [k for k in _STEP_CACHE if k[0] == base]:
+      del _STEP_CACHE[stale]
     while len(_STEP_CACHE) >= _STEP_CACHE_SIZE:
       _STEP_CACHE.pop(next(iter(_STEP_CACHE)))
-    _STEP_CACHE[cache_key] = step_fn
+    # The captured arrays stay referenced with the step: their ids in the key stay theirs.
+    _STEP_CACHE[cache_key] = (step_fn, trace.constants)
   return step_fn
 
 
@@ -497,17 +658,30 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   :math:`g_i`) draws its randomness from ``fold_in(key, g_i)``, so the report does not depend on
   ``batch_size``, the device count or an interruption.
 
-  One step function is built and ``jax.jit``-ed once (and cached for later calls with the same
-  model, attacks and options) and reused for every batch: eps, keys and data are arguments,
-  never constants, and the last short batch is padded with copies of a valid example and masked,
-  so nothing retraces. Inputs are validated on the host (dtype, shape,
-  box, labels) before they are sent to the devices.
+  One step function is built and ``jax.jit``-ed once per call and reused for every batch: eps,
+  keys and data are arguments, never constants, and the last short batch is padded with copies
+  of a valid example and masked, so nothing retraces. Inputs are validated on the host (dtype,
+  shape, box, labels) before they are sent to the devices.
 
-  **The model.** Pass ``functools.partial(model.apply, params)`` (or a
-  ``jax.tree_util.Partial``): the arrays it binds become arguments of the compiled step, so they
-  keep the sharding they already have (replicated or model-sharded), are not copied into the
-  program as constants, and new parameters of the same shapes reuse the compiled step. Arrays
-  captured by any other callable (a closure) are compiled in as constants.
+  **The model, as it is at call time.** Every call evaluates the model as it is when the call
+  starts, whatever changed since an earlier call (a training loop evaluating each epoch). The
+  forward pass is traced once per call (cheap; the step is not) to see what the model reads:
+
+  * ``functools.partial(model.apply, params)`` (or ``jax.tree_util.Partial``) and
+    ``flax.nnx.Module`` (its state, through ``nnx.split``/``nnx.merge``): the arrays become
+    arguments of the compiled step, so they keep the sharding they already have (replicated or
+    model-sharded), are not copied into the program as constants, and new parameters of the same
+    shapes reuse the compiled step (no recompilation across epochs);
+  * any other callable (a closure, a function reading a global, an object with array
+    attributes): the arrays it reads are compiled into the step as constants. The compiled step
+    is reused only while they are the very same arrays (a ``jax.Array`` cannot change in place)
+    and the traced program is the same (a changed Python constant or architecture changes it);
+    after a weight change the step is compiled again. Pass a ``partial`` or an ``nnx.Module`` to
+    avoid that recompilation.
+
+  Not seen by the trace, so not allowed to change between calls that reuse a step: state read
+  only inside custom derivative rules (``jax.custom_vjp`` backward functions) or host callbacks,
+  and Python branches taken only at batch shapes other than ``batch_size`` (e.g. chunks).
 
   **Sharding.** With ``mesh``, each batch is placed with ``NamedSharding(mesh, P(batch_axis))``
   (default: the mesh's first axis; ``batch_size`` must be a multiple of its size); eps and key are
@@ -526,13 +700,23 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   ``<checkpoint>.process<p>of<P>``; every process gets the whole report.
 
   **Checkpoints.** With ``checkpoint``, the reducer state, the position and a running SHA-256 of
-  the data seen are written atomically after every batch (temporary file, ``fsync``,
-  :func:`os.replace`). If the file exists, the run resumes: it reads (and hashes, but does not
-  evaluate) the batches already done, then continues; the final report equals an uninterrupted
-  run's bitwise. A checkpoint written for other attacks, eps, key, batch size, box or data is
-  refused with a ``ValueError``. The model itself is not fingerprinted: resume with the same
-  model. Delete the file to start over. In a multi-process run each process keeps its state one
-  batch back too, and a resumed run restarts every process from the smallest position reached.
+  the data seen are written atomically after every batch (a uniquely named temporary file,
+  ``fsync``, :func:`os.replace`; concurrent writers never share a temporary file). If the file
+  exists, the run resumes: it reads (and hashes, but does not evaluate) the batches already done,
+  then continues; the final report equals an uninterrupted run's bitwise. A checkpoint written
+  for other attacks, eps, key, batch size, box or data is refused with a ``ValueError``, and so is
+  one written for another model: the checkpoint holds the SHA-256 of the model's traced forward
+  program and of the values of every array it reads (the parameters of a ``partial`` or an
+  ``nnx.Module``, the arrays a closure captures), so other weights or another architecture are
+  refused (so is the same model after a JAX upgrade that changes its traced program). Delete the
+  file to start over. In a multi-process run each process keeps its state one batch back too, and
+  a resumed run restarts every process from the smallest position reached.
+
+  **Reliability flags.** Each attack's ``AttackResult.info`` flags (e.g. non-finite gradients,
+  AutoAttack's checks) are OR-ed over batches and eps, and the counts behind them summed over the
+  data set (``Report.attacks[name].counts``, one per eps); a flag defined by a fraction of the
+  data (AutoAttack's ``square_beats_white_box``) is decided from the global count and ``N`` (see
+  :func:`jaxrobust.report.decide_flags`), so the report is the same for any batch size.
 
   Args:
     logits_fn: ``x [B, ...] -> logits [B, C]``, treating examples independently.
@@ -633,7 +817,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
                              (process_index, num_processes))
   state = _Run(len(names), len(epsilons), names, min_norm, keep_per_example)
   ckpt_path = None
-  resume_at, resume_hash, previous = 0, None, None
+  resume_at, resume_hash, previous, stored_model = 0, None, None, None
   if checkpoint is not None:
     ckpt_path = os.fspath(checkpoint)
     if num_processes > 1:
@@ -655,15 +839,14 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
             "another checkpoint path.")
       state.restore(header["state"], arrays)
       resume_at, resume_hash = state.position, header["data_sha256"]
-      previous = header.get("previous")
+      previous, stored_model = header.get("previous"), header["model"]
     if num_processes > 1:
       resume_at, resume_hash = _agree_on_position(state, resume_at, resume_hash, previous,
                                                   arrays if loaded else {}, ckpt_path)
     last_saved = (*state.state(), resume_hash)
 
-  model = _split_model(logits_fn)
-  step_fn = _jitted_step(model, attacks, key_impl, keep_per_example, eps_batch_size, unroll,
-                         chunk_size, mesh, axis, use_shard_map)
+  model = _split_model(logits_fn)  # the arrays as they are now, at call time
+  step_fn, model_fingerprint = None, None
 
   def put(a: np.ndarray, batched: bool) -> Any:
     if mesh is None:
@@ -720,6 +903,22 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
                          f"{x_spec[1]}; got {x.shape[1:]} {x.dtype}.")
       if ckpt_path is not None:  # the data fingerprint is only needed to resume
         _hash_batch(hasher, x, y, index)
+      if step_fn is None:  # the first batch: the model as it is now, at the step's shapes
+        spec = jax.ShapeDtypeStruct((local_batch,) + x.shape[1:], x.dtype)
+        samples = next(iter(attacks.values())).samples
+        num_classes = check_logits(logits_shape(logits_fn, spec, samples), local_batch)
+        batch_sharding = None if mesh is None else NamedSharding(mesh, P(axis))
+        trace = _trace_model(
+            model, jax.ShapeDtypeStruct((batch_size,) + x.shape[1:], x.dtype,
+                                        sharding=batch_sharding),
+            jax.ShapeDtypeStruct((batch_size,), key.dtype, sharding=batch_sharding)
+            if samples else None)
+        if ckpt_path is not None:
+          model_fingerprint = _model_fingerprint(model, trace)
+          _check_same_model(ckpt_path, stored_model, model_fingerprint)
+        step_fn = _jitted_step(model, trace, attacks, key_impl, keep_per_example, eps_batch_size,
+                               unroll, chunk_size, mesh, axis, use_shard_map)
+        del trace
       if index is None:
         offset = (position * batch_size + process_index * local_batch if num_processes > 1
                   else state.seen if position >= resume_at else None)
@@ -733,10 +932,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
           bar.update(b * num_processes)
         continue
 
-      if num_classes is None:
-        spec = jax.ShapeDtypeStruct((local_batch,) + x.shape[1:], x.dtype)
-        samples = next(iter(attacks.values())).samples
-        num_classes = check_logits(logits_shape(logits_fn, spec, samples), local_batch)
+      if constants is None:
         for attack in attacks.values():
           check_eps(epsilons, None, attack.norm, lower=lower, upper=upper,
                     input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
@@ -758,10 +954,10 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       index = index.astype(np.uint32)
 
       t0 = time.perf_counter()
-      out = step_fn(model[0], put(x, True), put(y, True), put(mask, True), put(index, True),
+      out = step_fn(model.arrays, put(x, True), put(y, True), put(mask, True), put(index, True),
                     *constants)
       del x, y, mask, index
-      totals, flags, per = jax.tree.map(_to_host, out)
+      totals, flags, counts, per = jax.tree.map(_to_host, out)
       dt = time.perf_counter() - t0
       if first_step:
         compile_s, first_step, first_n = dt, False, int(totals.n)
@@ -769,14 +965,15 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       else:
         step_s += dt
       del out
-      state.add(totals, flags, per)
+      state.add(totals, flags, counts, per)
       state.position = position
       state.seen += b
       evaluated += int(totals.n)
       if ckpt_path is not None:
         s_header, s_arrays = state.state()
         header = {"version": _CHECKPOINT_VERSION, "fingerprint": fingerprint,
-                  "state": s_header, "data_sha256": hasher.hexdigest(), "previous": None}
+                  "model": model_fingerprint, "state": s_header,
+                  "data_sha256": hasher.hexdigest(), "previous": None}
         arrays = dict(s_arrays)
         if num_processes > 1:  # the state one batch back, in case another process lags behind
           header["previous"] = {"state": last_saved[0], "data_sha256": last_saved[2]}
@@ -810,4 +1007,5 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       robust={name: state.robust[a] for a, name in enumerate(names)},
       worst_case=state.worst,
       info={n: (a.name, a.norm, a.minimum_norm) for n, a in attacks.items()},
-      flags=state.flags, per_example=state.report_per_example(), timing=timing)
+      flags=state.flags, counts=state.counts, per_example=state.report_per_example(),
+      timing=timing)

@@ -13,6 +13,13 @@ where :math:`r_{a,k,i} = 1` when example :math:`i` is clean-correct and attack :
 it at no budget :math:`\epsilon_j \le \epsilon_k`. The worst case is taken per example (a point
 is robust at eps only if it survives every attack), never as the minimum of the per-attack
 accuracies (Carlini et al., 2019). AUCs follow :func:`jaxrobust.metrics.curve_auc`.
+
+Reliability flags come with the integer counts behind them (``AttackResult.info["counts"]``),
+summed over the data set. A flag that compares a count with a fraction of the data is decided
+here, once, from the global count and :math:`N` (AutoAttack's ``square_beats_white_box``:
+:math:`\#\{\text{points only Square broke}\} > 0.002\,N` at some eps), so it does not depend on
+the batch size; a flag that means "the count is positive" is the OR over batches, which is the
+same thing.
 """
 
 from __future__ import annotations
@@ -30,9 +37,46 @@ import numpy as np
 
 from jaxrobust import metrics
 from jaxrobust._types import Curve
+from jaxrobust.attacks.auto_attack import SQUARE_THRESHOLD
 
 WORST_CASE = "worst_case"
 """The name of the per-example worst case over all attacks in :meth:`Report.curve`."""
+
+FRACTION_FLAGS: Mapping[str, tuple[str, float]] = {
+    "square_beats_white_box": ("square_only_points", SQUARE_THRESHOLD)}
+"""Flags decided from a count and the number of examples: ``flag -> (count, fraction)``, raised
+when the count (summed over the data set) exceeds ``fraction * N`` at some eps."""
+
+
+def decide_flags(flags: Mapping[str, bool], counts: Mapping[str, Any],
+                 n: int) -> dict[str, bool]:
+  r"""An attack's flags over the whole data set, from its OR-ed flags and global counts.
+
+  A flag of :data:`FRACTION_FLAGS` whose count is present is decided again from the count:
+  :math:`\max_k \mathrm{count}_k > \mathrm{fraction} \cdot N` (each batch judged alone would use
+  its own size instead of :math:`N`); every other flag is kept as given.
+
+  Args:
+    flags: flag name -> bool (OR over batches).
+    counts: count name -> int array (``[K]`` per eps, or a scalar), summed over the data set.
+    n: the number of examples.
+
+  Returns:
+    flag name -> bool.
+
+  Examples:
+    >>> import numpy as np
+    >>> flags = {"square_beats_white_box": True, "zero_gradients": False}
+    >>> decide_flags(flags, {"square_only_points": np.array([1, 1])}, n=600)  # 1 > 1.2: no
+    {'square_beats_white_box': False, 'zero_gradients': False}
+    >>> decide_flags(flags, {"square_only_points": np.array([0, 2])}, n=600)  # 2 > 1.2 at eps 2
+    {'square_beats_white_box': True, 'zero_gradients': False}
+  """
+  out = {str(k): bool(v) for k, v in flags.items()}
+  for flag, (count, fraction) in FRACTION_FLAGS.items():
+    if count in counts:
+      out[flag] = bool(np.any(np.asarray(counts[count], np.float64) > fraction * n))
+  return out
 
 
 def _ratio(count: np.ndarray, n: int) -> np.ndarray:
@@ -66,7 +110,11 @@ class AttackSummary:
     robust_count: ``[K]`` int64, examples robust at each eps.
     robust_accuracy: ``[K]`` float32, ``robust_count / N``; non-increasing along sorted eps.
     auc: area under the curve from ``(0, clean accuracy)``, divided by the largest eps.
-    flags: reliability flags of the attack (OR over every batch), e.g. zero gradients.
+    flags: reliability flags of the attack over the whole data set, e.g. zero gradients (see
+      :func:`decide_flags`).
+    counts: the integer counts behind the flags (``AttackResult.info["counts"]``), summed over
+      the data set: ``[K]`` int64 (one per eps) for a fixed-budget attack, ``[]`` for a
+      minimum-norm one; e.g. ``non_finite_gradient_points``.
   """
 
   name: str
@@ -77,13 +125,15 @@ class AttackSummary:
   robust_accuracy: np.ndarray
   auc: float
   flags: Mapping[str, bool]
+  counts: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
   def to_dict(self) -> dict[str, Any]:
     return {"name": self.name, "description": self.description, "norm": self.norm,
             "minimum_norm": self.minimum_norm,
             "robust_count": [int(c) for c in self.robust_count],
             "robust_accuracy": [float(a) for a in self.robust_accuracy],
-            "auc": self.auc, "flags": {k: bool(v) for k, v in sorted(self.flags.items())}}
+            "auc": self.auc, "flags": {k: bool(v) for k, v in sorted(self.flags.items())},
+            "counts": {k: np.asarray(v).tolist() for k, v in sorted(self.counts.items())}}
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -128,6 +178,7 @@ class Report:
                   robust: Mapping[str, np.ndarray], worst_case: np.ndarray,
                   info: Mapping[str, tuple[str, str, bool]],
                   flags: Mapping[str, Mapping[str, bool]],
+                  counts: Mapping[str, Mapping[str, Any]] | None = None,
                   per_example: Mapping[str, np.ndarray] | None = None,
                   timing: Mapping[str, float] | None = None) -> Report:
     """Builds a report from integer counts.
@@ -139,7 +190,9 @@ class Report:
       robust: attack name -> ``[K]`` robust counts.
       worst_case: ``[K]`` counts of examples robust under every attack.
       info: attack name -> ``(description, norm, minimum_norm)``.
-      flags: attack name -> reliability flags.
+      flags: attack name -> reliability flags (OR over batches).
+      counts: optional attack name -> count name -> int array, the counts behind the flags summed
+        over the data set; flags of :data:`FRACTION_FLAGS` are decided from them.
       per_example: optional per-example arrays (see the class attributes).
       timing: optional wall-clock statistics.
 
@@ -149,20 +202,28 @@ class Report:
     epsilons = np.asarray(epsilons, np.float32)
     clean = _ratio(np.asarray(clean_correct), n)
 
-    def summary(name, counts, description, norm, minimum_norm, attack_flags):
-      counts = np.asarray(counts, np.int64)
-      accuracy = _ratio(counts, n)
-      return AttackSummary(name=name, description=description, norm=norm,
-                           minimum_norm=bool(minimum_norm), robust_count=counts,
-                           robust_accuracy=accuracy, auc=_auc(epsilons, accuracy, clean),
-                           flags=dict(attack_flags))
+    counts = counts or {}
 
-    attacks = {name: summary(name, robust[name], *info[name], flags.get(name, {}))
+    def summary(name, robust_count, description, norm, minimum_norm, attack_flags,
+                attack_counts):
+      robust_count = np.asarray(robust_count, np.int64)
+      accuracy = _ratio(robust_count, n)
+      attack_counts = {str(k): np.asarray(v, np.int64) for k, v in attack_counts.items()}
+      return AttackSummary(name=name, description=description, norm=norm,
+                           minimum_norm=bool(minimum_norm), robust_count=robust_count,
+                           robust_accuracy=accuracy, auc=_auc(epsilons, accuracy, clean),
+                           flags=decide_flags(attack_flags, attack_counts, int(n)),
+                           counts=attack_counts)
+
+    attacks = {name: summary(name, robust[name], *info[name], flags.get(name, {}),
+                             counts.get(name, {}))
                for name in robust}
     norms = sorted({s.norm for s in attacks.values()})
-    any_flags = {f"{name}/{k}": v for name, fl in flags.items() for k, v in fl.items()}
+    any_flags = {f"{name}/{k}": v for name, s in attacks.items() for k, v in s.flags.items()}
+    any_counts = {f"{name}/{k}": v for name, s in attacks.items() for k, v in s.counts.items()}
     worst = summary(WORST_CASE, worst_case, " + ".join(s.description for s in attacks.values()),
-                    "+".join(norms), all(s.minimum_norm for s in attacks.values()), any_flags)
+                    "+".join(norms), all(s.minimum_norm for s in attacks.values()), any_flags,
+                    any_counts)
     return cls(epsilons=epsilons, num_examples=int(n), clean_correct=int(clean_correct),
                clean_accuracy=float(clean), attacks=attacks, worst_case=worst,
                per_example=None if per_example is None else dict(per_example),
@@ -170,7 +231,7 @@ class Report:
 
   @property
   def flags(self) -> dict[str, dict[str, bool]]:
-    """Attack name -> reliability flags (each an OR over every batch)."""
+    """Attack name -> reliability flags over the whole data set (see :func:`decide_flags`)."""
     return {name: dict(s.flags) for name, s in self.attacks.items()}
 
   @property
@@ -258,7 +319,8 @@ class Report:
         clean_correct=d["clean_correct"],
         robust={n: np.asarray(s["robust_count"], np.int64) for n, s in d["attacks"].items()},
         worst_case=np.asarray(d["worst_case"]["robust_count"], np.int64), info=info,
-        flags={n: s["flags"] for n, s in d["attacks"].items()}, per_example=per_example,
+        flags={n: s["flags"] for n, s in d["attacks"].items()},
+        counts={n: s.get("counts", {}) for n, s in d["attacks"].items()}, per_example=per_example,
         timing=d.get("timing"))
 
   def __eq__(self, other: object) -> bool:

@@ -150,16 +150,35 @@ def test_eight_devices_auto_2d_mesh_named_batch_axis_bitwise_equal_one(setup, re
   assert run(setup, mesh=mesh, batch_axis="data") == reference  # replicated over "model"
 
 
+def cached_step(identity, **options):
+  """The compiled step jr.evaluate cached for a model (its identity: the logits_fn of a closure,
+  the function of a partial) and options (``keep_per_example``, ``chunk_size``, ...; one device
+  unless ``mesh`` is given)."""
+  names = ("keep_per_example", "eps_batch_size", "unroll", "chunk_size", "mesh")
+  options = {"mesh": None, **options}
+  found = []
+  for (base, _), (step, _) in evaluate_lib._STEP_CACHE.items():
+    model_identity = base[0][1] if isinstance(base[0], tuple) else base[0]
+    if model_identity is identity and all(base[4 + names.index(k)] == v
+                                          for k, v in options.items()):
+      found.append(step)
+  assert len(found) == 1, f"{len(found)} cached steps for this model and options"
+  return found[0]
+
+
 def test_no_retrace_across_batches_and_calls(setup, reference):
   logits_fn, x, y, _attacks, eps, _key = setup
   run(setup, data=(x[:16], y[:16]))  # two full batches: compiled (or cached) for batches of 8
-  step = next(s for k, s in evaluate_lib._STEP_CACHE.items()
-              if k[0] is logits_fn and k[3] and k[7] is None)
+  step = cached_step(logits_fn, keep_per_example=True, chunk_size=None)
   programs = step._cache_size()
   traced = len(evaluate_worker.CALLS)  # logits_fn counts its Python calls (= traces)
-  # A new eps grid, a new key, other data and a padded last batch: no new trace or program.
+  # A new eps grid, a new key, other data and a padded last batch: no new program, and the step
+  # is not traced again (that would call logits_fn once per attack step). Only the forward pass
+  # is traced, to see the model as it is now (its weights could have changed since).
   again = run(setup, data=(x[:20], y[:20]), epsilons=eps * 0.5, key=jax.random.key(7))
-  assert len(evaluate_worker.CALLS) == traced and step._cache_size() == programs
+  assert len(evaluate_worker.CALLS) - traced <= 2
+  assert cached_step(logits_fn, keep_per_example=True, chunk_size=None) is step
+  assert step._cache_size() == programs
   assert again.num_examples == 20 and again.per_example["index"].tolist() == list(range(20))
 
 
@@ -179,20 +198,112 @@ def test_partial_model_arrays_are_step_arguments(setup):
   for model in models:
     reports.append(jr.evaluate(model, (x, y), attacks={"fgsm": attacks["fgsm"]}, epsilons=eps,
                                key=key, batch_size=BATCH, progress=False))
-    step = next(s for k, s in evaluate_lib._STEP_CACHE.items()
-                if isinstance(k[0], tuple) and k[0][0] is affine)
+    step = cached_step(affine)
     sizes.append(step._cache_size())
   assert sizes[0] == sizes[1] == 1  # the second parameter set reused the compiled program
   for model, report in zip(models, reports):  # ... and was really used
     clean = np.argmax(np.asarray(model(jnp.asarray(x))), axis=1) == y
     assert report.clean_correct == int(clean.sum())
   assert reports[0].clean_correct != reports[1].clean_correct
-  arrays = evaluate_lib._split_model(models[0])[0]
+  arrays = evaluate_lib._split_model(models[0]).arrays
   args = (x[:BATCH], y[:BATCH], np.ones(BATCH, bool), np.arange(BATCH, dtype=np.uint32), eps,
           np.asarray(jax.random.key_data(key)), np.float32(0), np.float32(1))
   text = step.lower(arrays, *args).as_text()
   assert "tensor<12x4xf32>" in text
   assert not re.search(r"constant dense<[^\n]*tensor<12x4xf32>", text)
+
+
+# ------------------------------------------------------------------------------------------------
+# A model changed between calls (in place, as a training loop evaluating each epoch does) is
+# evaluated as it is at call time; compiled code is reused only where it computes the same thing.
+
+FGSM = {"fgsm": jr.attacks.fgsm("linf")}  # one object: the tests below share compiled steps
+EPS_SMALL = np.array([0.02], np.float32)
+_GLOBAL_WEIGHTS = None  # read by global_model, rebound by the test
+
+
+def global_model(x):
+  return x @ _GLOBAL_WEIGHTS
+
+
+class ObjectModel:
+  """A callable object: its weights and its Python scale are attributes, changed in place."""
+
+  def __init__(self, weights, scale):
+    self.weights, self.scale = weights, scale
+
+  def __call__(self, x):
+    return (x @ self.weights) * self.scale
+
+
+def matmul(weights, x):
+  return x @ weights
+
+
+@pytest.fixture(scope="module")
+def two_models():
+  """16 points, 4 features, 3 classes; ``good`` classifies all of them, ``bad = -good`` none."""
+  rng = np.random.default_rng(11)
+  x = rng.uniform(0.0, 1.0, (16, 4)).astype(np.float32)
+  good = rng.normal(size=(4, 3)).astype(np.float32)
+  y = np.argmax(x @ good, axis=1).astype(np.int32)
+  assert np.all(np.argmax(x @ -good, axis=1) != y)
+  return x, y, jnp.asarray(good), jnp.asarray(-good)
+
+
+def evaluate_small(logits_fn, x, y, **kwargs):
+  return jr.evaluate(logits_fn, (x, y), attacks=FGSM, epsilons=EPS_SMALL, key=jax.random.key(0),
+                     batch_size=8, progress=False, **kwargs)
+
+
+def test_model_changed_in_place_is_evaluated_anew(two_models):
+  """Regression: the step cache was keyed on the logits_fn object, so a second call after an
+  in-place weight change repeated the first model's numbers (clean 1.0 reported, truth 0.0)."""
+  from flax import nnx
+
+  x, y, good, bad = two_models
+  # The truth for each weight set: the same weights passed as arguments (a new partial each).
+  truth = {id(w): evaluate_small(functools.partial(matmul, w), x, y) for w in (good, bad)}
+  assert truth[id(good)].clean_accuracy == 1.0 and truth[id(bad)].clean_accuracy == 0.0
+
+  module = nnx.Linear(4, 3, use_bias=False, rngs=nnx.Rngs(0))
+  holder = ObjectModel(good, 1.0)
+
+  def set_global(w):
+    global _GLOBAL_WEIGHTS
+    _GLOBAL_WEIGHTS = w
+
+  def set_kernel(w):
+    module.kernel.value = w
+
+  def set_attribute(w):
+    holder.weights = w
+
+  cases = {"global rebound": (global_model, set_global, global_model),
+           "object attribute": (holder, set_attribute, holder),
+           "nnx kernel.value": (module, set_kernel, None)}
+  for name, (model, set_weights, _) in cases.items():
+    for w in (good, bad):
+      set_weights(w)
+      assert evaluate_small(model, x, y) == truth[id(w)], name
+  for _, _, identity in cases.values():
+    if identity is not None:  # the stale step (other captured weights) was dropped, not kept
+      cached_step(identity)
+  # The module's state is an argument: one compiled program served both weight sets.
+  nnx_steps = [step for (base, _), (step, _) in evaluate_lib._STEP_CACHE.items()
+               if isinstance(base[0], tuple) and base[0][0] == "nnx"]
+  assert len(nnx_steps) == 1 and nnx_steps[0]._cache_size() == 1
+  # The same weights again: the compiled step is reused (and no new program compiled), for a
+  # closure over unchanged arrays as for a partial with the same or new parameters.
+  step = cached_step(global_model)  # the loop above left the global at `bad`
+  assert evaluate_small(global_model, x, y) == truth[id(bad)]
+  assert cached_step(global_model) is step and step._cache_size() == 1
+  step = cached_step(matmul)
+  assert evaluate_small(functools.partial(matmul, good), x, y) == truth[id(good)]
+  assert cached_step(matmul) is step and step._cache_size() == 1
+  # A changed Python constant (not an array) is part of the traced program: a new step too.
+  holder.weights, holder.scale = good, -1.0
+  assert evaluate_small(holder, x, y) == truth[id(bad)]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -231,7 +342,10 @@ def test_hlo_attack_loop_has_no_collective(setup):
   # The program jr.evaluate compiled for test_eight_devices_explicit_mesh_bitwise_equal_one[False]
   # (taken from its cache; compiled here if that test did not run).
   model = evaluate_lib._split_model(logits_fn)
-  step = evaluate_lib._jitted_step(model, attacks, jax.random.key_impl(key), True, None,
+  spec = jax.ShapeDtypeStruct((16, *x.shape[1:]), x.dtype, sharding=NamedSharding(mesh, P("data")))
+  with jax.set_mesh(mesh):
+    trace = evaluate_lib._trace_model(model, spec, None)
+  step = evaluate_lib._jitted_step(model, trace, attacks, jax.random.key_impl(key), True, None,
                                    evaluate_worker.UNROLL, None, mesh, "data", False)
   with jax.set_mesh(mesh):
     put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
@@ -239,7 +353,7 @@ def test_hlo_attack_loop_has_no_collective(setup):
             put(np.arange(16, dtype=np.uint32), P("data")), put(eps, P()),
             put(np.asarray(jax.random.key_data(key)), P()), put(np.float32(0), P()),
             put(np.float32(1), P()))
-    hlo = step.lower(model[0], *args).compile().as_text()
+    hlo = step.lower(model.arrays, *args).compile().as_text()
   comps = _computations(hlo)
   bodies = {b for text in comps.values() for b in re.findall(r"body=%?([\w.\-]+)", text)}
   assert bodies, "expected the attack loops (over steps or eps) as while loops"
@@ -250,8 +364,13 @@ def test_hlo_attack_loop_has_no_collective(setup):
       continue
     inside.add(name)
     todo.extend(_called(comps[name]))
+  # Inside the loops (over eps; the unrolled attack steps sit in their bodies) no attack data
+  # moves between devices: the only collectives allowed are all-reduces of integer scalars, the
+  # reliability counts jr.run sums over the batch for each eps.
   for name in inside:
-    assert not _COLLECTIVE.search(comps[name]), f"collective inside the loop body {name}"
+    for line in comps[name].splitlines():
+      if _COLLECTIVE.search(line):
+        assert re.search(r"= s32\[\] all-reduce\(", line), f"collective in loop body {name}: {line}"
   assert _COLLECTIVE.search(hlo), "the global metric sum should be an all-reduce"
 
 
@@ -306,6 +425,68 @@ def test_checkpoint_refuses_another_run(setup, tmp_path):
   path.write_bytes(b"not a checkpoint")
   with pytest.raises(ValueError, match="not a jaxrobust.evaluate checkpoint"):
     run(setup, checkpoint=path)
+
+
+def test_checkpoint_refuses_another_model(two_models, tmp_path):
+  """Regression: the model was not fingerprinted, so an untrained model re-run with a trained
+  model's checkpoint got the trained model's finished report back without evaluating anything."""
+  from flax import nnx
+
+  x, y, good, bad = two_models
+  module = nnx.Linear(4, 3, use_bias=False, rngs=nnx.Rngs(0))
+
+  def set_kernel(w):
+    module.kernel.value = w
+
+  def set_global(w):
+    global _GLOBAL_WEIGHTS
+    _GLOBAL_WEIGHTS = w
+
+  cases = {"partial": (lambda: functools.partial(matmul, _GLOBAL_WEIGHTS), set_global),
+           "nnx": (lambda: module, set_kernel),
+           "closure over a global": (lambda: global_model, set_global)}
+  for name, (model, set_weights) in cases.items():
+    path = tmp_path / f"{name}.ckpt"
+    set_weights(good)
+    finished = evaluate_small(model(), x, y, checkpoint=path)
+    set_weights(bad)  # "untrained": other weights, same architecture
+    with pytest.raises(ValueError, match="different model: its weights"):
+      evaluate_small(model(), x, y, checkpoint=path)
+    set_weights(good)  # the same weights again resume (here: nothing left to do)
+    again = evaluate_small(model(), x, y, checkpoint=path)
+    assert again == finished and again.timing["examples_evaluated"] == 0, name
+  # A changed Python constant is caught by the traced program.
+  holder = ObjectModel(good, 1.0)
+  evaluate_small(holder, x, y, checkpoint=tmp_path / "object.ckpt")
+  holder.scale = -1.0
+  with pytest.raises(ValueError, match="traced program differs"):
+    evaluate_small(holder, x, y, checkpoint=tmp_path / "object.ckpt")
+
+
+def test_checkpoint_writers_in_threads_never_collide(tmp_path):
+  """Regression: the temporary file was named after the process id, so two threads
+  checkpointing to one path wrote into and renamed each other's file (FileNotFoundError)."""
+  import threading
+
+  path, errors = tmp_path / "run.ckpt", []
+
+  def write(writer):
+    try:
+      for step in range(25):
+        _checkpoint.save(path, {"writer": writer, "step": step},
+                         {"values": np.full(50_000, writer, np.int64)})
+    except Exception as error:  # noqa: BLE001 - reported below
+      errors.append(repr(error))
+
+  threads = [threading.Thread(target=write, args=(w,)) for w in range(4)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert not errors
+  header, arrays = _checkpoint.load(path)
+  assert header["step"] == 24 and np.all(arrays["values"] == header["writer"])  # one writer's
+  assert [p.name for p in tmp_path.iterdir()] == ["run.ckpt"]  # no temporary file left
 
 
 # ------------------------------------------------------------------------------------------------
@@ -368,14 +549,95 @@ def test_reliability_flags_are_or_over_batches(setup, shard_map):
   report = jr.evaluate(logits_fn, (x, y), attacks=attack, epsilons=eps,
                        key=key, batch_size=BATCH, progress=False, mesh=mesh,
                        use_shard_map=shard_map)
-  assert report.flags == {"flag": {"bright_input": True, "never": False}}
+  # jr.run's own checks (non-finite gradients, ...) come too; this finite model raises none.
+  own = {k: False for k in report.flags["flag"] if k not in ("bright_input", "never")}
+  assert report.flags == {"flag": {"bright_input": True, "never": False, **own}}
   assert not report.reliable
   # x_adv = x breaks nothing.
   np.testing.assert_array_equal(report.attacks["flag"].robust_count, [len(x)] * len(eps))
   quiet = jr.evaluate(logits_fn, (x[:24], y[:24]), attacks=attack,
                       epsilons=eps, key=key, batch_size=BATCH, progress=False, mesh=mesh,
                       use_shard_map=shard_map)
-  assert quiet.flags == {"flag": {"bright_input": False, "never": False}} and quiet.reliable
+  assert quiet.flags == {"flag": {"bright_input": False, "never": False, **own}} and quiet.reliable
+
+
+def square_like_attack():
+  """A no-op attack (x_adv = x) reporting AutoAttack's Square check as auto_attack does: the
+  points "only Square broke" (here: clean-correct ones whose first input is above 0.999) are
+  counted, and each call decides the flag against 0.2% of its own batch."""
+  from jaxrobust.attacks.auto_attack import SQUARE_THRESHOLD
+
+  def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size):
+    only_square = todo & (x.reshape(x.shape[0], -1)[:, 0] > 0.999)
+    count = jnp.sum(only_square, dtype=jnp.int32)
+    flag = count.astype(jnp.float32) > SQUARE_THRESHOLD * x.shape[0]
+    return x, {"flags": {"square_beats_white_box": flag},
+               "counts": {"square_only_points": count}}
+
+  unused = lambda *args: None
+  return jr.Attack(init=unused, step=unused, finalize=unused, num_steps=0, norm="linf",
+                   name="square-like", drive=drive)
+
+
+def test_square_flag_is_decided_on_global_counts_for_any_batch_size():
+  """Regression: the flag compared each batch's count with 0.002 x its padded rows, so the same
+  data raised it at batch size 20 or 60 and not at 600. AutoAttack's rule, over the data set:
+  flag when more than 0.2% of all N points were broken by Square alone."""
+  rng = np.random.default_rng(5)
+  x = rng.uniform(0.0, 0.99, (600, 4)).astype(np.float32)
+  weights = jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)
+  attack = {"aa": square_like_attack()}
+  mesh = jax.make_mesh((8,), ("data",)) if len(jax.devices()) >= 8 else None
+  for planted, expected in ((1, False), (2, True)):  # 1 > 0.002 * 600 = 1.2 is false, 2 > 1.2 true
+    data = x.copy()
+    data[rng.choice(600, planted, replace=False), 0] = 1.0
+    y = np.argmax(data @ np.asarray(weights), axis=1).astype(np.int32)  # all clean-correct
+    reports = []
+    # Batches of 20 (each judged alone: 1 > 0.04), the whole set, and devices of 10 (shard_map).
+    for batch_size, options in ((20, {}), (600, {}), (80, {"mesh": mesh, "use_shard_map": True})):
+      if options.get("mesh", True) is None:
+        continue
+      reports.append(jr.evaluate(functools.partial(matmul, weights), (data, y), attacks=attack,
+                                 epsilons=EPS_SMALL, key=jax.random.key(0),
+                                 batch_size=batch_size, progress=False, **options))
+    for report in reports:
+      assert report.flags["aa"]["square_beats_white_box"] is expected, planted
+      assert report.attacks["aa"].counts["square_only_points"].tolist() == [planted]
+      assert report == reports[0]
+
+
+def nan_gradient_model(w, v, x):
+  """Finite logits ``x @ w``; the input gradient is NaN where ``x @ v`` is exactly 0: there
+  d sqrt(u ** 2)/du = u / |u| is 0 / 0, and 0 * NaN is NaN."""
+  return x @ w + 0.0 * jnp.sqrt((x @ v) ** 2)
+
+
+def test_eps_zero_reproduces_clean_accuracy_with_nan_gradients():
+  """At eps = 0 robust accuracy equals clean accuracy exactly, even where the model's input
+  gradient is NaN (a NaN step must not turn into a NaN point scored as a misclassification), and
+  the non-finite gradients are flagged with their exact count (padding not counted)."""
+  rng = np.random.default_rng(2)
+  x = rng.uniform(0.0, 1.0, (21, 4)).astype(np.float32)  # batches of 8: the last one padded
+  w = jnp.asarray(rng.normal(size=(4, 3)), jnp.float32)
+  v = jnp.asarray([[1.0], [-1.0], [0.0], [0.0]], jnp.float32)  # NaN gradient where x0 == x1
+  nan_rows = [1, 2, 7, 11, 16]  # 16: the first row of the padded batch, copied into its padding
+  x[nan_rows, 1] = x[nan_rows, 0]
+  y = np.argmax(x @ np.asarray(w), axis=1).astype(np.int32)
+  y[::5] = (y[::5] + 1) % 3  # some clean errors
+  model = functools.partial(nan_gradient_model, w, v)
+  report = jr.evaluate(model, (x, y), attacks={"pgd": jr.attacks.pgd(steps=1)},
+                       epsilons=np.array([0.0, 0.05], np.float32), key=jax.random.key(1),
+                       batch_size=8, progress=False)
+  clean = np.argmax(x @ np.asarray(w), axis=1) == y
+  assert report.clean_correct == int(clean.sum())
+  for summary in [*report.attacks.values(), report.worst_case]:
+    assert summary.robust_count[0] == report.clean_correct, summary.name
+  # The independent count: clean-correct points whose cross-entropy input gradient is not finite.
+  grad = jax.jit(jax.grad(lambda z: jnp.sum(jr.losses.cross_entropy(model(z), y))))(x)
+  bad = clean & ~np.all(np.isfinite(np.asarray(grad)), axis=1)
+  assert 0 < bad.sum() < clean.sum() and bad[16]
+  assert report.flags["pgd"]["non_finite_gradients"]
+  assert report.attacks["pgd"].counts["non_finite_gradient_points"].tolist() == [bad.sum()] * 2
 
 
 # ------------------------------------------------------------------------------------------------
