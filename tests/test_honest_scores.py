@@ -205,9 +205,14 @@ def _meshes():
           "auto": jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))}
 
 
-@pytest.mark.parametrize("axes", ["explicit", "auto"])
-@pytest.mark.parametrize("set_mesh", [False, True])
-@pytest.mark.parametrize("entry", ["run", "curve", "curve_chunked", "auto_attack_chunked"])
+MESH_CASES = [(entry, set_mesh, axes) for entry in ("run", "curve") for set_mesh in (False, True)
+              for axes in ("explicit", "auto")]
+# The compute-skipping paths reshard rows: without a mesh context is the case that used to fail.
+MESH_CASES += [(entry, False, axes) for entry in ("curve_chunked", "auto_attack_chunked")
+               for axes in ("explicit", "auto")]
+
+
+@pytest.mark.parametrize("entry,set_mesh,axes", MESH_CASES)
 def test_sharded_arrays_with_and_without_set_mesh(problem, axes, set_mesh, entry):
   w, _, x, y = problem
   mesh = _meshes()[axes]
