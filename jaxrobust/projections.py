@@ -346,7 +346,8 @@ def project_l1_box(delta: ArrayLike, x: ArrayLike, eps: ArrayLike, lower: ArrayL
     classifiers. ICML 2021 (the L1-box projection).
   """
   delta = jnp.asarray(delta)
-  dtype = jnp.promote_types(delta.dtype, jnp.float32)
+  # float32 at least, float64 kept; by bit width, since strict promotion refuses promote_types.
+  dtype = delta.dtype if jnp.finfo(delta.dtype).bits >= 32 else jnp.dtype(jnp.float32)
   v = _flatten(delta.astype(dtype))
   xf = _flatten(jnp.asarray(x, dtype))
   lo = jnp.asarray(lower, dtype)

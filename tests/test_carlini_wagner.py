@@ -90,6 +90,35 @@ def test_norm_is_never_below_the_exact_distance_and_nearly_reaches_it(untargeted
   assert np.median(ratio) <= 1.05, np.median(ratio)
 
 
+def test_a_round_is_judged_by_its_last_iterate(untargeted, ten_classes):
+  """Adam's first, sign-like steps often cross the boundary for a trade-off c far below the
+  one whose minimiser is adversarial, and recross it. Judging a round by such a transient
+  crossing sent the search downwards for ever and kept the transient point: a quarter of these
+  points ended more than 5% above the exact distance (90th percentile 1.43 times it)."""
+  model, x, y, d = ten_classes
+  result = untargeted(model.w, model.b, jnp.asarray(x), jnp.asarray(y), _inf(N))
+  success, norm = np.asarray(result.success), np.asarray(result.norm, np.float64)
+  assert success.all()
+  ratio = norm / d
+  assert np.quantile(ratio, 0.9) <= 1.15, np.quantile(ratio, 0.9)
+  assert np.mean(ratio > 1.05) <= 0.15, np.mean(ratio > 1.05)
+
+
+@pytest.mark.parametrize("scale", [1e-3, 1e6])
+def test_the_search_over_c_does_not_depend_on_the_scale_of_the_logits(untargeted, ten_classes,
+                                                                      scale):
+  """c is in units of squared distance per logit: with logits times 1e6, c = 1e-3 is far too
+  large and halving it towards 0 never came near the right value (median 1.55 times the exact
+  distance); dividing by 10 while no round has failed mirrors the growth by 10."""
+  model, x, y, d = ten_classes
+  result = untargeted(model.w * scale, model.b * scale, jnp.asarray(x), jnp.asarray(y), _inf(N))
+  success, norm = np.asarray(result.success), np.asarray(result.norm, np.float64)
+  assert success.mean() >= 0.95, success.mean()
+  ratio = norm[success] / d[success]
+  assert ratio.min() >= 1 - 1e-4, ratio.min()
+  assert np.median(ratio) <= 1.05, np.median(ratio)
+
+
 def test_already_misclassified_points_are_returned_unchanged(untargeted, ten_classes):
   model, x, y, _ = ten_classes
   wrong = ((y + 1) % 10).astype(np.int32)

@@ -2,9 +2,9 @@
 
 On a linear model the linearisation is exact, so DeepFool's first step lands on the nearest
 boundary of the candidate classes: with every class a candidate, the returned norm is
-``(1 + overshoot)`` times the exact minimal distance ``min_j (z_y - z_j) / ||w_y - w_j||_q``
-(plus the ``1e-4`` logit crossing term, negligible for the margins used here). No adversarial point
-is closer than that distance, so every returned norm must be at least it.
+``(1 + overshoot) (1 + 1e-4)`` times the exact minimal distance
+``min_j (z_y - z_j) / ||w_y - w_j||_q`` (``1e-4`` is the relative crossing term). No adversarial
+point is closer than that distance, so every returned norm must be at least it.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def _margin(model: Linear, x, y):
 @functools.lru_cache(maxsize=None)
 def _binary(norm: str):
   """A two-class model whose boundary passes through the box centre, and points inside the box
-  whose optimum stays in it, with a logit margin >= 0.2 (so ``1e-4`` is below 1e-3 relative)."""
+  whose optimum stays in it, with a logit margin >= 0.2 (far from float32 rounding)."""
   model = random_linear(2, DIM, 2)
   model = Linear(model.w, -0.5 * model.w.sum(0))
   x, y, d = linear_points(model, 3, 4 * N, (DIM,), norm)
@@ -96,6 +96,23 @@ def test_multiclass_linear_is_exact_up_to_overshoot(norm):
   ratio = np.asarray(result.norm, np.float64) / d
   assert ratio.min() >= 1 - 1e-5, ratio.min()
   assert np.median(ratio) <= 1.05, np.median(ratio)
+
+
+@pytest.mark.parametrize("norm", ["l2", "linf"])
+def test_result_does_not_depend_on_the_scale_of_the_logits(norm):
+  """Multiplying the logits by 1e-6 or 1e6 moves no decision boundary, so the answer must not
+  move either. (An absolute crossing term of 1e-4 logits sent every point about 100 times its
+  exact distance past the boundary at scale 1e-6.)"""
+  model, x, y, d = _binary(norm)
+  run = _jitted(norm, 50)
+  sizes = []
+  for scale in (1.0, 1e-6, 1e6):
+    result = run(Linear(model.w * scale, model.b * scale), x, y)
+    assert np.asarray(result.success).all(), scale
+    sizes.append(np.asarray(result.norm, np.float64))
+  np.testing.assert_allclose(sizes[0] / d, (1 + OVERSHOOT) * (1 + 1e-4), rtol=1e-3)
+  np.testing.assert_allclose(sizes[1], sizes[0], rtol=1e-4)
+  np.testing.assert_allclose(sizes[2], sizes[0], rtol=1e-4)
 
 
 @pytest.mark.parametrize("norm", ["l2", "linf"])
@@ -137,8 +154,9 @@ def test_eps_is_an_upper_bound(norm):
 def test_overshoot_scales_the_accumulated_perturbation():
   """A concave 1-D boundary takes three Newton-like steps; the iterate is x + 1.02 * sum(steps).
 
-  Reference in float64: ``r += (|f(u)| + 1e-4) / f'(u)`` at ``u = x + (1 + overshoot) r`` until
-  ``f(u) > 0``; the attack must return exactly that iterate (and stop moving there).
+  Reference in float64: ``r += (1 + 1e-4) |f(u)| / f'(u) + 1e-4 |r|`` at
+  ``u = x + (1 + overshoot) r`` until ``f(u) > 0`` (the crossing is relative, in input units);
+  the attack must return exactly that iterate (and stop moving there).
   """
   f = lambda u: 1 - np.exp(-3 * (u - 0.5))
   df = lambda u: 3 * np.exp(-3 * (u - 0.5))
@@ -152,7 +170,7 @@ def test_overshoot_scales_the_accumulated_perturbation():
   for u0 in starts:
     r, u, count = 0.0, u0, 0
     while f(u) <= 0:
-      r += (abs(f(u)) + 1e-4) / df(u)
+      r += (1 + 1e-4) * abs(f(u)) / df(u) + 1e-4 * abs(r)
       u, count = u0 + (1 + OVERSHOOT) * r, count + 1
     expected.append(u)
     counts.append(count)

@@ -65,7 +65,7 @@ def _lambda_from_breakpoints(breaks: Array, saturated: Array, slope: Array, r: A
   finite = jnp.isfinite(breaks)
   value = jnp.where(finite, done + jnp.where(finite, breaks, 0.0) * rest, jnp.inf)  # g(beta_k)
   below = value < r[:, None]
-  count = jnp.sum(below.astype(jnp.int32), axis=1)
+  count = jnp.sum(below, axis=1, dtype=jnp.int32)  # int32 under jax_enable_x64 too
   prefix = jnp.arange(breaks.shape[1], dtype=jnp.int32)[None, :] < count[:, None]
   fixed = jnp.sum(jnp.where(prefix, saturated, 0.0), axis=1)
   free = jnp.sum(jnp.where(prefix, 0.0, slope), axis=1)
@@ -78,7 +78,7 @@ def _l1_amounts(v: Array, room: Array, cap: Array, r: Array) -> Array:
   """The L1 solution ``a [B, D]``: greedy fill by decreasing ``v``, ties share the remainder."""
   neg_v, cap_sorted = jax.lax.sort((-v, cap), dimension=1, num_keys=1)
   filled = jnp.cumsum(cap_sorted, axis=1)
-  count = jnp.sum((filled < r[:, None]).astype(jnp.int32), axis=1)  # index of the pivot
+  count = jnp.sum(filled < r[:, None], axis=1, dtype=jnp.int32)  # index of the pivot
   at_pivot = jnp.arange(v.shape[1], dtype=jnp.int32)[None, :] == count[:, None]
   pivot = -jnp.sum(jnp.where(at_pivot, neg_v, 0.0), axis=1)  # [B] the pivot's v (0 past the end)
   above = v > pivot[:, None]

@@ -12,15 +12,26 @@ attack norm (:math:`q` the dual exponent: L2 -> L2, Linf -> L1). The closest can
 :math:`\hat k` is taken and its minimal step accumulated,
 
 .. math::
-   r_{t+1} = r_t + \frac{|f_{\hat k}| + \xi}{\|w_{\hat k}\|_2^2}\, w_{\hat k} \;\;(\ell_2),
-   \qquad
-   r_{t+1} = r_t + \frac{|f_{\hat k}| + \xi}{\|w_{\hat k}\|_1}\, \operatorname{sign}(w_{\hat k})
-   \;\;(\ell_\infty),
+   s_t = (1 + \xi)\,\frac{|f_{\hat k}|}{\|w_{\hat k}\|_q} + \xi\,\|r_t\|_p, \qquad
+   r_{t+1} = r_t + s_t\, \frac{w_{\hat k}}{\|w_{\hat k}\|_2} \;\;(\ell_2), \qquad
+   r_{t+1} = r_t + s_t\, \operatorname{sign}(w_{\hat k}) \;\;(\ell_\infty),
 
-with :math:`\xi = 10^{-4}` (in logit units) so that the step lands just past the boundary rather
-than on it. The iterate is the overshot total,
-:math:`x_t = \Pi_{[l, u]}\big(x + (1 + \eta)\, r_t\big)`, as in the paper (the overshoot scales
-the whole accumulated perturbation, not only the last step).
+a step of norm :math:`s_t` that lands a relative :math:`\xi = 10^{-4}` past the linearised
+boundary rather than on it. The crossing term is relative, in input units: the step to the
+boundary, :math:`|f| / \|w\|_q`, does not change when the logits are multiplied by a constant,
+and neither does :math:`s_t`, so the attack's answer does not depend on the scale of the logits
+(the decision boundary does not). An absolute term in logit units, :math:`(|f| + \xi) / \|w\|_q`
+as in common implementations, would: with the logits of a linear model multiplied by
+:math:`10^{-6}` it moves every point :math:`\xi / \|w\|_q` past the boundary, a median 110 (L2)
+and 140 (Linf) times the exact minimum on ``tests/test_ground_truth_min_norm.py``'s problems
+instead of 1.0201 (the overshoot). The term :math:`\xi \|r_t\|_p` keeps an iterate that float
+rounding left just short of the boundary (:math:`f \approx 0`) from stalling there. The iterate
+is the overshot total, :math:`x_t = \Pi_{[l, u]}\big(x + (1 + \eta)\, r_t\big)`, as in the paper
+(the overshoot scales the whole accumulated perturbation, not only the last step).
+
+Non-finite entries of :math:`w_k` (a model whose logits are finite but whose input gradient is
+not, e.g. through a ``sqrt`` of 0) are replaced by 0, so the attack works with the finite part of
+the gradient and no NaN reaches an iterate.
 """
 
 from __future__ import annotations
@@ -35,13 +46,14 @@ import numpy as np
 from jaxrobust import projections
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks._common import (MinNormBest, expand, is_success, unpack_budget)
+from jaxrobust.attacks._common import (MinNormBest, expand, finite_or_zero, is_success,
+                                       unpack_budget)
 
 Array = jax.Array
 
 SUPPORTED_NORMS = ("l2", "linf")
 CROSSING = 1e-4
-"""Added to :math:`|f_k|` (logit units) so that a step lands just past the linearised boundary."""
+"""How far past the linearised boundary a step lands, relative to the step (so scale-free)."""
 
 
 class DeepFoolState(NamedTuple):
@@ -71,13 +83,14 @@ def _dual_norm(w: Array, norm: str) -> Array:
   return jnp.sum(jnp.abs(w), axis=-1)
 
 
-def _minimal_step(logits: Array, pullback, classes: Array, y: Array, norm: str,
-                  dtype: jnp.dtype) -> Array:
-  """The step ``[B, ...]`` to the nearest linearised boundary among the candidate classes.
+def _minimal_step(logits: Array, pullback, classes: Array, y: Array, travelled: Array,
+                  norm: str, dtype: jnp.dtype) -> Array:
+  """The step ``[B, ...]`` a relative ``CROSSING`` past the nearest linearised boundary.
 
   ``pullback`` is the VJP of ``logits_fn`` at the iterate. One backward pass per candidate ``k``
   (vectorised with ``vmap``) with cotangent ``onehot(k) - onehot(y)`` gives ``w_k`` for every
-  example at once, since examples are independent. The arithmetic runs in ``dtype``.
+  example at once, since examples are independent. ``travelled [B]`` is ``||r_t||_p``, the norm
+  of the accumulated steps. The arithmetic runs in ``dtype``.
   """
   num_classes = logits.shape[1]
   diff = (_class_mask(classes, num_classes).astype(dtype)
@@ -86,18 +99,21 @@ def _minimal_step(logits: Array, pullback, classes: Array, y: Array, norm: str,
   (w,) = jax.vmap(pullback)(jnp.moveaxis(diff, 1, 0).astype(logits.dtype))  # [K, B, ...]
   shape = w.shape[1:]
   w = w.reshape(w.shape[0], w.shape[1], -1).astype(dtype)  # [K, B, D]
+  w = finite_or_zero(w)  # the finite part of a NaN/Inf gradient
   scale = _dual_norm(w, norm)
   movable = scale > 0
   safe = jnp.where(movable, scale, 1.0)
   distance = jnp.where(movable, jnp.abs(f) / safe, jnp.inf)
+  distance = jnp.where(jnp.isnan(distance), jnp.inf, distance)
   nearest = jnp.argmin(distance, axis=0).astype(jnp.int32)  # [B]
   chosen = nearest[None, :] == jnp.arange(w.shape[0], dtype=jnp.int32)[:, None]  # [K, B]
   pick = lambda v: jnp.sum(jnp.where(chosen, v, 0.0), axis=0)
   w_hat = jnp.sum(jnp.where(chosen[:, :, None], w, 0.0), axis=0)  # [B, D]
+  # Both terms are in input units: the step does not depend on the scale of the logits.
   size = jnp.where(pick(movable.astype(dtype)) > 0,
-                   (jnp.abs(pick(f)) + CROSSING) / pick(safe), 0.0)  # [B]
+                   (1 + CROSSING) * pick(distance) + CROSSING * travelled, 0.0)  # [B]
   if norm == "l2":
-    step = (size / pick(safe))[:, None] * w_hat
+    step = (size / pick(safe))[:, None] * w_hat  # safe = ||w||_2 for L2
   else:
     step = size[:, None] * jnp.sign(w_hat)
   finite = jnp.all(jnp.isfinite(step), axis=1, keepdims=True)  # never let NaN/Inf into r_total
@@ -115,15 +131,16 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
 
   .. math::
      \hat k = \arg\min_k \frac{|f_k|}{\|w_k\|_q}, \qquad
-     r_{t+1} = r_t + \frac{|f_{\hat k}| + \xi}{\|w_{\hat k}\|_q}\, d_p(w_{\hat k}), \qquad
+     r_{t+1} = r_t + \Big((1 + \xi)\frac{|f_{\hat k}|}{\|w_{\hat k}\|_q} + \xi \|r_t\|_p\Big)
+               d_p(w_{\hat k}), \qquad
      x_{t+1} = \Pi_{[l, u]}\big(x + (1 + \eta)\, r_{t+1}\big),
 
   with :math:`f_k = z_k - z_y`, :math:`w_k = \nabla z_k - \nabla z_y`, :math:`q` the dual exponent
   (L2 -> 2, Linf -> 1), :math:`d_2(w) = w / \|w\|_2`, :math:`d_\infty(w) = \operatorname{sign}(w)`,
-  :math:`\xi = 10^{-4}` and :math:`\eta` the overshoot. On a linear model the first step is exact:
-  with every class a candidate, the returned norm is
-  :math:`(1 + \eta)(d^* + \xi / \|w_{\hat k}\|_q)`, with :math:`d^*` the minimal adversarial
-  distance (when the box does not bind).
+  :math:`\xi = 10^{-4}` (a relative crossing, so the result does not depend on the scale of the
+  logits) and :math:`\eta` the overshoot. On a linear model the first step is exact: with every
+  class a candidate, the returned norm is :math:`(1 + \eta)(1 + \xi)\, d^*`, with :math:`d^*` the
+  minimal adversarial distance (when the box does not bind).
 
   An example stops moving as soon as its iterate is adversarial; points misclassified on the
   clean input are returned unchanged. Every iterate is scored and the smallest successful one
@@ -193,7 +210,8 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
     logits, pullback = jax.vjp(logits_fn, x_t)
     success = is_success(logits, y, None)
     best = state.best.update(x_t, projections.norm(x_t - x, norm), success)
-    r_step = _minimal_step(logits, pullback, state.classes, y, norm, x.dtype)
+    travelled = projections.norm(state.r_total, norm)
+    r_step = _minimal_step(logits, pullback, state.classes, y, travelled, norm, x.dtype)
     r_total = state.r_total + jnp.where(expand(success, x.ndim), 0.0, r_step)  # adversarial: frozen
     return DeepFoolState(r_total, state.classes, best)
 

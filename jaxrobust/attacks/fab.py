@@ -29,6 +29,14 @@ Each iteration costs one forward pass to linearise, the backward passes for the 
 so that memory is :math:`O(\text{chunk} \cdot B \cdot D)`; one for a targeted FAB) and one forward
 pass to score the new iterate.
 
+The class choice compares :math:`|f_j| / \|\nabla f_j\|_q` with no constant added (the
+reference adds :math:`10^{-12}` to the denominator, a constant in logit units), so the attack
+does not depend on the scale of the logits; a class with a zero gradient is never chosen.
+Non-finite gradient entries (finite logits, but a ``sqrt`` of 0 inside the model) are replaced by
+0, so the attack works with the finite part of the gradient and no NaN reaches an iterate.
+Arithmetic runs in the input's float dtype (float32 at least; float64 under
+``jax_enable_x64``).
+
 Restarts (random starts at radius :math:`\tfrac12 \min(\|\delta^*\|_p, \epsilon)` around
 :math:`x_0`, with :math:`\delta^*` the smallest adversarial perturbation so far) and, for FAB-T,
 the target classes are laid end to end as segments of ``steps`` iterations in one fixed-length
@@ -51,6 +59,7 @@ from jaxrobust._validation import check_positive_int
 from jaxrobust.attacks._common import (
   MinNormBest,
   expand,
+  finite_or_zero,
   fold_in,
   is_success,
   predict,
@@ -142,9 +151,13 @@ def _closest_boundary(logits: Array, pullback, x_flat: Array, y: Array, norm: st
     cot = jnp.where(excluded[:, :, None], 0.0, cot)  # [K, B, C]
     (w,) = jax.vmap(pullback)(cot.astype(logits.dtype))
     w = w.reshape(chunk, batch, -1).astype(dtype)  # [K, B, D]
+    w = finite_or_zero(w)  # the finite part of a NaN/Inf gradient
     f = jnp.sum(cot * z[None], axis=-1)  # [K, B]: z_j - z_y
     size = _dual_norm(w, norm)  # [K, B]
-    dist = jnp.abs(f) / (size + 1e-12)
+    # No absolute constant in the denominator: the distance must not depend on the scale of
+    # the logits. A zero gradient means the boundary cannot be reached (inf).
+    movable = size > 0
+    dist = jnp.where(movable, jnp.abs(f) / jnp.where(movable, size, 1.0), jnp.inf)
     dist = jnp.where(excluded | jnp.isnan(dist), jnp.inf, dist)
     pick = jnp.argmin(dist, axis=0).astype(jnp.int32)  # [B], first minimum
     chosen = pick[None, :] == jnp.arange(chunk, dtype=jnp.int32)[:, None]  # [K, B]
@@ -326,7 +339,8 @@ def fab(norm: str = "linf", *, targeted: bool = False, n_target_classes: int | N
              - _class_mask(rival, num_classes).astype(dtype))
       (w,) = pullback(cot.astype(logits.dtype))
       f = jnp.sum(cot * logits.astype(dtype), axis=1)
-      return f, _flat(w).astype(dtype)
+      w = _flat(w).astype(dtype)
+      return f, finite_or_zero(w)  # the finite part of a NaN/Inf gradient
     chunk = class_chunk if class_chunk is not None else (
         min(num_classes, SMALL_CLASS_COUNT))
     return _closest_boundary(logits, pullback, _flat(x_k), y, norm, min(chunk, num_classes),
