@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,7 +11,7 @@ import pytest
 from jax.experimental import io_callback
 
 import jaxrobust as jr
-from tests.models import linear_points, random_linear
+from tests.models import Linear, linear_points, random_linear
 
 SHAPE = (4, 4, 1)  # an NHWC image, so Square applies
 DIM = 16
@@ -72,8 +74,11 @@ def test_no_flags_on_a_plain_model(masked_problem):
 
 @pytest.mark.parametrize("kind", ["rounded", "stop_gradient"])
 def test_gradient_masking_is_flagged_and_square_exposes_it(masked_problem, kind):
+  """On NHWC images and on flat features ``[B, D]`` (where Square, and so AutoAttack, used to
+  raise "square needs images")."""
   w, x, y, _ = masked_problem
   if kind == "rounded":
+    x = x.reshape(x.shape[0], -1)  # tabular features: Square's windows are runs of features
     masked = lambda v: (jnp.round(v * 8) / 8).reshape(v.shape[0], -1) @ w
   else:
     masked = lambda v: jax.lax.stop_gradient(v).reshape(v.shape[0], -1) @ w
@@ -86,6 +91,30 @@ def test_gradient_masking_is_flagged_and_square_exposes_it(masked_problem, kind)
   assert result.info["counts"]["square_only_points"] > 0
 
 
+def test_float64_sequences_under_x64(masked_problem):
+  """float64 inputs of shape [B, T, C] (AutoAttack used to fail on both: a float32 loss in
+  APGD's float64 carry, and Square refusing non-images). The model is float64 too, so the
+  closed-form distance is exact for it: nothing below 0.97 d*, everything at 1.5 d*."""
+  w, x, _, _ = masked_problem
+  model = Linear(np.asarray(w, np.float64), np.zeros(CLASSES))
+  flat = np.asarray(x, np.float64).reshape(len(x), -1)
+  y = np.argmax(flat @ model.w, axis=1).astype(np.int32)
+  d = model.min_distance(flat, y, "l2")
+  scale = np.where(np.arange(len(x)) % 2 == 0, 0.97, 1.5)
+  with jax.enable_x64(True):
+    w64 = jnp.asarray(model.w)
+    logits_fn = lambda v: v.reshape(v.shape[0], -1) @ w64
+    attack = jr.attacks.auto_attack("l2", n_target_classes=3, steps=10, queries=100)
+    result = jax.jit(lambda x, y, eps: jr.run(attack, logits_fn, x, y, jr.Budget(eps),
+                                              jax.random.key(0), chunk_size=16))(
+        jnp.asarray(flat.reshape(len(x), 8, 2)), jnp.asarray(y), jnp.asarray(scale * d))
+    assert result.x_adv.dtype == jnp.float64 and result.x_adv.shape == (len(x), 8, 2)
+    x_adv, success = np.asarray(result.x_adv).reshape(len(x), -1), np.asarray(result.success)
+  assert np.all(np.linalg.norm(x_adv - flat, axis=1) <= scale * d * (1 + 1e-12))
+  np.testing.assert_array_equal(success, np.argmax(x_adv @ model.w, axis=1) != y)
+  assert not success[scale < 1].any() and success[scale > 1].all()
+
+
 def test_saturated_logits_zero_gradients(masked_problem):
   w, x, y, _ = masked_problem
   flags, _ = _flags(lambda v: 1e4 * (v.reshape(v.shape[0], -1) @ w), x, y, 0.01)
@@ -96,6 +125,26 @@ def test_probability_outputs_flagged(masked_problem):
   w, x, y, _ = masked_problem
   flags, _ = _flags(lambda v: jax.nn.softmax(v.reshape(v.shape[0], -1) @ w), x, y, 0.05)
   assert flags["probability_outputs"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_probability_outputs_flagged_in_every_float_dtype(dtype):
+  """Softmax outputs rounded to bfloat16 or float16 sum to 1 only within their precision (the
+  flag used to require 1e-5 and missed them); logits of that dtype are not flagged."""
+  auto_attack_lib = importlib.import_module("jaxrobust.attacks.auto_attack")  # not the factory
+  rng = np.random.default_rng(5)
+  x = jnp.asarray(rng.uniform(0, 1, size=(64, 8)), jnp.float32)
+  w = jnp.asarray(rng.normal(size=(8, 100)) * 3, jnp.float32)
+  y = jnp.zeros(64, jnp.int32)
+  flags = auto_attack_lib._flags("linf", "standard", 9, False)
+  verdicts = []
+  for outputs in (lambda v: jax.nn.softmax(v @ w).astype(dtype),  # rounded after a softmax
+                  lambda v: jax.nn.softmax((v @ w).astype(dtype)),  # computed in dtype
+                  lambda v: (v @ w).astype(dtype)):  # logits
+    info = jax.jit(lambda x: flags(outputs, x, y, jr.Budget(0.1), None, None,
+                                   jnp.ones(64, bool), jnp.ones((3, 64), bool), []))(x)
+    verdicts.append(bool(info["flags"]["probability_outputs"]))
+  assert verdicts == [True, True, False]
 
 
 def test_noisy_outputs_flagged(masked_problem):

@@ -10,6 +10,10 @@ The result equals running the function on the whole batch and keeping the active
 the function treats rows independently (every attack here does, and per-example keys travel with
 their rows). Inactive rows of the output are zeros; callers select with ``active``.
 
+The loop's trip count depends on the data, so JAX cannot differentiate it in reverse mode:
+``jax.grad`` through a compacted computation raises (unless no differentiable value flows
+through the loop); forward mode (``jax.jvp``) works. Drivers document this for ``chunk_size``.
+
 The sort and the gathers move rows across the batch. When the batch axis is sharded over a mesh
 axis that the array's type shows (an Explicit mesh axis), the compaction runs per device under
 ``jax.shard_map`` over that axis: each device compacts and attacks its own rows, ``chunk_size`` rows
@@ -62,7 +66,9 @@ def compacted(fn: Callable[..., Any], active: Array, chunk_size: int, *rows: Any
     spec = P(axis)
     local = lambda active, *rows: _compacted(fn, active, chunk_size, *rows)
     # Rows built by broadcasting (e.g. a scalar eps) are replicated: slice them like the batch.
-    rows = jax.tree.map(lambda a: jax.reshard(a, spec), rows)
+    # A NamedSharding on the array's own mesh, so no jax.set_mesh context is needed.
+    rows = jax.tree.map(lambda a: jax.reshard(a, jax.sharding.NamedSharding(mesh, spec)),
+                        rows)
     in_specs = (spec,) + jax.tree.map(lambda _: spec, rows)
     try:
       return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=spec,

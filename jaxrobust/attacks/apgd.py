@@ -28,15 +28,27 @@ On a restart from :math:`x_{\max}` the momentum of the next step is :math:`x_{\m
 in the reference implementation.
 
 L1 (l1-APGD, Croce & Hein, 2021) has no momentum and its own schedule. A step moves
-:math:`\eta_k` of L1 mass evenly over the coordinates with the largest :math:`|g_i|` (a fraction
-:math:`s_k` of them, :math:`s_0 = 0.2`) and projects exactly onto the L1 ball intersected with the
-box (:func:`jaxrobust.projections.project_l1_box`): :math:`x_{k+1} = x + \Pi_{\epsilon,\,\text{box}}
-(x_k + \eta_k \operatorname{sign}(g_{\text{top}}) / \|\operatorname{sign}(g_{\text{top}})\|_1 -
-x)`, with :math:`\eta_0 = \epsilon`. Every ``max(int(0.04 N), 1)`` iterations the sparsity
-:math:`m` of :math:`x_{\max} - x` sets :math:`s = m / (1.5 D)`; if :math:`m` fell below 0.95 of
-its value at the previous check the step size is reset to :math:`\epsilon` and the iterate to
-:math:`x_{\max}`, otherwise the step size is divided by 1.5; it is kept in
+:math:`\eta_k` of L1 mass evenly over the :math:`k_k` coordinates with the largest :math:`|g_i|`
+(:math:`k_0 = \lceil 0.2 D \rceil`) and projects exactly onto the L1 ball intersected with the
+box (:func:`jaxrobust.projections.project_l1_box`):
+:math:`x_{k+1} = x + \Pi_{\epsilon,\,\text{box}}(x_k + \eta_k \operatorname{sign}(g_{\text{top}})
+/ \|\operatorname{sign}(g_{\text{top}})\|_1 - x)`, with :math:`\eta_0 = \epsilon`. Every
+``max(int(0.04 N), 1)`` iterations the support :math:`m` of :math:`x_{\max} - x` sets
+:math:`k = \lceil m / 1.5 \rceil` (the reference's sparsity :math:`m / (1.5 D)`); if :math:`m`
+fell below 0.95 of its value at the previous check the step size is reset to :math:`\epsilon` and
+the iterate to :math:`x_{\max}`, otherwise the step size is divided by 1.5; it is kept in
 :math:`[\epsilon / 10, \epsilon]`.
+
+One addition to the reference (:func:`l1_fewer_coordinates`): a run whose best loss did not
+improve since the previous check moves fewer coordinates from then on, :math:`k \leftarrow
+\min(\lceil m / 1.5 \rceil, \lceil k / 1.5 \rceil, k - 1)`. Without it the attack stalls where
+the loss is locally linear: each step adds the same mass to the :math:`k` moved coordinates and
+the exact projection takes the same amount back from each, so an iterate spread evenly over
+:math:`k` coordinates is a fixed point, :math:`x_{\max}` stops improving, its support stops
+shrinking and :math:`k` stays (for :math:`m = 2`, :math:`\lceil 2 / 1.5 \rceil = 2` never
+shrinks at all). Measured on two-class linear models with 64 inputs at 1.02 times the exact
+minimal L1 distance (whose optimum moves one coordinate): 4% success with the reference's rule,
+100% with the addition; a run that keeps improving is unchanged.
 
 Random starts follow the reference: Linf :math:`x + \epsilon\, t / \|t\|_\infty` with
 :math:`t \sim U[-1, 1]^D`, L2 :math:`x + \epsilon\, t / \|t\|_2` with :math:`t \sim N(0, I)`
@@ -136,17 +148,17 @@ def l1_checkpoints(steps: int) -> tuple[int, ...]:
 class APGDState(NamedTuple):
   """The ``lax.scan`` carry of APGD. Fields marked *run* are reset at the start of each run."""
 
-  x_adv: Array  # [B, ...] float32: the point the next step evaluates.
-  x_prev: Array  # [B, ...] float32: the iterate before x_adv (for the momentum), run.
-  x_best: Array  # [B, ...] float32: the run's highest-loss point, run.
-  grad_best: Array  # [B, ...] float32: the gradient at x_best, run.
+  x_adv: Array  # [B, ...] work dtype (x's, float32 at least): the point the next step evaluates.
+  x_prev: Array  # [B, ...] work dtype: the iterate before x_adv (for the momentum), run.
+  x_best: Array  # [B, ...] work dtype: the run's highest-loss point, run.
+  grad_best: Array  # [B, ...] work dtype: the gradient at x_best, run.
   loss_best: Array  # [B] float32: the loss at x_best, run.
   loss_prev: Array  # [B] float32: the loss of the last evaluated point, run.
   loss_best_at_check: Array  # [B] float32: loss_best at the last checkpoint, run.
   halved_at_check: Array  # [B] bool: the step was halved at the last checkpoint, run.
   increases: Array  # [B] int32: steps that increased the loss since the last checkpoint, run.
-  step_size: Array  # [B] float32: the step size eta, in input units, run.
-  sparsity: Array  # [B] float32: L1 only, the fraction of coordinates a step moves, run.
+  step_size: Array  # [B] work dtype: the step size eta, in input units, run.
+  coordinates: Array  # [B] int32: L1 only, how many coordinates a step moves, run.
   support_at_check: Array  # [B] float32: L1 only, ||x_best - x||_0 at the last checkpoint, run.
   best: Best  # the best point seen in any run (success first, then loss).
   targets: Array | None  # [B, n_target_classes] int32 for APGD-T, else None.
@@ -172,22 +184,60 @@ def _start(x: Array, keys: Array, eps: Array, lower: Array, upper: Array, norm: 
   return jnp.clip(x + delta, lower, upper)
 
 
-def _l1_direction(grad: Array, sparsity: Array) -> Array:
-  """``sign`` of the gradient on its top ``sparsity`` fraction of coordinates, unit L1 norm.
+def _l1_direction(grad: Array, coordinates: Array) -> Array:
+  """``sign`` of the gradient on its ``coordinates`` largest-magnitude entries, unit L1 norm.
 
-  The threshold is the reference's: the ascending-sorted ``|g|`` at index
-  ``clip(floor((1 - sparsity) D), 0, D - 1)``, looked up with a one-hot mask (no gather).
+  The threshold is the ascending-sorted ``|g|`` at index ``D - coordinates``, looked up with a
+  one-hot mask (no gather); ties at the threshold are all kept, as in the reference.
   """
   g = grad.reshape(grad.shape[0], -1)
   d = g.shape[1]
   magnitude = jnp.abs(g)
   ordered = jnp.sort(magnitude, axis=1)
-  index = jnp.clip(jnp.floor((1.0 - sparsity) * d), 0, d - 1).astype(jnp.int32)
+  index = jnp.clip(d - coordinates, 0, d - 1).astype(jnp.int32)
   columns = jnp.arange(d, dtype=jnp.int32).reshape(1, d)
   threshold = jnp.sum(jnp.where(columns == index[:, None], ordered, 0.0), axis=1, keepdims=True)
   s = jnp.where(magnitude >= threshold, jnp.sign(g), 0.0)
   s = s / (jnp.sum(jnp.abs(s), axis=1, keepdims=True) + 1e-10)
   return s.reshape(grad.shape)
+
+
+def l1_initial_coordinates(size: int) -> int:
+  """The coordinates the first L1 steps of a run move: the reference's ``D - int(0.8 D)`` for
+  ``D`` input coordinates (the top 20%, rounded up; float32 arithmetic as in the reference).
+
+  Examples:
+    >>> l1_initial_coordinates(64), l1_initial_coordinates(3072)
+    (13, 615)
+  """
+  return size - int(np.float32(1.0 - np.float32(L1_INITIAL_SPARSITY)) * np.float32(size))
+
+
+def l1_coordinates(support: Array) -> Array:
+  r"""How many coordinates an L1-APGD step moves after a check, from the best point's support.
+
+  The reference's :math:`\lceil m / 1.5 \rceil` for a support of :math:`m` coordinates (from its
+  sparsity :math:`m / (1.5 D)`), and at least one.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> l1_coordinates(jnp.array([0, 1, 2, 3, 4, 5, 64], jnp.int32)).tolist()
+    [1, 1, 2, 2, 3, 4, 43]
+  """
+  support = support.astype(jnp.int32)
+  return jnp.maximum((2 * support + 2) // 3, 1)  # ceil(m / 1.5) in integers
+
+
+def l1_fewer_coordinates(coordinates: Array) -> Array:
+  r"""The count a stalled L1 run moves next: :math:`\lceil k / 1.5 \rceil`, but at least one
+  fewer than :math:`k` (so 2 becomes 1), and at least one.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> l1_fewer_coordinates(jnp.array([1, 2, 3, 6, 13], jnp.int32)).tolist()
+    [1, 1, 2, 4, 9]
+  """
+  return jnp.maximum(jnp.minimum(l1_coordinates(coordinates), coordinates - 1), 1)
 
 
 def _required_classes(loss, targeted: bool) -> int:
@@ -252,7 +302,7 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     >>> attack = apgd("linf", steps=10)
     >>> attack.name
     'apgd-ce-linf-10x1'
-    >>> run = jax.jit(lambda eps: jr.run(attack, logits_fn, x, y, jr.Budget(eps), jax.random.key(0)))
+    >>> run = jax.jit(lambda e: jr.run(attack, logits_fn, x, y, jr.Budget(e), jax.random.key(0)))
     >>> bool(run(0.09).success[0]), bool(run(0.11).success[0])
     (False, True)
 
@@ -328,12 +378,15 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
       targets = None
     x0 = _start(x, keys, eps, lower, upper, norm, 0)
     first = x0.reshape(x0.shape[0], -1)[:, 0]
-    zeros = jnp.zeros_like(first)
+    # Losses are float32 whatever the input dtype (loss_grad_logits returns them so); sizes in
+    # input units (the step size) follow x, which is float64 under jax_enable_x64.
+    losses = jnp.zeros_like(first, jnp.float32)
+    counts = jnp.zeros_like(first, jnp.int32)
     return APGDState(
-        x_adv=x0, x_prev=x0, x_best=x0, grad_best=jnp.zeros_like(x0), loss_best=zeros,
-        loss_prev=zeros, loss_best_at_check=zeros, halved_at_check=jnp.zeros_like(first, bool),
-        increases=jnp.zeros_like(first, jnp.int32), step_size=zeros, sparsity=zeros,
-        support_at_check=zeros, best=Best.empty(x0), targets=targets, keys=keys,
+        x_adv=x0, x_prev=x0, x_best=x0, grad_best=jnp.zeros_like(x0), loss_best=losses,
+        loss_prev=losses, loss_best_at_check=losses, halved_at_check=jnp.zeros_like(first, bool),
+        increases=counts, step_size=jnp.zeros_like(first), coordinates=counts,
+        support_at_check=losses, best=Best.empty(x0), targets=targets, keys=keys,
         t=jnp.zeros((), jnp.int32))
 
   def step(logits_fn, state: APGDState, x, y, budget: Budget, target=None):
@@ -359,19 +412,27 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     at_check = window > 0
 
     if norm == "l1":
-      sparsity = jnp.where(first, L1_INITIAL_SPARSITY, state.sparsity)
-      support_old = jnp.where(first, float(math.prod(x.shape[1:])), state.support_at_check)
-      support = jnp.sum((x_best != x).reshape(x.shape[0], -1), axis=1).astype(jnp.float32)
-      shrunk = support < L1_SPARSITY_DROP * support_old
+      size = math.prod(x.shape[1:])
+      coordinates = jnp.where(first, l1_initial_coordinates(size), state.coordinates)
+      support_old = jnp.where(first, float(size), state.support_at_check)
+      support = jnp.sum((x_best != x).reshape(x.shape[0], -1), axis=1, dtype=jnp.int32)
+      shrunk = support.astype(jnp.float32) < L1_SPARSITY_DROP * support_old
       restart = at_check & shrunk
       full = initial_step * eps
       adapted = jnp.clip(jnp.where(shrunk, full, step_size / L1_STEP_DIVISOR),
                          full * L1_MIN_STEP_FRACTION, full)
       step_size = jnp.where(at_check, adapted, step_size)
-      sparsity = jnp.where(at_check, support / (math.prod(x.shape[1:]) * L1_STEP_DIVISOR),
-                           sparsity)
-      support_at_check = jnp.where(at_check, support, support_old)
-      halved_at_check, loss_best_at_check = state.halved_at_check, state.loss_best_at_check
+      # A run whose best loss did not improve since the last check sits at a fixed point of the
+      # step and the projection (every moved coordinate gains the same mass, which the L1
+      # projection takes back evenly): it moves fewer coordinates from then on.
+      loss_best_before = jnp.where(first, loss_value, state.loss_best_at_check)
+      stalled = loss_best <= loss_best_before
+      fewer = jnp.minimum(l1_coordinates(support),
+                          jnp.where(stalled, l1_fewer_coordinates(coordinates), size))
+      coordinates = jnp.where(at_check, fewer, coordinates)
+      support_at_check = jnp.where(at_check, support.astype(jnp.float32), support_old)
+      loss_best_at_check = jnp.where(at_check, loss_best, loss_best_before)
+      halved_at_check = state.halved_at_check
     else:
       halved_before = jnp.where(first, True, state.halved_at_check)
       loss_best_before = jnp.where(first, loss_value, state.loss_best_at_check)
@@ -383,20 +444,20 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
       halved_at_check = jnp.where(at_check, halve, halved_before)
       loss_best_at_check = jnp.where(at_check, loss_best, loss_best_before)
       increases = jnp.where(at_check, 0, increases)
-      sparsity, support_at_check = state.sparsity, state.support_at_check
+      coordinates, support_at_check = state.coordinates, state.support_at_check
 
     # Restart from the best-loss point where the schedule says so, then step.
     x_cur = jnp.where(expand(restart, nd), x_best, state.x_adv)
     g = jnp.where(expand(restart, nd), grad_best, grad)
     eta = expand(step_size, nd)
     if norm == "l1":
-      moved = x_cur + eta * _l1_direction(g, sparsity)
+      moved = x_cur + eta * _l1_direction(g, coordinates)
       delta = projections.project_l1_box(moved - x, x, eps, lower, upper)
       x_next = jnp.clip(x + delta, lower, upper)
     else:
       z = _project(x, x_cur + eta * direction(g, norm, x_cur, lower, upper, 1.0), eps, lower,
                    upper, norm)
-      a = jnp.where(first, jnp.float32(1.0), jnp.float32(momentum))
+      a = jnp.where(first, jnp.ones((), x.dtype), jnp.asarray(momentum, x.dtype))
       x_next = _project(x, x_cur + a * (z - x_cur) + (1 - a) * (x_cur - state.x_prev), eps,
                         lower, upper, norm)
     if runs > 1:
@@ -407,7 +468,7 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
         x_adv=x_next, x_prev=x_cur, x_best=x_best, grad_best=grad_best, loss_best=loss_best,
         loss_prev=loss_value, loss_best_at_check=loss_best_at_check,
         halved_at_check=halved_at_check, increases=increases, step_size=step_size,
-        sparsity=sparsity, support_at_check=support_at_check, best=best,
+        coordinates=coordinates, support_at_check=support_at_check, best=best,
         targets=state.targets, keys=state.keys, t=state.t + 1)
 
   def finalize(logits_fn, state: APGDState, x, y, budget: Budget, target=None):

@@ -18,8 +18,9 @@ rand       APGD-CE and APGD-DLR (1 restart each), both with 20 EOT draws
 Reliability checks, reported in ``AttackResult.info["flags"]`` (``[]`` bool each) with the counts
 behind them in ``info["counts"]``, never only as log lines:
 
-* ``probability_outputs``: every output row lies in :math:`[0, 1]` and sums to 1 (softmax
-  outputs flatten the losses' gradients; pass logits);
+* ``probability_outputs``: every output row lies in :math:`[0, 1]` and sums to 1, up to the
+  rounding of the output dtype (:func:`probability_tolerances`: bfloat16 and float16 softmax
+  outputs are caught too); softmax outputs flatten the losses' gradients, so pass logits;
 * ``randomized``: two forward passes on the clean batch disagree (deterministic versions only; a
   randomized model needs ``version="rand"``);
 * ``zero_gradients``: some clean-correct point has an exactly zero cross-entropy input gradient;
@@ -50,7 +51,7 @@ from jaxrobust.attacks.apgd import apgd
 from jaxrobust.attacks.ensemble import build as build_ensemble
 from jaxrobust.attacks.eot import eot
 from jaxrobust.attacks.fab import fab
-from jaxrobust.attacks.square import square
+from jaxrobust.attacks.square import LAYOUTS, grid, square
 from jaxrobust.projections import check_norm
 
 Array = jax.Array
@@ -68,7 +69,7 @@ def _targets(norm: str, version: str, n_target_classes: int) -> tuple[int, int]:
 
 
 def _members(norm: str, version: str, num_classes: int, n_target_classes: int, steps: int,
-             queries: int, samples: int) -> list[Attack]:
+             queries: int, samples: int, layout: str = "auto") -> list[Attack]:
   """The members of ``version`` for a model with ``num_classes`` classes."""
   apgd_targets, fab_targets = (min(t, num_classes - 1)
                                for t in _targets(norm, version, n_target_classes))
@@ -78,14 +79,16 @@ def _members(norm: str, version: str, num_classes: int, n_target_classes: int, s
                apgd(norm, loss="dlr", targeted=True, n_target_classes=apgd_targets, steps=steps),
                fab(norm, targeted=True, n_target_classes=fab_targets, steps=steps)]
     if norm != "l1":  # Square has no L1 version
-      members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False))
+      members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False,
+                            layout=layout))
     return members
   if version == "plus":
     members = [apgd(norm, loss="ce", steps=steps, restarts=5),
                apgd(norm, loss="dlr", steps=steps, restarts=5),
                fab(norm, steps=steps, restarts=5)]
     if norm != "l1":
-      members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False))
+      members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False,
+                            layout=layout))
     members += [apgd(norm, loss="dlr", targeted=True, n_target_classes=apgd_targets,
                      steps=steps),
                 fab(norm, targeted=True, n_target_classes=fab_targets, steps=steps)]
@@ -104,6 +107,33 @@ def _check_classes(version: str, num_classes: int) -> None:
                      "Square instead (jr.attacks.ensemble).")
 
 
+def probability_tolerances(dtype, num_classes: int) -> tuple[float, float]:
+  r"""How far outputs of ``dtype`` may stray from a probability vector and still count as one.
+
+  A probability rounded to ``dtype`` errs by half its machine epsilon :math:`\varepsilon`
+  relative, so each entry stays within :math:`[-\varepsilon, 1 + \varepsilon]` and a row of
+  :math:`C` rounded probabilities sums to 1 within :math:`\varepsilon / 2`; a softmax computed in
+  ``dtype`` adds the rounding of its normaliser, at worst :math:`C \varepsilon / 2` when it is
+  accumulated in ``dtype``. So the row-sum tolerance is :math:`C \varepsilon` (at least
+  :math:`10^{-5}`, the reference's float32 tolerance), capped at 0.1 so that the small logits of
+  a model with many classes are not mistaken for probabilities. (Measured: ``jax.nn.softmax``
+  rows err by at most :math:`0.75\,\varepsilon` in bfloat16 and float16, for 2 to 10000
+  classes; a fixed :math:`10^{-5}` misses every one of them.)
+
+  Returns:
+    ``(entry_tolerance, sum_tolerance)`` as Python floats.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> probability_tolerances(jnp.float32, 10)
+    (1e-05, 1e-05)
+    >>> probability_tolerances(jnp.bfloat16, 10)
+    (0.0078125, 0.078125)
+  """
+  eps = float(jnp.finfo(dtype).eps)
+  return max(1e-5, eps), max(1e-5, min(num_classes * eps, 0.1))
+
+
 def _flags(norm, version, n_target_classes, has_square):
   """``extra_info`` for the ensemble: AutoAttack's reliability checks as flags and counts."""
 
@@ -119,11 +149,12 @@ def _flags(norm, version, n_target_classes, has_square):
       scale = jnp.linalg.norm(logits.astype(jnp.float32), axis=-1, keepdims=True) + 1e-10
       diff = jnp.max(jnp.abs(logits.astype(jnp.float32) - again.astype(jnp.float32)) / scale)
       randomized = diff > 1e-4
+    entry_tolerance, sum_tolerance = probability_tolerances(logits.dtype, logits.shape[-1])
     logits = logits.astype(jnp.float32)
     finite_rows = jnp.all(jnp.isfinite(logits), axis=-1)
     counts["non_finite_logits"] = jnp.sum(~finite_rows, dtype=jnp.int32)
-    probability = (jnp.all(logits < 1.0 + 1e-5) & jnp.all(logits > -1e-5)
-                   & jnp.all(jnp.abs(jnp.sum(logits, axis=-1) - 1.0) < 1e-5))
+    probability = (jnp.all(logits <= 1.0 + entry_tolerance) & jnp.all(logits >= -entry_tolerance)
+                   & jnp.all(jnp.abs(jnp.sum(logits, axis=-1) - 1.0) <= sum_tolerance))
     if version == "rand":
       zero = jnp.zeros_like(todo)
     else:
@@ -150,14 +181,23 @@ def _flags(norm, version, n_target_classes, has_square):
 
 
 def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_classes: int = 9,
-                steps: int = 100, queries: int = 5000, samples: int = 20) -> Attack:
+                steps: int = 100, queries: int = 5000, samples: int = 20,
+                layout: str = "auto") -> Attack:
   r"""AutoAttack's ``standard``, ``plus`` or ``rand`` suite as one per-example worst-case attack.
 
   Robust accuracy is :math:`\frac1N\sum_x [f(x) = y]\prod_m [\text{member } m \text{ fails on }
   x]`, with each member run only on the points still robust (see the module docstring for the
   members). ``jr.run(...).info`` holds ``robust_after`` (``[M, B]``, the per-attack breakdown),
   ``flags`` (the reliability checks) and ``counts``. Pass ``chunk_size=`` to :func:`jaxrobust.run`
-  or :func:`jaxrobust.robustness_curve` so that points already broken cost close to nothing.
+  or :func:`jaxrobust.robustness_curve` so that points already broken cost close to nothing; the
+  chunk loop is a ``lax.while_loop``, which JAX cannot differentiate in reverse mode, so leave
+  ``chunk_size=None`` to take ``jax.grad`` through the result (with it, FAB's projections make
+  ``jax.grad`` raise).
+
+  Inputs of any shape work: APGD and FAB are shape-agnostic, and Square reads ``x`` according to
+  ``layout`` (images ``[B, H, W, C]``, sequences ``[B, T, C]``, flat features ``[B, D]``; see
+  :mod:`jaxrobust.attacks.square`). Inputs may be float64 (under ``jax_enable_x64``); the
+  attacks then run in float64.
 
   Args:
     norm: ``"linf"``, ``"l2"`` or ``"l1"`` (L1 has no Square member, as in AutoAttack).
@@ -168,6 +208,9 @@ def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_class
     steps: iterations of every APGD and FAB run (AutoAttack: 100).
     queries: Square's query budget (AutoAttack: 5000).
     samples: EOT draws of the ``rand`` version (AutoAttack: 20).
+    layout: how Square reads ``x`` (``"auto"``, ``"image"``, ``"sequence"`` or ``"features"``,
+      see :func:`jaxrobust.attacks.square`); ``"auto"`` refuses a 4-D input that looks
+      channels-first (NCHW), ``"image"`` takes any 4-D input as NHWC.
 
   Returns:
     A fixed-budget :class:`jaxrobust.Attack`.
@@ -195,13 +238,21 @@ def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_class
   steps = check_positive_int("steps", steps)
   queries = check_positive_int("queries", queries)
   samples = check_positive_int("samples", samples)
+  if not isinstance(layout, str) or layout not in LAYOUTS:
+    raise ValueError(f"Unknown layout {layout!r}; supported: {', '.join(map(repr, LAYOUTS))}.")
 
   def members_fn(num_classes: int) -> list[Attack]:
     _check_classes(version, num_classes)
-    return _members(norm, version, num_classes, n_target_classes, steps, queries, samples)
+    return _members(norm, version, num_classes, n_target_classes, steps, queries, samples,
+                    layout)
 
   has_square = version != "rand" and norm != "l1"
+
+  def check_input(x: Array) -> None:
+    if has_square:
+      grid(x.shape[1:], layout)  # e.g. refuses NCHW images before APGD and FAB are traced
+
   return build_ensemble(
       members_fn, norm=norm, targeted=False, samples=samples if version == "rand" else 0,
       name=f"auto_attack-{version}-{norm}",
-      extra_info=_flags(norm, version, n_target_classes, has_square))
+      extra_info=_flags(norm, version, n_target_classes, has_square), check_input=check_input)

@@ -79,16 +79,21 @@ def run_members(members: Sequence[Attack], logits_fn: Callable[..., Array], x: A
 
 
 def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, name: str,
-          extra_info: Callable[..., dict] | None = None) -> Attack:
+          extra_info: Callable[..., dict] | None = None,
+          check_input: Callable[[Array], None] | None = None) -> Attack:
   """The :class:`~jaxrobust.Attack` of an ensemble whose members may depend on the class count.
 
   ``extra_info(logits_fn, x, y, budget, keys, target, todo, robust_after, members)`` may add
-  entries (e.g. reliability flags) to ``AttackResult.info``.
+  entries (e.g. reliability flags) to ``AttackResult.info``. ``check_input(x)`` may raise for
+  inputs a member cannot take, before any member is traced (so that the error speaks about the
+  user's whole batch, not a chunk of it, and comes before minutes of tracing).
   """
 
   def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size):
     from jaxrobust._validation import logits_shape
 
+    if check_input is not None:
+      check_input(x)
     num_classes = logits_shape(logits_fn, x, samples)[-1]
     members = list(members_fn(num_classes))
     check_members(members)
@@ -130,7 +135,11 @@ def ensemble(*attacks: Attack, name: str | None = None) -> Attack:
 
   Members run one after another; pass ``chunk_size=`` to :func:`jaxrobust.run` (or
   :func:`jaxrobust.robustness_curve`) to compact the survivors into chunks, so that points broken
-  by an earlier member (or at a smaller eps of a curve) cost close to nothing. Every member gets
+  by an earlier member (or at a smaller eps of a curve) cost close to nothing. The chunk loop is a
+  ``lax.while_loop`` (its trip count depends on how many points survive), which JAX cannot
+  differentiate in reverse mode: ``jax.grad`` through a result computed with ``chunk_size`` raises
+  as soon as a member's point depends differentiably on what is differentiated (FAB's
+  projections, L2 steps); leave ``chunk_size=None`` to differentiate. Every member gets
   the ensemble's per-example keys unchanged, so the ensemble's robust accuracy is never above any
   member's run alone with the same key.
 
