@@ -85,11 +85,12 @@ def test_success_just_above_the_minimal_distance_on_two_classes(attack_name, nor
 
 
 @pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
-def test_random_start_pgd_almost_always_succeeds_just_above(norm):
-  """From a random start, PGD-20 must still turn towards the optimum for nearly every point.
+def test_random_start_pgd_always_succeeds_just_above(norm):
+  """From a random start, PGD-20 must still turn towards the optimum for every point.
 
-  (L2 from a start on the far side of the ball is the slow case: the projection rotates the
-  iterate towards the optimum only gradually, so a few points may need more steps.)
+  (L2 from a start on the far side of the ball was the slow case with the former constant step
+  ``2.5 / steps``: the projection rotated the iterate only gradually. The default schedule's
+  first steps of about 2 eps turn it within a few steps.)
   """
   model = random_linear(2, DIM, 2)
   model = Linear(model.w, -0.5 * model.w.sum(0))
@@ -98,7 +99,7 @@ def test_random_start_pgd_almost_always_succeeds_just_above(norm):
   x, y, d = x[keep][:N], y[keep][:N], d[keep][:N]
   result = _jitted("pgd", norm)(model.w, model.b, jnp.asarray(x), jnp.asarray(y),
                                 jnp.asarray(1.03 * d, jnp.float32), jax.random.key(0))
-  assert np.asarray(result.success).mean() >= 0.95
+  assert np.asarray(result.success).all(), np.flatnonzero(~np.asarray(result.success))
 
 
 def test_targeted_success_means_argmax_equals_target():

@@ -99,7 +99,7 @@ def test_too_few_classes_for_dlr():
     (lambda: jr.attacks.pgd(restarts=0), r"restarts must be an int >= 1"),
     (lambda: jr.attacks.pgd(step_size=0.0), r"step_size must be a finite number > 0"),
     (lambda: jr.attacks.pgd(step_size=-1.0), r"step_size must be a finite number > 0"),
-    (lambda: jr.attacks.pgd("l1", l1_sparsity=0.0), r"l1_sparsity must be in \(0, 1\]"),
+    (lambda: jr.attacks.pgd("l1", l1_sparsity=0.0), r"l1_sparsity must be None or in \(0, 1\]"),
 ])
 def test_bad_factory_options(factory, message):
   with pytest.raises(ValueError, match=message):

@@ -1,0 +1,219 @@
+"""PGD and FGM reach the exact optimum of linear models, in every norm, with their defaults.
+
+On a linear model the smallest perturbation that makes class ``t`` beat ``y`` has size
+``(z_y - z_t) / ||w_t - w_y||_q`` (q the dual norm) and is known in closed form: a sign vector
+(Linf), the normalised weight difference (L2) or a single coordinate (L1, a vertex of the ball).
+The points below are chosen so that this optimum, scaled by 1.03, stays inside the box and makes
+``t`` the top class, so a fixed-budget attack must succeed at 1.02 times the distance and can
+never succeed at 0.98 times it. The L1 cases are the regression tests of the sparse step that
+could not concentrate on one coordinate; the L2 random-start cases those of the constant step
+``2.5 / steps``, too small to turn an iterate that starts on the far side of the sphere. The
+rest checks the box-aware L1 step against an LP solver, the step-size options and the
+random-start distributions.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrobust as jr
+from jaxrobust.attacks._ascent import l1_box_step
+from jaxrobust.attacks.pgd import cosine_step_size
+from tests.models import DUAL, Linear, assert_explicit_sharding_matches_one_device
+
+DIM = 64
+N = 100
+
+
+def _optimal_step(u: np.ndarray, size: np.ndarray, norm: str) -> np.ndarray:
+  """The perturbation of Lp size ``size`` that maximises ``<u, d>`` (rows of ``u``)."""
+  if norm == "linf":
+    return np.sign(u) * size[:, None]
+  if norm == "l2":
+    return u / np.linalg.norm(u, axis=1, keepdims=True) * size[:, None]
+  out = np.zeros_like(u)
+  rows, best = np.arange(len(u)), np.argmax(np.abs(u), axis=1)
+  out[rows, best] = np.sign(u[rows, best]) * size
+  return out
+
+
+@functools.lru_cache(maxsize=None)
+def _problem(norm: str, classes: int):
+  """``(model, x, y, target, distance)``: N points of [0.35, 0.65]^64 and their nearest class.
+
+  For two classes the target is the other class (an untargeted attack's only way out).
+  """
+  rng = np.random.default_rng(classes)
+  w = rng.normal(size=(DIM, classes))
+  b = rng.normal(size=classes) * 0.1 - np.full(DIM, 0.5) @ w  # boundaries through the centre
+  x = rng.uniform(0.35, 0.65, size=(10 * N, DIM))
+  z = x @ w + b
+  y = np.argmax(z, axis=1)
+  rows = np.arange(len(x))
+  distance = np.full((len(x), classes), np.inf)
+  for j in range(classes):
+    dual = np.linalg.norm(w[:, j][None, :] - w[:, y].T, ord=DUAL[norm], axis=1)
+    distance[:, j] = np.where(j == y, np.inf, (z[rows, y] - z[:, j]) / np.maximum(dual, 1e-12))
+  target = np.argmin(distance, axis=1)
+  d = distance[rows, target]
+  moved = x + _optimal_step(w[:, target].T - w[:, y].T, 1.03 * d, norm)
+  keep = (np.all((moved >= 0) & (moved <= 1), axis=1) & (d > 1e-3)
+          & (np.argmax(moved @ w + b, axis=1) == target))
+  assert keep.sum() >= N, keep.sum()
+  pick = np.flatnonzero(keep)[:N]
+  return (Linear(w, b), x[pick].astype(np.float32), y[pick].astype(np.int32),
+          target[pick].astype(np.int32), d[pick])
+
+
+@functools.lru_cache(maxsize=None)
+def _runner(kind: str, norm: str, classes: int, steps: int = 10, random_start: bool = True):
+  """Jitted ``(w, b, x, y, target, eps, key) -> success``; targeted margin on ten classes."""
+  targeted, loss = (False, "ce") if classes == 2 else (True, "margin")
+  if kind == "fgsm":
+    attack = jr.attacks.fgsm(norm, loss=loss, targeted=targeted)
+  else:
+    attack = jr.attacks.pgd(norm, steps=steps, random_start=random_start, loss=loss,
+                            targeted=targeted)
+
+  @jax.jit
+  def run(w, b, x, y, target, eps, key):
+    model = Linear(w, b)
+    return jr.run(attack, model.logits_fn, x, y, jr.Budget(eps), key,
+                  target=target if targeted else None).success
+
+  return run
+
+
+def _success_above_and_below(kind, norm, classes, **options):
+  """Success rates at 1.02 and 0.98 times the exact distance, in one call (per-example eps)."""
+  model, x, y, target, d = _problem(norm, classes)
+  twice = lambda a: np.concatenate([a, a])
+  eps = np.concatenate([1.02 * d, 0.98 * d]).astype(np.float32)
+  success = np.asarray(_runner(kind, norm, classes, **options)(
+      model.w.astype(np.float32), model.b.astype(np.float32),
+      twice(x), twice(y), twice(target), eps, jax.random.key(0)))
+  return success[:N].mean(), success[N:].mean()
+
+
+@pytest.mark.parametrize("classes", [2, 10])
+@pytest.mark.parametrize("kind, options", [("fgsm", {}), ("pgd", {}), ("pgd", {"steps": 100})])
+def test_l1_attacks_reach_the_single_coordinate_optimum(kind, options, classes):
+  """Regression: the top-5 % sparse step spread the mass and succeeded on 0 % of these points."""
+  above, below = _success_above_and_below(kind, "l1", classes, **options)
+  assert above == 1.0
+  assert below == 0.0
+
+
+@pytest.mark.parametrize("classes", [2, 10])
+@pytest.mark.parametrize("steps", [10, 100])
+def test_l2_pgd_from_a_random_start_reaches_the_optimum(steps, classes):
+  """Regression: the constant step 2.5 / steps succeeded on 50 % (10 steps) and 92 % (100)."""
+  above, below = _success_above_and_below("pgd", "l2", classes, steps=steps)
+  assert above == 1.0
+  assert below == 0.0
+
+
+def test_l1_box_step_solves_the_linear_programme():
+  """Against scipy's LP solver: max <g, d> s.t. ||d||_1 <= m and the box, where the box binds."""
+  optimize = pytest.importorskip("scipy.optimize")
+  rng = np.random.default_rng(0)
+  batch, dim = 6, 12
+  g = rng.normal(size=(batch, dim))
+  x = rng.choice([0.0, 0.05, 0.5, 0.9, 1.0], size=(batch, dim))  # some coordinates at the box
+  mass = np.array([0.0, 0.1, 0.7, 1.5, 3.0, 20.0])  # 20 exceeds all the room there is
+  step = np.asarray(l1_box_step(jnp.asarray(g, jnp.float32), jnp.asarray(x, jnp.float32),
+                                jnp.float32(0.0), jnp.float32(1.0),
+                                jnp.asarray(mass, jnp.float32)), np.float64)
+  for i in range(batch):
+    # d = p - n with p, n >= 0: maximise g.p - g.n, sum(p + n) <= m, p <= 1 - x, n <= x.
+    lp = optimize.linprog(np.concatenate([-g[i], g[i]]), A_ub=np.ones((1, 2 * dim)),
+                          b_ub=[mass[i]],
+                          bounds=[(0, 1 - v) for v in x[i]] + [(0, v) for v in x[i]])
+    assert lp.status == 0
+    np.testing.assert_allclose(g[i] @ step[i], -lp.fun, rtol=1e-5, atol=1e-6)
+    assert np.abs(step[i]).sum() <= mass[i] * (1 + 1e-6) + 1e-7
+    assert np.all(x[i] + step[i] >= -1e-7) and np.all(x[i] + step[i] <= 1 + 1e-7)
+
+
+def test_fgm_l1_fills_the_box_room_in_gradient_order():
+  """Where the best coordinate has too little room, FGM-L1 moves on to the next ones."""
+  w = np.array([[3.0, 0.0], [-2.0, 0.0], [1.0, 0.0], [0.5, 0.0]], np.float32)
+  logits_fn = lambda x: x @ jnp.asarray(w)
+  x = jnp.array([[0.25, 0.5, 0.5, 0.5]])  # class 0 wins; the margin gradient is -w[:, 0]
+  result = jr.run(jr.attacks.fgsm("l1", loss="margin"), logits_fn, x, jnp.array([0]),
+                  jr.Budget(0.9), jax.random.key(0))
+  np.testing.assert_allclose(np.asarray(result.x_adv), [[0.0, 1.0, 0.35, 0.5]], atol=1e-6)
+
+
+def test_default_step_size_is_a_cosine_schedule_from_two_eps():
+  schedule = cosine_step_size(10)
+  t = np.arange(11)
+  np.testing.assert_allclose([float(schedule(jnp.int32(i))) for i in t],
+                             1 + np.cos(np.pi * t / 10), atol=1e-6)
+
+
+def test_explicit_step_sizes_are_constant_or_a_given_schedule():
+  """``step_size=0.1``: every step is 0.1 eps; a function: the steps it returns, in order.
+
+  Without a random start on a linear model each sign step adds up, and the last iterate is the
+  best one (the loss keeps rising), so ``x_adv = x + (sum of steps) * eps * sign(w_1 - w_0)``.
+  """
+  w = jnp.array([[1.0, -1.0], [-2.0, 2.0]])
+  logits_fn = lambda x: x @ w
+  x, y = jnp.array([[0.8, 0.2]]), jnp.array([0])
+  budget = jr.Budget(0.1)
+  constant = jr.attacks.pgd("linf", steps=3, step_size=0.1, random_start=False)
+  result = jr.run(constant, logits_fn, x, y, budget, jax.random.key(0))
+  np.testing.assert_allclose(np.asarray(result.x_adv), [[0.8 - 0.03, 0.2 + 0.03]], atol=1e-6)
+  growing = jr.attacks.pgd("linf", steps=3, random_start=False,
+                           step_size=lambda t: 0.1 * (t + 1).astype(jnp.float32))
+  result = jr.run(growing, logits_fn, x, y, budget, jax.random.key(0))
+  np.testing.assert_allclose(np.asarray(result.x_adv), [[0.8 - 0.06, 0.2 + 0.06]], atol=1e-6)
+
+
+def test_l1_step_under_an_explicit_batch_sharded_mesh():
+  """The box-aware L1 step's per-row sorts run where the rows live; results equal one device."""
+  model, x, y, _, d = _problem("l1", 2)
+  attack = jr.attacks.pgd("l1", steps=3)
+
+  @jax.jit
+  def run(w, b, x, y, eps):
+    return jr.run(attack, Linear(w, b).logits_fn, x, y, jr.Budget(eps), jax.random.key(0))
+
+  assert_explicit_sharding_matches_one_device(
+      run, model.w.astype(np.float32), model.b.astype(np.float32),
+      sharded_args=(x[:16], y[:16], (1.02 * d[:16]).astype(np.float32)))
+
+
+def test_random_starts_linf_uniform_in_the_cube_l2_l1_uniform_in_radius():
+  """Linf starts fill the cube; L2/L1 starts have a radius uniform in [0, eps] (KS distance).
+
+  Regression: volume-uniform L2/L1 starts all lie on the sphere (radius ``eps * u^(1/D)``), the
+  slowest place to turn from with small constant steps.
+  """
+  from jaxrobust.attacks._common import as_keys
+  from jaxrobust.attacks._gradient_attack import _start
+
+  n, eps = 4000, 0.25
+  x = jnp.full((n, 4, 4, 4), 0.5, jnp.float32)
+  keys = as_keys(jax.random.key(0), n)
+  grid = np.linspace(0, 1, 101)
+  for norm in ("linf", "l2", "l1"):
+    start = jax.jit(_start, static_argnums=(5, 6, 7))
+    delta = start(x, keys, jnp.full((n,), eps, jnp.float32), jnp.float32(0.0),
+                  jnp.float32(1.0), norm, 0, True) - x
+    if norm == "linf":
+      values = np.asarray(delta).ravel() / eps  # each coordinate uniform in [-1, 1]
+      assert values.min() >= -1 and values.max() <= 1
+      counts, _ = np.histogram(values, bins=20, range=(-1, 1))
+      np.testing.assert_allclose(counts / values.size, 1 / 20, rtol=0.05)
+    else:
+      radius = np.asarray(jr.projections.norm(delta, norm)) / eps
+      assert radius.max() <= 1 + 1e-5
+      ks = np.max(np.abs((grid[:, None] >= radius[None, :]).mean(axis=1) - grid))
+      assert ks < 0.04, (norm, ks)
