@@ -340,8 +340,9 @@ def run_demo(args: argparse.Namespace, argv: Optional[list[str]] = None) -> dict
       "split": {"test_fraction": 0.3, "seed": 0, "stratified": True},
     },
     "attack": {
-      "name": attack.name, "norm": "linf", "steps": args.steps, "step_size": 2.5 / args.steps,
-      "step_size_units": "fraction of eps", "random_start": True, "restarts": args.restarts,
+      "name": attack.name, "norm": "linf", "steps": args.steps,
+      "step_size": "cosine schedule from 2 to 0", "step_size_units": "fraction of eps",
+      "random_start": True, "restarts": args.restarts,
       "loss": "ce", "lower": 0.0, "upper": 1.0,
     },
     "epsilons": [round(float(e), 10) for e in eps_grid],

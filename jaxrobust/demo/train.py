@@ -38,7 +38,7 @@ from jaxrobust.demo.model import SmallCNN
 
 Params = Any
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: PGD's default step became a cosine schedule (new adversarial weights)
 """Bumped whenever the meaning of a cached file changes."""
 
 DEFAULT_EPOCHS = {False: 20, True: 20}
@@ -49,7 +49,8 @@ DEFAULT_EPS = 0.2
 """Linf radius of adversarial training, in pixel units of [0, 1] images."""
 
 ATTACK_STEPS = 7
-"""PGD steps of the training attack (step size ``2.5 / steps`` of eps, random start)."""
+"""PGD steps of the training attack (PGD's default cosine step schedule from 2 eps, random
+start)."""
 
 
 def jaxrobust_version() -> str:
