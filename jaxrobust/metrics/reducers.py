@@ -1,0 +1,497 @@
+r"""Mergeable reducers: exact sums over examples, combined across batches, devices and hosts.
+
+Every reducer here is a NamedTuple of sums (in the spirit of ``clu.metrics``) with one interface:
+
+* ``empty(...)`` -- the identity of ``merge`` (strong dtypes: int32 counts, float32 sums, so a
+  jitted merge compiles once);
+* ``from_*(...)`` -- the sums of one batch, with an optional ``mask [B]`` for padded rows;
+* ``merge(other)`` -- elementwise addition (associative and commutative; exact for counts);
+* ``psum(axis_name)`` -- the sum over a mapped axis inside :func:`jax.shard_map` or ``vmap``;
+* ``to_host()`` -- NumPy copies in int64 / float64, so that host-side merges over a whole data
+  set never overflow (a device int32 count of one batch is exact; a sum over billions is not);
+* ``compute(...)`` -- the metrics, as ratios of the sums.
+
+:class:`CurveCounts` is the reducer of robustness curves: :func:`jaxrobust.evaluate` sums one
+per attack (and one for the per-example worst case) and :class:`jaxrobust.Report` computes its
+curves from them; :class:`NormHistogram` is the same counts built from minimal adversarial norms;
+:class:`Counts` holds the sums behind the prediction metrics of :mod:`jaxrobust.metrics`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrobust import projections
+from jaxrobust.metrics.formulas import (_NO_PREDICTION, _as_pred, _count, _hits, _like, _mask,
+                                        _masked_sum, _perturbation, _ratio, _success, curve_auc)
+
+Array = jax.Array
+ArrayLike = jax.typing.ArrayLike
+
+
+def _zero_int() -> Array:
+  return jnp.zeros((), jnp.int32)
+
+
+def _zero_float() -> Array:
+  return jnp.zeros((), jnp.float32)
+
+
+def _add(a, b):
+  """``a + b`` in NumPy when both are host arrays (int64 stays int64), else in JAX."""
+  if isinstance(a, (np.ndarray, np.generic)) and isinstance(b, (np.ndarray, np.generic)):
+    return np.add(a, b)
+  return jnp.add(a, b)
+
+
+def _on_host(a) -> np.ndarray:
+  a = np.asarray(a)
+  if a.dtype.kind in "iub":
+    return a.astype(np.int64)
+  return a.astype(np.float64)
+
+
+class Reducer:
+  """The methods every reducer shares; mixed into a NamedTuple of sums (see the module)."""
+
+  __slots__ = ()
+
+  def merge(self, other):
+    """Elementwise sum of two reducers of the same kind (associative and commutative).
+
+    Host reducers (:meth:`to_host`) merge in NumPy int64; device reducers in JAX.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxrobust import metrics
+      >>> a = metrics.Counts.from_batch(jnp.array([0, 1]), jnp.array([0, 0]), jnp.array([0, 1]))
+      >>> int(a.merge(a).clean_correct), int(a.merge(metrics.Counts.empty()).clean_correct)
+      (4, 2)
+    """
+    if type(self) is not type(other):
+      raise TypeError(f"Cannot merge a {type(self).__name__} with a {type(other).__name__}.")
+    return jax.tree.map(_add, self, other)
+
+  def psum(self, axis_name):
+    """The sum over a named mapped axis (``jax.lax.psum`` of every field), the same on every
+    shard; for use inside :func:`jax.shard_map` (or ``jax.vmap(..., axis_name=...)``)."""
+    return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), self)
+
+  def to_host(self):
+    """A NumPy copy with int64 counts and float64 sums, for exact host-side merging.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxrobust import metrics
+      >>> c = metrics.CurveCounts.from_flags(jnp.array([[True, False]]), jnp.array([True, True]))
+      >>> c.to_host().robust.dtype.name, int(c.to_host().merge(c.to_host()).n)
+      ('int64', 4)
+    """
+    return jax.tree.map(_on_host, self)
+
+
+class _CountsSums(NamedTuple):
+  n: Array  # [] int32, examples
+  clean_correct: Array  # [] int32
+  robust: Array  # [] int32
+  success: Array  # [] int32
+  success_clean_correct: Array  # [] int32
+  flipped: Array  # [] int32
+  nonfinite: Array  # [] int32
+  rel_perturbation_sum: Array  # [] float32
+  success_perturbation_sum: Array  # [] float32
+
+
+class Counts(_CountsSums, Reducer):
+  """Sums behind the streaming metrics; a pytree of scalar arrays with fixed (strong) dtypes.
+
+  Counts are int32 and sums of norms are float32, whatever the inputs, so a jitted
+  :meth:`merge` compiles once. Only examples with ``mask == True`` are counted. Merging is
+  elementwise addition: associative, commutative, with :meth:`empty` as identity (float sums up to
+  float32 rounding).
+
+  ``adversarial_accuracy`` needs no field of its own: on clean-correct examples
+  ``pred_adv == pred_clean`` is the same as ``pred_adv == y``, so its numerator is ``robust``.
+
+  Attributes:
+    n: number of examples.
+    clean_correct: examples with ``pred_clean == y``.
+    robust: examples with ``pred_clean == y`` and ``pred_adv == y``.
+    success: attack successes (``pred_adv != y``; ``pred_adv == target`` if targeted).
+    success_clean_correct: successes among clean-correct examples.
+    flipped: examples with ``pred_adv != pred_clean``.
+    nonfinite: diagnostic, examples with no prediction (``-1``) on the clean or adversarial input.
+    rel_perturbation_sum: sum over flipped examples of ``||x_adv - x|| / ||x||`` (float32).
+    success_perturbation_sum: sum over successful examples of ``||x_adv - x||`` (float32).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> y = jnp.array([0, 1, 2, 3])
+    >>> c = metrics.Counts.empty()
+    >>> c = c.update(jnp.array([0, 1]), jnp.array([0, 0]), y[:2])
+    >>> c = c.update(jnp.array([2, 0]), jnp.array([2, 0]), y[2:])
+    >>> int(c.n), int(c.clean_correct), int(c.robust)
+    (4, 3, 2)
+    >>> float(c.compute()["conditional_robust_accuracy"])
+    0.6666666865348816
+  """
+
+  __slots__ = ()
+
+  @classmethod
+  def empty(cls) -> Counts:
+    """All-zero counts (int32) and sums (float32): the identity of :meth:`merge`.
+
+    Returns:
+      A :class:`Counts` of zeros.
+
+    Examples:
+      >>> from jaxrobust import metrics
+      >>> int(metrics.Counts.empty().n)
+      0
+    """
+    return cls(
+      n=_zero_int(),
+      clean_correct=_zero_int(),
+      robust=_zero_int(),
+      success=_zero_int(),
+      success_clean_correct=_zero_int(),
+      flipped=_zero_int(),
+      nonfinite=_zero_int(),
+      rel_perturbation_sum=_zero_float(),
+      success_perturbation_sum=_zero_float(),
+    )
+
+  @classmethod
+  def from_batch(
+    cls,
+    pred_clean: ArrayLike,
+    pred_adv: ArrayLike,
+    y: ArrayLike,
+    *,
+    x: Optional[ArrayLike] = None,
+    x_adv: Optional[ArrayLike] = None,
+    norm: Optional[str] = None,
+    target: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+  ) -> Counts:
+    """The counts of one batch.
+
+    Each field is ``sum_i m_i`` of its per-example quantity (see the class attributes). The
+    perturbation sums need ``x``, ``x_adv`` and ``norm``; without ``x`` and ``x_adv`` they are 0
+    (so ``empirical_robustness`` and ``mean_perturbation`` from :meth:`compute` are then
+    meaningless, 0 or NaN). A flipped example with ``x = 0`` and a nonzero perturbation adds
+    ``inf`` to ``rel_perturbation_sum``, as in :func:`empirical_robustness`.
+
+    Args:
+      pred_clean: ``[B]`` int predictions on the clean inputs (``-1`` = no prediction).
+      pred_adv: ``[B]`` int predictions on the adversarial inputs.
+      y: ``[B]`` int labels.
+      x: optional ``[B, ...]`` clean inputs.
+      x_adv: optional ``[B, ...]`` adversarial inputs (given together with ``x``).
+      norm: ``"linf"``, ``"l2"`` or ``"l1"`` (static); required with ``x``.
+      target: optional ``[B]`` int targets; success is then ``pred_adv == target``.
+      mask: optional ``[B]`` bool; ``False`` excludes an example.
+
+    Returns:
+      A :class:`Counts`.
+
+    Raises:
+      ValueError: if only one of ``x``, ``x_adv`` is given, or ``norm`` is missing or unknown.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxrobust import metrics
+      >>> c = metrics.Counts.from_batch(jnp.array([0, 1, 2]), jnp.array([0, 0, -1]),
+      ...                               jnp.array([0, 1, 1]), mask=jnp.array([True, True, False]))
+      >>> int(c.n), int(c.success), int(c.nonfinite)
+      (2, 1, 0)
+    """
+    pc = _as_pred(pred_clean, "pred_clean")
+    pa = _like(pred_adv, pc, "pred_adv")
+    y = _like(y, pc, "y")
+    t = None if target is None else _like(target, pc, "target")
+    m = _mask(mask, pc.shape[0])
+    clean = _hits(pc, y) & m
+    success = _success(pa, y, t) & m
+    flipped = (pa != pc) & m
+    if (x is None) != (x_adv is None):
+      raise ValueError("x and x_adv must be given together.")
+    if x is None:
+      rel_sum, size_sum = _zero_float(), _zero_float()
+    else:
+      if norm is None:
+        raise ValueError(f"norm is required with x and x_adv; one of {projections.NORMS}.")
+      size, rel = _perturbation(x, x_adv, norm, pc.shape[0])
+      rel_sum, size_sum = _masked_sum(flipped, rel), _masked_sum(success, size)
+    return cls(
+      n=_count(m),
+      clean_correct=_count(clean),
+      robust=_count(clean & _hits(pa, y)),
+      success=_count(success),
+      success_clean_correct=_count(success & clean),
+      flipped=_count(flipped),
+      nonfinite=_count(((pc == _NO_PREDICTION) | (pa == _NO_PREDICTION)) & m),
+      rel_perturbation_sum=rel_sum,
+      success_perturbation_sum=size_sum,
+    )
+
+  def update(
+    self,
+    pred_clean: ArrayLike,
+    pred_adv: ArrayLike,
+    y: ArrayLike,
+    *,
+    x: Optional[ArrayLike] = None,
+    x_adv: Optional[ArrayLike] = None,
+    norm: Optional[str] = None,
+    target: Optional[ArrayLike] = None,
+    mask: Optional[ArrayLike] = None,
+  ) -> Counts:
+    """Adds one batch: ``self.merge(Counts.from_batch(...))`` (same arguments).
+
+    Args:
+      pred_clean: ``[B]`` int predictions on the clean inputs.
+      pred_adv: ``[B]`` int predictions on the adversarial inputs.
+      y: ``[B]`` int labels.
+      x: optional ``[B, ...]`` clean inputs.
+      x_adv: optional ``[B, ...]`` adversarial inputs.
+      norm: ``"linf"``, ``"l2"`` or ``"l1"``; required with ``x``.
+      target: optional ``[B]`` int targets.
+      mask: optional ``[B]`` bool.
+
+    Returns:
+      The merged :class:`Counts`.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxrobust import metrics
+      >>> c = metrics.Counts.empty().update(jnp.array([1]), jnp.array([1]), jnp.array([1]))
+      >>> int(c.robust)
+      1
+    """
+    return self.merge(
+      Counts.from_batch(
+        pred_clean, pred_adv, y, x=x, x_adv=x_adv, norm=norm, target=target, mask=mask
+      )
+    )
+
+  def compute(self) -> dict[str, Array]:
+    """The metrics, as float32 scalars (NaN where the denominator is 0).
+
+    Keys: ``accuracy`` = clean_correct / n; ``robust_accuracy`` = robust / n;
+    ``conditional_robust_accuracy`` and ``adversarial_accuracy`` = robust / clean_correct;
+    ``attack_success_rate`` = success / n; ``attack_success_rate_clean_correct`` =
+    success_clean_correct / clean_correct; ``empirical_robustness`` = rel_perturbation_sum /
+    flipped; ``mean_perturbation`` = success_perturbation_sum / success.
+
+    Returns:
+      A dict from metric name to float32 scalar.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from jaxrobust import metrics
+      >>> d = metrics.Counts.empty().compute()
+      >>> sorted(d)[:2], bool(jnp.isnan(d["accuracy"]))
+      (['accuracy', 'adversarial_accuracy'], True)
+    """
+    return {
+      "accuracy": _ratio(self.clean_correct, self.n),
+      "robust_accuracy": _ratio(self.robust, self.n),
+      "conditional_robust_accuracy": _ratio(self.robust, self.clean_correct),
+      "adversarial_accuracy": _ratio(self.robust, self.clean_correct),
+      "attack_success_rate": _ratio(self.success, self.n),
+      "attack_success_rate_clean_correct": _ratio(self.success_clean_correct, self.clean_correct),
+      "empirical_robustness": _ratio(self.rel_perturbation_sum, self.flipped),
+      "mean_perturbation": _ratio(self.success_perturbation_sum, self.success),
+    }
+
+
+def psum(reducer, axis_name: str):
+  """Sums a reducer (:class:`Counts`, :class:`CurveCounts`, :class:`Rate`, ...) over a named
+  mapped axis: ``jax.lax.psum`` on every field, the same as ``reducer.psum(axis_name)``.
+
+  ``psum(c, a).field = sum over the devices (or vmapped rows) along a of c.field``. Use inside
+  ``jax.shard_map`` (or ``jax.vmap(..., axis_name=...)``) to combine per-shard counts.
+
+  Args:
+    reducer: the per-shard reducer (any pytree of arrays).
+    axis_name: the mapped axis to reduce over.
+
+  Returns:
+    The total, identical on every shard.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> pred, y = jnp.array([[0, 1], [2, 2]]), jnp.array([[0, 1], [2, 3]])
+    >>> per_row = lambda p, t: metrics.psum(metrics.Counts.from_batch(p, p, t), "rows")
+    >>> jax.vmap(per_row, axis_name="rows")(pred, y).clean_correct.tolist()
+    [3, 3]
+  """
+  return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), reducer)
+
+
+class _CurveSums(NamedTuple):
+  n: Array  # [] int32, examples
+  correct: Array  # [] int32, clean-correct examples
+  robust: Array  # [K] int32, examples robust at eps_k
+
+
+class CurveCounts(_CurveSums, Reducer):
+  r"""The sums behind a robustness curve: examples, clean-correct ones, and robust ones per eps.
+
+  Over the examples seen (valid rows only) and the eps grid :math:`\epsilon_1..\epsilon_K`:
+  ``n`` :math:`= \sum_i m_i`, ``correct`` :math:`= \sum_i m_i [\hat y(x_i) = y_i]` and
+  ``robust[k]`` :math:`= \sum_i m_i\, r_{k,i}`, where :math:`r_{k,i}` says example :math:`i` is
+  robust at :math:`\epsilon_k` (clean-correct and not broken at any eps up to it). The curve is
+  ``robust / n`` whatever the batching; sums are exact integers, so the result does not depend on
+  batch size, order, padding or device count.
+
+  Attributes:
+    n: ``[]`` int32 examples.
+    correct: ``[]`` int32 clean-correct examples.
+    robust: ``[K]`` int32 examples robust at each eps.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> robust = jnp.array([[True, True, False], [True, False, False]])  # [K=2, B=3]
+    >>> c = metrics.CurveCounts.from_flags(robust, jnp.array([True, True, False]))
+    >>> c = c.merge(metrics.CurveCounts.from_norms(jnp.array([0.15]), jnp.array([True]),
+    ...                                            jnp.array([0.1, 0.2])))
+    >>> int(c.n), int(c.correct), c.robust.tolist()
+    (4, 3, [3, 1])
+    >>> c.compute(jnp.array([0.1, 0.2]))["robust_accuracy"].tolist()
+    [0.75, 0.25]
+  """
+
+  __slots__ = ()
+
+  @classmethod
+  def empty(cls, num_eps: int) -> CurveCounts:
+    """Zero counts over ``num_eps`` budgets: the identity of :meth:`merge`."""
+    return cls(_zero_int(), _zero_int(), jnp.zeros((num_eps,), jnp.int32))
+
+  @classmethod
+  def from_flags(cls, robust: ArrayLike, correct: ArrayLike,
+                 mask: Optional[ArrayLike] = None) -> CurveCounts:
+    """The counts of one batch from per-example flags.
+
+    Args:
+      robust: ``[K, B]`` bool, example robust at eps_k (a :class:`jaxrobust.Curve`'s ``robust``);
+        only clean-correct examples count as robust.
+      correct: ``[B]`` bool, clean prediction correct.
+      mask: optional ``[B]`` bool; ``False`` rows (padding) are not counted.
+    """
+    correct = jnp.asarray(correct, bool)
+    keep = _mask(mask, correct.shape[0])
+    good = keep & correct
+    robust = jnp.asarray(robust, bool) & good[None, :]
+    return cls(_count(keep), _count(good), jnp.sum(robust, axis=1, dtype=jnp.int32))
+
+  @classmethod
+  def from_norms(cls, norms: ArrayLike, correct: ArrayLike, epsilons: ArrayLike,
+                 mask: Optional[ArrayLike] = None) -> CurveCounts:
+    r"""The counts of one batch from minimal adversarial norms :math:`\epsilon^*` (``inf``
+    where none was found): an example is robust at eps iff it is clean-correct and
+    :math:`\epsilon^* > \epsilon`."""
+    norms = jnp.asarray(norms, jnp.float32)
+    epsilons = jnp.asarray(epsilons, jnp.float32)
+    return cls.from_flags(norms[None, :] > epsilons[:, None], correct, mask)
+
+  def compute(self, epsilons: ArrayLike) -> dict[str, Array]:
+    """``clean_accuracy`` ``[]``, ``robust_accuracy`` ``[K]`` (float32, NaN when ``n == 0``) and
+    ``auc`` (:func:`jaxrobust.metrics.curve_auc`). A host reducer (:meth:`to_host`) computes
+    in NumPy (the AUC by one small jitted program)."""
+    if isinstance(self.n, (np.ndarray, np.generic)):
+      n = np.float32(self.n)
+      if n > 0:
+        clean = np.float32(self.correct) / n
+        robust = np.asarray(self.robust, np.float32) / n
+      else:
+        clean, robust = np.float32(np.nan), np.full(np.shape(self.robust), np.nan, np.float32)
+      auc = np.asarray(_jitted_auc()(np.asarray(epsilons, np.float32), robust, clean))
+      return {"clean_accuracy": clean, "robust_accuracy": robust, "auc": auc}
+    clean = _ratio(self.correct, self.n)
+    robust = _ratio(self.robust, self.n)
+    return {"clean_accuracy": clean, "robust_accuracy": robust,
+            "auc": curve_auc(jnp.asarray(epsilons, jnp.float32), robust, clean)}
+
+
+_JITTED_AUC: list = []
+
+
+def _jitted_auc():
+  """:func:`curve_auc` jitted, for host-side reports (one small program instead of a dozen
+  eagerly dispatched ops; drivers may jit, library code does not)."""
+  if not _JITTED_AUC:
+    _JITTED_AUC.append(jax.jit(curve_auc))
+  return _JITTED_AUC[0]
+
+
+class NormHistogram(CurveCounts):
+  r"""A streaming, mergeable fixed-bin histogram of minimal adversarial norms :math:`\epsilon^*`.
+
+  For ascending bin edges :math:`e_0 < \dots < e_{E-1}` (given to every call, never stored, so
+  :func:`psum` and :meth:`merge` only add counts) it keeps, over the examples seen,
+
+  * ``n``: examples; ``correct``: clean-correct examples;
+  * ``above[k]``: clean-correct examples with :math:`\epsilon^* > e_k`, i.e. still robust at
+    :math:`\epsilon = e_k`.
+
+  So the robustness curve at the edges is exactly ``above / n`` whatever the batching, and the
+  histogram of :math:`\epsilon^*` over clean-correct points follows by differences
+  (:meth:`compute`). Merging is integer addition: associative and exact.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> edges = jnp.array([0.0, 0.1, 0.2])
+    >>> h = NormHistogram.from_batch(jnp.array([0.05, 0.15, jnp.inf]), jnp.array([True] * 3), edges)
+    >>> h = h.merge(NormHistogram.from_batch(jnp.array([0.0]), jnp.array([False]), edges))
+    >>> h.compute(edges)["robust_accuracy"].tolist()
+    [0.75, 0.5, 0.25]
+  """
+
+  __slots__ = ()
+
+  @property
+  def above(self) -> Array:
+    r"""``[E]`` int32 clean-correct examples with :math:`\epsilon^* > e_k` (``robust``)."""
+    return self.robust
+
+  @classmethod
+  def empty(cls, num_edges: int) -> NormHistogram:
+    """Zero counts for ``num_edges`` edges: the identity of :meth:`merge`."""
+    return cls(*CurveCounts.empty(num_edges))
+
+  @classmethod
+  def from_batch(cls, norms: ArrayLike, correct: ArrayLike, edges: ArrayLike,
+                 mask: Optional[ArrayLike] = None) -> NormHistogram:
+    """Counts of one batch (:meth:`CurveCounts.from_norms` at ``eps = edges``).
+
+    Args:
+      norms: ``[B]`` minimal adversarial norms (``inf`` where none was found).
+      correct: ``[B]`` bool, clean prediction correct.
+      edges: ``[E]`` bin edges (the eps grid of the curve).
+      mask: optional ``[B]`` bool for padded batches.
+    """
+    return cls(*CurveCounts.from_norms(norms, correct, edges, mask))
+
+  def compute(self, edges: ArrayLike) -> dict[str, Array]:
+    """The curve at the edges and the histogram of :math:`\\epsilon^*` over clean-correct points.
+
+    Returns:
+      ``clean_accuracy`` ``[]``; ``robust_accuracy`` ``[E]`` (at ``eps = edges``);
+      ``histogram`` ``[E + 1]``: clean-correct examples with :math:`\\epsilon^* \\le e_0`, in
+      :math:`(e_{k-1}, e_k]`, and above :math:`e_{E-1}` (the last bin includes ``inf``); ``auc``.
+      Ratios are NaN when ``n == 0``.
+    """
+    at_or_below = jnp.concatenate([jnp.asarray(self.correct)[None], jnp.asarray(self.above)])
+    histogram = jnp.concatenate([at_or_below[:-1] - at_or_below[1:], at_or_below[-1:]])
+    return {**CurveCounts(*self).compute(edges), "histogram": histogram}
