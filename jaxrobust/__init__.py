@@ -15,12 +15,12 @@ Examples:
 from jaxrobust import attacks, losses, metrics, projections
 from jaxrobust._types import Attack, AttackResult, Budget, Curve
 from jaxrobust._validation import check_inputs
-from jaxrobust.attacks._common import predict
+from jaxrobust._batch import predict
 from jaxrobust.curves import (CurveConsistency, curve_consistency, curve_from_norms,
                               robustness_curve)
 from jaxrobust.evaluate import evaluate
 from jaxrobust.report import Report
-from jaxrobust.run import run
+from jaxrobust._run import run
 
 __version__ = "0.1.0"
 

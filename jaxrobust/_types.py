@@ -128,9 +128,10 @@ class Curve(NamedTuple):
     robust: ``[K, B]`` the per-example flags behind ``robust_accuracy``.
     auc: ``[]`` area under robust accuracy against eps, starting at ``(0, clean_accuracy)``,
       divided by the largest eps (so a perfectly robust model scores its clean accuracy).
-    info: ``None``, or a dict: ``flags`` (``[]`` bool reliability checks, e.g.
-      ``non_finite_gradients``) and ``counts`` (the counts behind them), as in
-      :attr:`AttackResult.info`.
+    info: ``None``, or a dict: ``flags`` (``[]`` bool reliability checks over the grid, e.g.
+      ``non_finite_gradients`` or AutoAttack's ``zero_gradients``), ``counts`` (the counts
+      behind them, ``[K]`` per eps or ``[]``) and, for ensembles and suites, ``robust_after``
+      ``[K, M, B]`` (the per-member breakdown); see :func:`jaxrobust.robustness_curve`.
   """
 
   epsilons: Array

@@ -15,18 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust import metrics
+from jaxrobust._batch import as_keys, like_batch
 from jaxrobust._types import Attack, Budget, Curve
 from jaxrobust._validation import check_chunk_size, check_eps, check_inputs
-from jaxrobust.attacks._common import as_keys, fold_in
-from jaxrobust.run import clean_diagnosis, run_scored
+from jaxrobust.engine.curve_kernel import check_options, robust_flags
+from jaxrobust.engine.scoring import clean_diagnosis
 
 Array = jax.Array
-
-
-def _worst_case_over_smaller_eps(broken: Array, epsilons: Array) -> Array:
-  """``[K, B]``: broken at eps_k or at any eps_j <= eps_k. No sort, no gather (sharding-safe)."""
-  smaller = epsilons[None, :] <= epsilons[:, None]  # [K, J]: eps_j <= eps_k
-  return jnp.any(broken[None, :, :] & smaller[:, :, None], axis=1)
 
 
 def curve_from_norms(norms: Array, correct: Array, epsilons: Array) -> Curve:
@@ -55,19 +50,11 @@ def curve_from_norms(norms: Array, correct: Array, epsilons: Array) -> Curve:
 
 
 def _curve(epsilons: Array, correct: Array, robust: Array, info: dict | None = None) -> Curve:
-  clean = jnp.mean(correct.astype(jnp.float32))
-  accuracy = jnp.mean(robust.astype(jnp.float32), axis=1)
-  return Curve(epsilons=epsilons, clean_accuracy=clean, robust_accuracy=accuracy, robust=robust,
-               auc=metrics.curve_auc(epsilons, accuracy, clean), info=info)
-
-
-def _reliability(bad_gradient: Array, correct: Array, non_finite_adversarials: Array) -> dict:
-  """The curve's ``info``: reliability flags and the counts behind them (see
-  :func:`jaxrobust.run`); ``non_finite_adversarials`` is summed over the eps of the grid."""
-  counts = {"non_finite_gradient_points": jnp.sum(correct & bad_gradient, dtype=jnp.int32),
-            "non_finite_adversarials": jnp.sum(non_finite_adversarials, dtype=jnp.int32)}
-  return {"flags": {k.replace("_points", "s"): v > 0 for k, v in counts.items()},
-          "counts": counts}
+  """The :class:`jaxrobust.Curve` of one batch, from its :class:`jaxrobust.metrics.CurveCounts`."""
+  curve = metrics.CurveCounts.from_flags(robust, correct).compute(epsilons)
+  return Curve(epsilons=epsilons, clean_accuracy=curve["clean_accuracy"],
+               robust_accuracy=curve["robust_accuracy"], robust=robust, auc=curve["auc"],
+               info=info)
 
 
 def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
@@ -111,7 +98,12 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
       sharded inputs are compacted across devices; run per device (``shard_map``) to keep it local.
 
   Returns:
-    A :class:`jaxrobust.Curve`.
+    A :class:`jaxrobust.Curve` whose ``info`` holds the attack's reliability checks over the grid:
+    ``info["flags"]`` (name -> ``[]`` bool, OR over eps, e.g. AutoAttack's ``zero_gradients``),
+    ``info["counts"]`` (the counts behind them: ``[K]`` per eps for a fixed-budget attack, ``[]``
+    for a minimum-norm one; ``non_finite_gradient_points`` is counted once) and, for ensembles and
+    suites, ``info["robust_after"]`` ``[K, M, B]``: robust after members ``1..m`` at eps_k (and at
+    every smaller eps), whose means are the per-member breakdown.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -123,12 +115,8 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
     >>> curve_fn(jnp.array([0.0, 0.05, 0.15, 0.45])).robust_accuracy
     Array([1. , 1. , 0.5, 0. ], dtype=float32)
   """
-  if eps_batch_size is not None and (not isinstance(eps_batch_size, int) or eps_batch_size < 0):
-    raise ValueError(f"eps_batch_size must be None, 0 or a positive int, got {eps_batch_size!r}.")
+  check_options(attack, eps_batch_size, chunk_size)
   check_chunk_size(chunk_size)
-  if chunk_size is not None and eps_batch_size is not None and not attack.minimum_norm:
-    raise ValueError("chunk_size skips points broken at a smaller eps, so the eps run one after "
-                     f"another: use eps_batch_size=None with it (got {eps_batch_size!r}).")
   epsilons = jnp.asarray(epsilons, jnp.float32)
   if epsilons.ndim != 1 or epsilons.shape[0] == 0:
     raise ValueError(f"epsilons must be a non-empty 1-D array [K], got shape {epsilons.shape}.")
@@ -139,63 +127,12 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   check_eps(epsilons, None, attack.norm, lower=lower, upper=upper,
             input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
             allow_large_eps=allow_large_eps, name="epsilons")
-
-  keys = as_keys(key, x.shape[0])
+  keys = like_batch(as_keys(key, x.shape[0]), x)
   correct, bad_gradient = clean_diagnosis(attack.samples, logits_fn, x, y, keys)
-  if attack.minimum_norm:
-    result, _ = run_scored(attack, logits_fn, x, y, Budget(jnp.inf, lower, upper), keys, target,
-                           unroll=unroll, clean_correct=correct, chunk_size=chunk_size)
-    info = _reliability(bad_gradient, correct,
-                        result.info["counts"]["non_finite_adversarials"])
-    curve = curve_from_norms(result.norm, correct, epsilons)
-    return curve._replace(info=info)
-
-  if chunk_size is not None:
-    broken, bad_rows = _broken_skipping(attack, logits_fn, x, y, epsilons, keys, lower, upper,
-                                        target, unroll, correct, chunk_size)
-    robust = correct[None, :] & ~_worst_case_over_smaller_eps(broken, epsilons)
-    return _curve(epsilons, correct, robust, _reliability(bad_gradient, correct, bad_rows))
-
-  def broken_at(index_and_eps):
-    index, eps = index_and_eps
-    result, broken = run_scored(attack, logits_fn, x, y, Budget(eps, lower, upper),
-                                fold_in(keys, index), target, unroll=unroll,
-                                clean_correct=correct)
-    return broken, result.info["counts"]["non_finite_adversarials"]
-
-  indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)
-  if eps_batch_size == 0:
-    broken, bad_rows = jax.vmap(broken_at)(indexed)
-  else:
-    broken, bad_rows = jax.lax.map(broken_at, indexed, batch_size=eps_batch_size or None)
-  robust = correct[None, :] & ~_worst_case_over_smaller_eps(broken, epsilons)
-  return _curve(epsilons, correct, robust, _reliability(bad_gradient, correct, bad_rows))
-
-
-def _broken_skipping(attack, logits_fn, x, y, epsilons, keys, lower, upper, target, unroll,
-                     correct, chunk_size) -> Array:
-  """``[K, B]`` success per eps, eps in increasing order, each skipping points broken before.
-
-  A skipped point reads ``False`` at that eps; it was broken at a smaller eps, which the worst
-  case over smaller eps accounts for, so the curve equals the dense one. Each eps keeps its own
-  folded key (its index in ``epsilons``), as in the dense modes.
-  """
-  order = jnp.argsort(epsilons, stable=True).astype(jnp.uint32)
-
-  def body(broken_before, index_and_eps):
-    index, eps = index_and_eps
-    result, broken = run_scored(attack, logits_fn, x, y, Budget(eps, lower, upper),
-                                fold_in(keys, index), target, unroll=unroll,
-                                clean_correct=correct, active=~broken_before,
-                                chunk_size=chunk_size)
-    broken = broken & correct & ~broken_before
-    return broken_before | broken, (broken, result.info["counts"]["non_finite_adversarials"])
-
-  _, (in_order, bad_rows) = jax.lax.scan(body, jnp.zeros_like(correct),
-                                         (order, jnp.sort(epsilons)))
-  # Back to the caller's eps order with a one-hot contraction (no gather on a sharded array).
-  back = order[None, :] == jnp.arange(epsilons.shape[0], dtype=jnp.uint32)[:, None]  # [K, J]
-  return jnp.any(back[:, :, None] & in_order[None, :, :], axis=1), bad_rows
+  flags = robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
+                       correct=correct, bad_gradient=bad_gradient, target=target,
+                       eps_batch_size=eps_batch_size, unroll=unroll, chunk_size=chunk_size)
+  return _curve(epsilons, correct, flags.robust, flags.info)
 
 
 class CurveConsistency(NamedTuple):

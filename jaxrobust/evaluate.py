@@ -60,10 +60,15 @@ from jaxrobust._validation import (
   check_x_in_box,
   logits_shape,
 )
-from jaxrobust.attacks._common import fold_in
-from jaxrobust.curves import _worst_case_over_smaller_eps
+from jaxrobust._batch import fold_in
+from jaxrobust.engine.curve_kernel import worst_case_over_smaller_eps as _worst_case_over_smaller_eps
 from jaxrobust.report import Report
-from jaxrobust.run import clean_diagnosis, run_unchecked
+from jaxrobust.engine.attack_loop import run_attack
+from jaxrobust.engine.scoring import clean_diagnosis
+
+
+def run_unchecked(*args, **kwargs):
+  return run_attack(*args, **kwargs)[0]
 
 Array = jax.Array
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
-from jaxrobust.attacks import _stochastic
+from jaxrobust.engine import randomized
 from tests.models import linear_points, random_linear
 
 W = jnp.array([[1.0, -1.0], [-1.0, 1.0]])
@@ -39,8 +39,8 @@ def test_loss_and_gradient_are_the_mean_over_draws():
   x = jnp.asarray(rng.uniform(size=(5, 6)), jnp.float32)
   y = jnp.asarray([0, 1, 2, 0, 1], jnp.int32)
   keys = jax.random.split(jax.random.key(1), 5)
-  draws = _stochastic.draw_keys(keys, 4)
-  f = _stochastic.ExpectedLogits(noisy, draws)
+  draws = randomized.draw_keys(keys, 4)
+  f = randomized.ExpectedLogits(noisy, draws)
   loss, grad, logits = f.loss_and_grad(jr.losses.cross_entropy, x, y, None)
   # Independent reference: one draw at a time, per example, averaged by hand.
   per_draw = [jax.vmap(jax.grad(lambda xi, yi, ki: jr.losses.cross_entropy(

@@ -23,10 +23,12 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Sequence
 
 import jax
-import jax.numpy as jnp
 
+from jaxrobust._batch import work_dtype
 from jaxrobust._types import Attack, Budget
-from jaxrobust.attacks._common import expand, work_dtype
+from jaxrobust._validation import logits_shape
+from jaxrobust.engine.members import run_members
+from jaxrobust.engine.scoring import clean_correct_mask
 
 Array = jax.Array
 
@@ -58,26 +60,6 @@ def check_members(attacks: Sequence[Attack]) -> None:
                      "randomized logits_fn(x, keys) (wrap each member with jr.attacks.eot).")
 
 
-def run_members(members: Sequence[Attack], logits_fn: Callable[..., Array], x: Array, y: Array,
-                budget: Budget, keys: Array, target: Array | None, todo: Array,
-                chunk_size: int | None) -> tuple[Array, Array]:
-  """Runs the members in order on the points still robust; ``(x_adv, robust_after [M, B])``."""
-  from jaxrobust.run import run_unchecked  # run.py imports the attacks package
-
-  alive = todo
-  x_adv = x
-  robust_after = []
-  everyone = jnp.ones_like(todo)
-  for member in members:
-    result = run_unchecked(member, logits_fn, x, y, budget, keys, target,
-                           clean_correct=everyone, active=alive, chunk_size=chunk_size)
-    newly = alive & result.success
-    x_adv = jnp.where(expand(newly, x.ndim), result.x_adv, x_adv)
-    alive = alive & ~result.success
-    robust_after.append(alive)
-  return x_adv, jnp.stack(robust_after)
-
-
 def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, name: str,
           extra_info: Callable[..., dict] | None = None,
           check_input: Callable[[Array], None] | None = None) -> Attack:
@@ -90,8 +72,6 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
   """
 
   def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size):
-    from jaxrobust._validation import logits_shape
-
     if check_input is not None:
       check_input(x)
     num_classes = logits_shape(logits_fn, x, samples)[-1]
@@ -106,8 +86,6 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
     return x_adv, info
 
   def init(logits_fn, x, y, budget, keys, target=None):
-    from jaxrobust.run import clean_correct_mask
-
     x = x.astype(work_dtype(x))
     todo = clean_correct_mask(samples, logits_fn, x, y, keys)
     x_adv, _ = drive(logits_fn, x, y, budget, keys, target, todo, None)

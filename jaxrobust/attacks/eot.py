@@ -22,8 +22,8 @@ import jax
 
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks import _stochastic
-from jaxrobust.attacks._common import fold_in
+from jaxrobust._batch import fold_in
+from jaxrobust.engine import randomized
 
 Array = jax.Array
 
@@ -47,7 +47,7 @@ def eot(attack: Attack, samples: int = 20) -> Attack:
   Inside the attack, every forward pass is the mean of ``samples`` draws and every gradient the
   mean of the per-draw loss gradients, in one backward pass. Each step uses fresh draws.
   :func:`jaxrobust.run` then counts a point as correctly classified only when a strict majority
-  of ``samples`` fresh draws predicts its label (see :mod:`jaxrobust.attacks._stochastic`).
+  of ``samples`` fresh draws predicts its label (see :mod:`jaxrobust.engine.randomized`).
 
   Args:
     attack: a gradient or score-based attack from :mod:`jaxrobust.attacks` (not an ensemble:
@@ -84,8 +84,8 @@ def eot(attack: Attack, samples: int = 20) -> Attack:
                      "ensemble(eot(a, n), eot(b, n)).")
 
   def expected(logits_fn, keys, t):
-    return _stochastic.ExpectedLogits(
-        logits_fn, _stochastic.draw_keys(fold_in(fold_in(keys, _TAG), t), samples))
+    return randomized.ExpectedLogits(
+        logits_fn, randomized.draw_keys(fold_in(fold_in(keys, _TAG), t), samples))
 
   def init(logits_fn, x, y, budget, keys, target=None):
     inner = attack.init(expected(logits_fn, keys, 0), x, y, budget, keys, target)

@@ -25,7 +25,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrobust.attacks._common import fold_in, predict
+from jaxrobust._batch import fold_in, one_hot_mask, predict
 
 Array = jax.Array
 
@@ -46,8 +46,7 @@ def votes(logits_fn: Callable[[Array, Array], Array], x: Array, keys: Array,
   def one(k):
     logits = logits_fn(x, k)
     pred = predict(logits)
-    onehot = pred[:, None] == jnp.arange(logits.shape[-1], dtype=jnp.int32)[None, :]
-    return onehot.astype(jnp.int32), logits.astype(jnp.float32)
+    return one_hot_mask(pred, logits.shape[-1]).astype(jnp.int32), logits.astype(jnp.float32)
 
   counts, logits = jax.lax.map(one, draw_keys(keys, samples))
   return jnp.sum(counts, axis=0), jnp.mean(logits, axis=0)
@@ -55,9 +54,7 @@ def votes(logits_fn: Callable[[Array, Array], Array], x: Array, keys: Array,
 
 def label_votes(counts: Array, labels: Array) -> Array:
   """``counts[i, labels[i]]`` without a gather (sharding-safe)."""
-  classes = jnp.arange(counts.shape[-1], dtype=jnp.int32)
-  return jnp.sum(jnp.where(labels.astype(jnp.int32)[:, None] == classes[None, :], counts, 0),
-                 axis=-1)
+  return jnp.sum(jnp.where(one_hot_mask(labels, counts.shape[-1]), counts, 0), axis=-1)
 
 
 def majority_correct(counts: Array, y: Array, samples: int) -> Array:
@@ -88,8 +85,6 @@ class ExpectedLogits(NamedTuple):
 
   def loss_and_grad(self, loss_fn: Callable[..., Array], x: Array, y: Array,
                     target: Array | None) -> tuple[Array, Array, Array]:
-    samples = self.keys.shape[0]
-
     def total(inputs):
       def one(k):
         logits = self.logits_fn(inputs, k)
@@ -100,6 +95,5 @@ class ExpectedLogits(NamedTuple):
       mean_loss = jnp.mean(per_ex, axis=0)
       return jnp.sum(mean_loss), (mean_loss, jnp.mean(logits, axis=0))
 
-    del samples
     (_, (per_ex, logits)), grad = jax.value_and_grad(total, has_aux=True)(x)
     return per_ex, grad.astype(x.dtype), logits

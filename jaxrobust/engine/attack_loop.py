@@ -1,0 +1,80 @@
+r"""The one attack loop: an attack's ``init``/``step``/``finalize`` under ``lax.scan`` (or its own
+``drive``), optionally compacted to the rows still to attack, then scored honestly.
+
+Every front door runs attacks through :func:`run_attack`: :func:`jaxrobust.run` (one budget),
+the curve kernel (:mod:`jaxrobust.engine.curve_kernel`, one run per eps), ensemble members
+(:mod:`jaxrobust.engine.members`) and :func:`jaxrobust.evaluate`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxrobust._batch import as_keys, like_batch, work_dtype
+from jaxrobust._types import Attack, AttackResult, Budget
+from jaxrobust.engine import compaction
+from jaxrobust.engine.scoring import clean_diagnosis, score
+
+Array = jax.Array
+
+
+def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
+                unroll: int | bool) -> Callable[..., Array]:
+  """``(x, y, eps, keys, target) -> x_adv``: the attack's ``init``, ``num_steps`` ``step``\\ s
+  under one ``lax.scan``, and ``finalize``, on rows that are independent of each other."""
+
+  def rows(x, y, eps, keys, target):
+    budget = Budget(eps, lower, upper)
+
+    def body(state, _):
+      return attack.step(logits_fn, state, x, y, budget, target), None
+
+    state = attack.init(logits_fn, x, y, budget, keys, target)
+    state, _ = jax.lax.scan(body, state, None, length=attack.num_steps, unroll=unroll)
+    return attack.finalize(logits_fn, state, x, y, budget, target).astype(x.dtype)
+
+  return rows
+
+
+def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
+               budget: Budget, key: Array, target: Array | None = None, *,
+               unroll: int | bool = 1, clean_correct: Array | None = None,
+               bad_gradient: Array | None = None, active: Array | None = None,
+               chunk_size: int | None = None) -> tuple[AttackResult, Array]:
+  """:func:`jaxrobust.run` without input validation, and ``broken`` (``[B]`` bool).
+
+  ``broken`` says the point is not robust: the clean prediction or the prediction on ``x_adv``
+  is not ``y``. For untargeted attacks it equals ``success``; for targeted ones a point can be
+  broken without the target being reached.
+
+  Drivers that have them already pass ``clean_correct`` and ``bad_gradient`` (``[B]`` bool, from
+  :func:`jaxrobust.engine.scoring.clean_diagnosis`), saving a forward and a backward pass per
+  call. ``active`` (``[B]`` bool) restricts the attack to some rows (the others get
+  ``x_adv = x``); with ``chunk_size`` the rows to attack are compacted into chunks of that many
+  rows and only chunks holding such rows are computed (:mod:`jaxrobust.engine.compaction`).
+  """
+  budget = Budget(*budget)
+  x_input = x
+  x = x.astype(work_dtype(x))
+  batch = x.shape[0]
+  keys = like_batch(as_keys(key, batch), x)
+  if clean_correct is None:
+    clean_correct, checked = clean_diagnosis(attack.samples, logits_fn, x_input, y, keys)
+    bad_gradient = checked if bad_gradient is None else bad_gradient
+  todo = clean_correct if active is None else clean_correct & active
+  info = {}
+  if attack.drive is not None:
+    x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, chunk_size)
+    info = dict(info or {})
+  else:
+    rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)
+    eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), (batch,)), x)
+    if chunk_size is None:
+      x_adv = rows(x, y, eps, keys, target)
+    else:
+      x_adv = compaction.compacted(rows, todo, chunk_size, x, y, eps, keys, target)
+  return score(attack, logits_fn, x_input, x, x_adv, y, budget, keys, target, todo=todo,
+               clean_correct=clean_correct, bad_gradient=bad_gradient, info=info)

@@ -1,0 +1,169 @@
+r"""The one per-batch curve kernel: per-example robust flags of one attack over an eps grid.
+
+Every curve front door calls :func:`robust_flags`: :func:`jaxrobust.robustness_curve` (one
+batch), :func:`jaxrobust.evaluate` (each padded batch of a data set, every attack) and, through
+``evaluate``, the command line. For a fixed-budget attack and the grid
+:math:`\epsilon_1..\epsilon_K` (any order, duplicates allowed) the flag of example :math:`i` is
+
+.. math::
+   r_{k,i} = c_i \wedge \neg \bigvee_{j:\ \epsilon_j \le \epsilon_k} b_{j,i},
+
+with :math:`c_i` the clean verdict and :math:`b_{j,i}` "broken by the attack run at
+:math:`\epsilon_j`" (keys ``fold_in(keys, j)``): a point broken inside a smaller ball is broken
+inside every larger one, so the curve is non-increasing by construction. A minimum-norm attack
+runs once: :math:`r_{k,i} = c_i \wedge [\epsilon^*_i > \epsilon_k]`.
+
+Three schedules compute the same flags: eps one after another (``eps_batch_size=None``),
+vectorised (``0``) or in vectorised chunks (``b``); and, with ``chunk_size``, **cross-eps
+skipping**: the eps run in increasing order and each attacks only the rows not yet broken,
+compacted into chunks (:mod:`jaxrobust.engine.compaction`), so a point broken at a small eps
+costs close to nothing at the larger ones.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from jaxrobust._batch import fold_in, rows_like
+from jaxrobust._types import Attack, Budget
+from jaxrobust.engine.attack_loop import run_attack
+
+Array = jax.Array
+
+
+class CurveFlags(NamedTuple):
+  """What the kernel returns for one attack on one batch."""
+
+  robust: Array  # [K, B] bool: robust at eps_k (clean-correct, not broken up to eps_k)
+  eps_star: Array | None  # [B] float32 minimal norms (minimum-norm attacks), else None
+  info: dict  # "flags": name -> [] bool; "counts": name -> [K] (per eps) or [] int32;
+  #             "robust_after": [K, M, B] bool per-member breakdown (ensembles and suites)
+
+
+def check_options(attack: Attack, eps_batch_size: int | None, chunk_size: int | None) -> None:
+  """The option combinations every curve front door accepts (static, checked on the host)."""
+  if eps_batch_size is not None and (isinstance(eps_batch_size, bool)
+                                     or not isinstance(eps_batch_size, int) or eps_batch_size < 0):
+    raise ValueError(f"eps_batch_size must be None, 0 or a positive int, got {eps_batch_size!r}.")
+  if chunk_size is not None and eps_batch_size is not None and not attack.minimum_norm:
+    raise ValueError("chunk_size skips points broken at a smaller eps, so the eps run one after "
+                     f"another: use eps_batch_size=None with it (got {eps_batch_size!r}).")
+
+
+def worst_case_over_smaller_eps(broken: Array, epsilons: Array, *, strict: bool = False) -> Array:
+  """``[K, B]``: broken at some eps_j <= eps_k (``strict``: eps_j < eps_k). No sort, no gather,
+  so it shards like ``broken``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> broken = jnp.array([[False, True], [True, False]])  # eps 0.2, 0.1
+    >>> worst_case_over_smaller_eps(broken, jnp.array([0.2, 0.1])).tolist()
+    [[True, True], [True, False]]
+  """
+  smaller = (epsilons[None, :] < epsilons[:, None]) if strict else (
+      epsilons[None, :] <= epsilons[:, None])  # [K, J]
+  return jnp.any(broken[None, :, :] & smaller[:, :, None], axis=1)
+
+
+def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
+                 epsilons: Array, keys: Array, *, lower, upper, correct: Array,
+                 bad_gradient: Array | None = None, active: Array | None = None,
+                 target: Array | None = None, eps_batch_size: int | None = None,
+                 unroll: int | bool = 1, chunk_size: int | None = None) -> CurveFlags:
+  """Per-example robust flags ``[K, B]`` of ``attack`` over ``epsilons`` (see the module).
+
+  Args:
+    attack: a :class:`jaxrobust.Attack` (validated by the caller, see :func:`check_options`).
+    logits_fn: the model.
+    x: ``[B, ...]`` inputs; y: ``[B]`` labels; epsilons: ``[K]`` float32.
+    keys: ``[B]`` per-example keys (a fixed-budget attack uses ``fold_in(keys, k)`` at eps k).
+    lower, upper: the box.
+    correct: ``[B]`` clean verdicts (:func:`jaxrobust.engine.scoring.clean_diagnosis`).
+    bad_gradient: ``[B]`` non-finite clean gradients, counted once over ``active`` clean-correct
+      rows as ``non_finite_gradient_points``.
+    active: ``[B]`` rows to attack and count (``None``: all); padding is inactive.
+    target: ``[B]`` targets of a targeted attack (robust still means "prediction is ``y``").
+    eps_batch_size, unroll, chunk_size: the schedule (see the module).
+
+  Returns:
+    A :class:`CurveFlags`.
+  """
+  epsilons = jnp.asarray(epsilons, jnp.float32)
+  active = jnp.ones_like(correct) if active is None else active
+  common = dict(unroll=unroll, clean_correct=correct, active=active, chunk_size=chunk_size)
+  if attack.minimum_norm:
+    budget = Budget(rows_like(x, jnp.inf, jnp.float32), lower, upper)
+    result, _ = run_attack(attack, logits_fn, x, y, budget, keys, target, **common)
+    eps_star = result.norm.astype(jnp.float32)
+    robust = correct[None, :] & (eps_star[None, :] > epsilons[:, None])
+    return CurveFlags(robust, eps_star, _with_gradient_count(
+        _checks(result.info), correct, bad_gradient, active))
+
+  def run_at(index, eps, rows):
+    budget = Budget(rows_like(x, 0.0, jnp.float32) + eps, lower, upper)
+    result, broken = run_attack(attack, logits_fn, x, y, budget, fold_in(keys, index), target,
+                                **{**common, "active": rows})
+    return broken, _checks(result.info)
+
+  indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)
+  if chunk_size is not None:
+    broken, per_eps = _skipping(run_at, indexed, correct, active)
+  elif eps_batch_size == 0:
+    broken, per_eps = jax.vmap(lambda ie: run_at(*ie, active))(indexed)
+  else:
+    broken, per_eps = jax.lax.map(lambda ie: run_at(*ie, active), indexed,
+                                  batch_size=eps_batch_size or None)
+  robust = correct[None, :] & ~worst_case_over_smaller_eps(broken, epsilons)
+  info = {"flags": {k: jnp.any(v) for k, v in per_eps["flags"].items()},
+          "counts": per_eps["counts"]}
+  if "robust_after" in per_eps:
+    before = correct[None, :] & ~worst_case_over_smaller_eps(broken, epsilons, strict=True)
+    info["robust_after"] = per_eps["robust_after"] & before[:, None, :]
+  return CurveFlags(robust, None, _with_gradient_count(info, correct, bad_gradient, active))
+
+
+def _checks(info: dict) -> dict:
+  """The parts of ``AttackResult.info`` a curve keeps: flags, counts, the member breakdown."""
+  kept = {"flags": dict(info.get("flags", {})), "counts": dict(info.get("counts", {}))}
+  if "robust_after" in info:
+    kept["robust_after"] = info["robust_after"]
+  return kept
+
+
+def _with_gradient_count(info: dict, correct: Array, bad_gradient: Array | None,
+                         active: Array) -> dict:
+  if bad_gradient is not None:
+    count = jnp.sum(correct & bad_gradient & active, dtype=jnp.int32)
+    info["counts"]["non_finite_gradient_points"] = count
+    info["flags"]["non_finite_gradients"] = count > 0
+  return info
+
+
+def _skipping(run_at, indexed, correct: Array, active: Array) -> tuple[Array, dict]:
+  """``broken [K, B]`` and per-eps checks, eps in increasing order, each eps attacking only the
+  rows not broken at a smaller one (a skipped row reads "not broken" at that eps: it was broken
+  before, which the worst case over smaller eps accounts for, so the flags equal the dense
+  ones). Each eps keeps its own folded key (its index in the caller's grid)."""
+  index, epsilons = indexed
+  order = jnp.argsort(epsilons, stable=True).astype(jnp.uint32)
+
+  def body(broken_before, index_and_eps):
+    k, eps = index_and_eps
+    broken, checks = run_at(k, eps, active & ~broken_before)
+    broken = broken & correct & ~broken_before
+    return broken_before | broken, (broken, checks)
+
+  _, in_order = jax.lax.scan(body, jnp.zeros_like(correct), (order, jnp.sort(epsilons)))
+  del index
+  # Back to the caller's eps order by a one-hot contraction (no gather on a sharded array).
+  back = order[None, :] == jnp.arange(epsilons.shape[0], dtype=jnp.uint32)[:, None]  # [K, J]
+
+  def reorder(v):
+    picked = jnp.where(back.reshape(back.shape + (1,) * (v.ndim - 1)), v[None],
+                       jnp.zeros((), v.dtype))
+    return jnp.any(picked, axis=1) if v.dtype == bool else jnp.sum(picked, axis=1, dtype=v.dtype)
+
+  return jax.tree.map(reorder, in_order)
