@@ -18,7 +18,7 @@ from jaxrobust._validation import check_inputs
 from jaxrobust._batch import predict
 from jaxrobust.curves import (CurveConsistency, curve_consistency, curve_from_norms,
                               robustness_curve)
-from jaxrobust.evaluate import evaluate
+from jaxrobust.evaluation import evaluate
 from jaxrobust.report import Report
 from jaxrobust._run import run
 

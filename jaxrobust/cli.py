@@ -11,21 +11,29 @@ Linf PGD robustness curve over an eps grid ``0 ... --eps-max`` and prints a tabl
 
 It writes a JSON report (``--out``, default ``./report.json``) with the keys:
 
-* ``jaxrobust_version``, ``jax_version``, ``backend``, ``command`` (the argv), ``seed``;
+* ``jaxrobust_version``, ``jax_version``, ``backend``, ``python_version``, ``command`` (the
+  argv), ``seed``;
 * ``dataset``: name, sizes, image shape, value range, split;
 * ``attack``: the evaluation attack's name and settings;
 * ``epsilons``: the eps grid (``--num-eps`` values);
-* ``num_test_examples``;
+* ``num_test_examples``, ``eval_batch_size``;
 * ``models``: for ``"plain"`` and ``"adversarial"``: ``name``, ``training`` (the full training
   config), ``loaded_from_cache``, ``clean_accuracy``, ``robust_accuracy`` (one per eps, the first
   at eps 0 equal to the clean accuracy), ``auc`` (area under robust accuracy over eps, divided by
-  the largest eps), ``train_seconds``, ``eval_seconds``;
-* ``timings``: ``train_seconds``, ``compile_seconds``, ``eval_seconds``, ``total_seconds``.
+  the largest eps), ``flags`` (the evaluation's reliability flags, e.g. ``non_finite_gradients``:
+  the attack met NaN or infinite input gradients and the robust accuracy is likely
+  overestimated; a raised flag is also printed under the table), ``flag_counts`` (the counts
+  behind the flags: one per eps, or one number for a count made once such as
+  ``non_finite_gradient_points``), ``train_seconds``, ``eval_seconds``;
+* ``timings``: ``train_seconds``, ``compile_seconds``, ``eval_seconds`` (both models, without
+  the compilation), ``total_seconds``.
 
-The evaluation function is compiled once (ahead of time) and serves both models and every batch:
-parameters, inputs, the eps grid and keys are all arguments, and the last short batch is padded
-to the batch size and masked out. Every test example gets its own PRNG key (folded from its index),
-so results do not depend on the batch size.
+Both models are measured by :func:`jaxrobust.evaluate` (padded, masked batches of
+``eval_batch_size``; exact integer counts), given ``functools.partial(SmallCNN().apply,
+params)``: the parameters are arguments of its compiled step, so the step is compiled once, for
+the first model, and reused for the second. ``compile_seconds`` is the first model's first step
+minus the second model's (which ran the compiled step). Every test example gets its own PRNG key
+(``fold_in(key, i)`` for the ``i``-th test image), so results do not depend on the batch size.
 """
 
 from __future__ import annotations
@@ -39,10 +47,11 @@ import pathlib
 import platform
 import sys
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 EVAL_BATCH_SIZE = 128
 MODEL_NAMES = ("plain", "adversarial")
+ATTACK_KEY = "pgd"  # the attack's name in each model's jr.Report
 
 
 def _int_at_least(minimum: int):
@@ -150,81 +159,30 @@ def _status(args: argparse.Namespace, message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def make_eval_fn(attack: Any, model: Any):
-  """The per-batch evaluation ``(params, x, y, mask, index, epsilons, key) -> (clean, robust)``.
-
-  Returns the jitted function; ``clean`` is the number of correctly classified unmasked examples
-  and ``robust`` ``[K]`` the number of unmasked examples robust at each eps. Example ``i`` of the
-  test set uses the key ``fold_in(key, index[i])``.
-  """
-  import jax
-  import jax.numpy as jnp
-
-  import jaxrobust as jr
-
-  def eval_batch(params, x, y, mask, index, epsilons, key):
-    logits_fn = functools.partial(model.apply, params)
-    keys = jax.vmap(jax.random.fold_in, in_axes=(None, 0))(key, index)
-    # All eps vectorised and the attack loop unrolled: no loop around the model, which on
-    # XLA:CPU runs the strided convolution's input gradient several times faster (see
-    # benchmarks/RESULTS.md); results are those of any other setting up to float rounding.
-    curve = jr.robustness_curve(attack, logits_fn, x, y, epsilons, keys, eps_batch_size=0,
-                                unroll=True)
-    correct = (jr.predict(logits_fn(x)) == y) & mask
-    robust = curve.robust & mask[None, :]
-    return jnp.sum(correct, dtype=jnp.int32), jnp.sum(robust, axis=1, dtype=jnp.int32)
-
-  return jax.jit(eval_batch)
-
-
-def evaluate(
-  compiled: Any, params: Any, x: Any, y: Any, epsilons: Any, key: Any, *, batch_size: int,
-  desc: str, progress: bool,
-) -> dict[str, Any]:
-  """Runs ``compiled`` (from `make_eval_fn`) over ``x``/``y`` in padded, masked batches.
-
-  Returns:
-    ``{"clean_accuracy": float, "robust_accuracy": [K floats], "auc": float}``.
-  """
-  import numpy as np
-  from tqdm.auto import tqdm
-
-  import jaxrobust as jr
-
-  n = int(x.shape[0])
-  eps_host = np.asarray(epsilons, dtype=np.float32)
-  clean_total = 0
-  robust_total = np.zeros(eps_host.shape, dtype=np.int64)
-  bar = tqdm(total=n, desc=desc, unit="ex", disable=not progress, leave=False)
-  for start in range(0, n, batch_size):
-    stop = min(start + batch_size, n)
-    size = stop - start
-    xb = np.zeros((batch_size, *x.shape[1:]), dtype=np.float32)
-    yb = np.zeros((batch_size,), dtype=np.int32)
-    xb[:size], yb[:size] = x[start:stop], y[start:stop]
-    mask = np.arange(batch_size) < size
-    index = np.arange(start, start + batch_size, dtype=np.uint32)
-    clean, robust = compiled(params, xb, yb, mask, index, epsilons, key)
-    clean_total += int(clean)
-    robust_total += np.asarray(robust, dtype=np.int64)
-    bar.update(size)
-    if progress:
-      bar.set_postfix(clean=f"{clean_total / stop:.3f}",
-                      **{f"robust@{eps_host[-1]:.3g}": f"{robust_total[-1] / stop:.3f}"})
-  bar.close()
-  clean_accuracy = clean_total / n
-  robust_accuracy = robust_total / n
-  auc = float(jr.metrics.curve_auc(eps_host, robust_accuracy.astype(np.float32),
-                                   np.float32(clean_accuracy)))
-  return {
-    "clean_accuracy": float(clean_accuracy),
-    "robust_accuracy": [float(a) for a in robust_accuracy],
-    "auc": auc,
-  }
-
-
 def format_table(report: dict[str, Any]) -> str:
-  """The human-readable summary of a demo report: robust accuracy per eps for both models."""
+  """The human-readable summary of a demo report: robust accuracy per eps for both models.
+
+  A model whose evaluation raised a reliability flag (``models[name]["flags"]``, e.g.
+  ``non_finite_gradients``: the attack saw NaN or infinite gradients, so its robust accuracy is
+  likely overestimated) gets a warning line under the table.
+
+  Examples:
+    >>> report = {
+    ...   "num_test_examples": 4, "dataset": {"name": "toy"}, "epsilons": [0.0, 0.5],
+    ...   "attack": {"steps": 2, "restarts": 1},
+    ...   "models": {"plain": {"robust_accuracy": [0.75, 0.25], "clean_accuracy": 0.75,
+    ...                        "auc": 0.5, "flags": {"non_finite_gradients": True}}}}
+    >>> print(format_table(report))
+    Linf PGD robustness on 4 toy test images (2 steps, 1 restart); robust accuracy:
+    <BLANKLINE>
+         eps     plain
+      0.0000    0.7500
+      0.5000    0.2500
+    ------------------
+       clean    0.7500
+         AUC    0.5000
+    warning: plain: non_finite_gradients (the robust accuracy may be overestimated)
+  """
   names = list(report["models"])
   widths = [max(10, len(name) + 2) for name in names]
   attack = report["attack"]
@@ -244,7 +202,227 @@ def format_table(report: dict[str, Any]) -> str:
     lines.append(f"{label:>8}" + "".join(
       f"{report['models'][name][key]:>{w}.4f}" for name, w in zip(names, widths)
     ))
+  for name in names:
+    raised = sorted(flag for flag, up in report["models"][name].get("flags", {}).items() if up)
+    if raised:
+      lines.append(f"warning: {name}: {', '.join(raised)} (the robust accuracy may be "
+                   "overestimated)")
   return "\n".join(lines)
+
+
+def _test_split(test_size: Optional[int]) -> tuple[Any, Any, int]:
+  """``(x, y, available)``: the first ``test_size`` images of the digits test split (all of them
+  for ``None``) and the size of the whole split."""
+  from jaxrobust.demo import data  # raises a clear ImportError without scikit-learn
+
+  _, _, x_test, y_test = data.load_digits()
+  available = int(x_test.shape[0])
+  n = available if test_size is None else test_size
+  if n > available:
+    raise ValueError(f"--test-size {n} exceeds the {available} images of the test split")
+  return x_test[:n], y_test[:n], available
+
+
+def _train_models(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+  """Trains (or loads from the cache) both models.
+
+  Returns:
+    ``(params_of, models)``, both keyed by model name: the parameters, and each model's entry of
+    the report so far (``name``, ``training``, ``loaded_from_cache``, ``train_seconds``).
+  """
+  from jaxrobust.demo import train as train_lib
+
+  models: dict[str, dict[str, Any]] = {}
+  params_of: dict[str, Any] = {}
+  for name in MODEL_NAMES:
+    config = train_lib.training_config(name == "adversarial", epochs=args.epochs, seed=args.seed)
+    t0 = time.perf_counter()
+    params, cached = train_lib.load_or_train(
+      config, cache_dir=args.cache_dir, cache=not args.no_cache, progress=not args.quiet
+    )
+    seconds = time.perf_counter() - t0
+    where = "" if args.no_cache else f" ({train_lib.cache_path(config, args.cache_dir)})"
+    _status(args, f"{name}: {'loaded from cache' if cached else 'trained'} in "
+            f"{seconds:.1f} s{where}")
+    params_of[name] = params
+    models[name] = {"name": name, "training": config, "loaded_from_cache": cached,
+                    "train_seconds": seconds}
+  return params_of, models
+
+
+def _evaluate_model(apply_fn: Any, params: Any, x: Any, y: Any, *, attack: Any, epsilons: Any,
+                    key: Any, batch_size: int, progress: bool) -> Any:
+  """``jr.evaluate`` of ``partial(apply_fn, params)`` against ``attack`` on ``(x, y)``.
+
+  Example ``i`` of ``x`` draws its randomness from ``fold_in(key, i)`` (then ``fold_in(., k)`` at
+  the ``k``-th eps), so the report does not depend on ``batch_size``. Passing the parameters
+  through a ``functools.partial`` of one function makes them arguments of ``jr.evaluate``'s
+  compiled step, which the next call reuses for other parameters of the same shapes.
+
+  Returns:
+    A :class:`jaxrobust.Report` with the attack under the name :data:`ATTACK_KEY`.
+  """
+  import jaxrobust as jr
+
+  # All eps vectorised and the attack loop unrolled: no loop around the model, which on XLA:CPU
+  # runs the strided convolution's input gradient several times faster (see
+  # benchmarks/RESULTS.md); results are those of any other setting up to float rounding.
+  return jr.evaluate(functools.partial(apply_fn, params), (x, y), attacks={ATTACK_KEY: attack},
+                     epsilons=epsilons, key=key, batch_size=batch_size, progress=progress,
+                     eps_batch_size=0, unroll=True)
+
+
+def model_results(report: Any) -> dict[str, Any]:
+  """A model's evaluation entries of the demo's JSON report, from its :class:`jaxrobust.Report`.
+
+  The accuracies are the exact ratios of the report's integer counts (Python floats, so 55 of 64
+  prints as 0.859375); ``auc`` is the report's. ``flags`` are the reliability flags of the attack
+  over the whole test set and ``flag_counts`` the counts behind them, one per eps or counted once
+  (e.g. ``non_finite_gradient_points``: clean-correct points whose input gradient was NaN or
+  infinite).
+
+  Examples:
+    >>> import numpy as np
+    >>> import jaxrobust as jr
+    >>> report = jr.Report.from_counts(
+    ...   epsilons=np.array([0.0, 0.2], np.float32), n=4, clean_correct=3,
+    ...   robust={ATTACK_KEY: np.array([3, 1])}, worst_case=np.array([3, 1]),
+    ...   info={ATTACK_KEY: ("pgd-linf", "linf", False)},
+    ...   flags={ATTACK_KEY: {"non_finite_gradients": False}},
+    ...   counts={ATTACK_KEY: {"non_finite_gradient_points": np.array(0)}})
+    >>> model_results(report)  # doctest: +NORMALIZE_WHITESPACE
+    {'clean_accuracy': 0.75, 'robust_accuracy': [0.75, 0.25], 'auc': 0.5,
+     'flags': {'non_finite_gradients': False},
+     'flag_counts': {'non_finite_gradient_points': 0}}
+  """
+  import numpy as np
+
+  n = report.num_examples
+  attack = report.attacks[ATTACK_KEY]
+  return {
+    "clean_accuracy": report.clean_correct / n,
+    "robust_accuracy": [int(count) / n for count in attack.robust_count],
+    "auc": float(attack.auc),
+    "flags": {name: bool(up) for name, up in sorted(attack.flags.items())},
+    "flag_counts": {name: np.asarray(count).tolist()
+                    for name, count in sorted(attack.counts.items())},
+  }
+
+
+class _Evaluation(NamedTuple):
+  """Both models' evaluation: the shared settings and each model's report entries."""
+
+  results: dict[str, dict[str, Any]]  # model name -> `model_results` + eval_seconds
+  attack: Any  # the jr.Attack
+  eps_grid: Any  # [K] float64, the grid as asked for (evaluated in float32)
+  batch_size: int
+  compile_seconds: float
+
+
+def _evaluate_models(args: argparse.Namespace, params_of: dict[str, Any], x: Any,
+                     y: Any) -> _Evaluation:
+  """Evaluates both models with the same attack, eps grid, keys and compiled step.
+
+  ``jr.evaluate`` times its first step, which compiles the step for the first model and reuses
+  it for the second (see `_evaluate_model`); the compilation time is the difference of the two
+  first steps, and each model's ``eval_seconds`` is its ``jr.evaluate`` time without it.
+  """
+  import jax
+  import numpy as np
+
+  import jaxrobust as jr
+  from jaxrobust.demo.model import SmallCNN
+
+  apply_fn = SmallCNN().apply  # one bound method: the same function for both partials
+  attack = jr.attacks.pgd("linf", steps=args.steps, restarts=args.restarts)
+  eps_grid = np.linspace(0.0, args.eps_max, args.num_eps)
+  key = jax.random.key(args.seed + 1)
+  batch_size = min(EVAL_BATCH_SIZE, int(x.shape[0]))
+  results: dict[str, dict[str, Any]] = {}
+  first_steps = []
+  for name in MODEL_NAMES:
+    _status(args, f"evaluating {name} ({attack.name}, {args.num_eps} eps)")
+    t0 = time.perf_counter()
+    report = _evaluate_model(apply_fn, params_of[name], x, y, attack=attack,
+                             epsilons=eps_grid.astype(np.float32), key=key,
+                             batch_size=batch_size, progress=not args.quiet)
+    results[name] = {**model_results(report), "eval_seconds": time.perf_counter() - t0}
+    first_steps.append(report.timing["compile_and_first_step_s"])
+  compile_seconds = max(first_steps[0] - min(first_steps[1:]), 0.0)
+  results[MODEL_NAMES[0]]["eval_seconds"] -= compile_seconds
+  _status(args, f"compiled the evaluation step once for both models in {compile_seconds:.1f} s")
+  return _Evaluation(results, attack, eps_grid, batch_size, compile_seconds)
+
+
+def _dataset_info(available: int) -> dict[str, Any]:
+  """The report's description of the data set; ``available`` is the size of the test split."""
+  from jaxrobust.demo import data
+
+  return {
+    "name": "sklearn digits",
+    "source": "sklearn.datasets.load_digits",
+    "num_examples": data.NUM_EXAMPLES,
+    "num_train": data.NUM_EXAMPLES - available,
+    "num_test": available,
+    "image_shape": list(data.IMAGE_SHAPE),
+    "layout": "NHWC",
+    "value_range": [0.0, 1.0],
+    "num_classes": data.NUM_CLASSES,
+    "split": {"test_fraction": 0.3, "seed": 0, "stratified": True},
+  }
+
+
+def _build_report(args: argparse.Namespace, argv: Optional[list[str]],
+                  models: dict[str, dict[str, Any]], evaluation: _Evaluation, num_test: int,
+                  available: int, t_start: float) -> dict[str, Any]:
+  """The JSON report (see the module docstring)."""
+  import jax
+
+  from jaxrobust.demo import train as train_lib
+
+  for name, results in evaluation.results.items():
+    models[name].update(results)
+  train_seconds = sum(m["train_seconds"] for m in models.values())
+  eval_seconds = sum(m["eval_seconds"] for m in models.values())
+  return {
+    "jaxrobust_version": train_lib.jaxrobust_version(),
+    "jax_version": jax.__version__,
+    "backend": jax.default_backend(),
+    "python_version": platform.python_version(),
+    "command": ["jaxrobust", *(argv or [])],
+    "seed": args.seed,
+    "dataset": _dataset_info(available),
+    "attack": {
+      "name": evaluation.attack.name, "norm": "linf", "steps": args.steps,
+      "step_size": "cosine schedule from 2 to 0", "step_size_units": "fraction of eps",
+      "random_start": True, "restarts": args.restarts,
+      "loss": "ce", "lower": 0.0, "upper": 1.0,
+    },
+    "epsilons": [round(float(e), 10) for e in evaluation.eps_grid],
+    "num_test_examples": num_test,
+    "eval_batch_size": evaluation.batch_size,
+    "models": models,
+    "timings": {
+      "train_seconds": train_seconds,
+      "compile_seconds": evaluation.compile_seconds,
+      "eval_seconds": eval_seconds,
+      "total_seconds": time.perf_counter() - t_start,
+    },
+  }
+
+
+def _write_report(report: dict[str, Any], out: pathlib.Path) -> pathlib.Path:
+  """Writes ``report`` as JSON to ``out`` atomically (a temporary file, then a rename)."""
+  out = pathlib.Path(out)
+  if out.parent != pathlib.Path(""):
+    out.parent.mkdir(parents=True, exist_ok=True)
+  tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+  try:
+    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, out)
+  finally:
+    tmp.unlink(missing_ok=True)
+  return out.resolve()
 
 
 def run_demo(args: argparse.Namespace, argv: Optional[list[str]] = None) -> dict[str, Any]:
@@ -258,114 +436,10 @@ def run_demo(args: argparse.Namespace, argv: Optional[list[str]] = None) -> dict
     The report dict (also written to ``args.out``).
   """
   t_start = time.perf_counter()
-  from jaxrobust.demo import data  # raises a clear ImportError without scikit-learn
-
-  _, _, x_test, y_test = data.load_digits()
-
-  import jax
-  import numpy as np
-
-  import jaxrobust as jr
-  from jaxrobust.demo import train as train_lib
-  from jaxrobust.demo.model import SmallCNN
-
-  available = int(x_test.shape[0])
-  n = available if args.test_size is None else args.test_size
-  if n > available:
-    raise ValueError(f"--test-size {n} exceeds the {available} images of the test split")
-  x_test, y_test = x_test[:n], y_test[:n]
-  progress = not args.quiet
-
-  # Training (or the cache).
-  models: dict[str, dict[str, Any]] = {}
-  params_of: dict[str, Any] = {}
-  for name in MODEL_NAMES:
-    config = train_lib.training_config(name == "adversarial", epochs=args.epochs, seed=args.seed)
-    t0 = time.perf_counter()
-    params, cached = train_lib.load_or_train(
-      config, cache_dir=args.cache_dir, cache=not args.no_cache, progress=progress
-    )
-    seconds = time.perf_counter() - t0
-    where = "" if args.no_cache else f" ({train_lib.cache_path(config, args.cache_dir)})"
-    _status(args, f"{name}: {'loaded from cache' if cached else 'trained'} in "
-            f"{seconds:.1f} s{where}")
-    params_of[name] = params
-    models[name] = {"name": name, "training": config, "loaded_from_cache": cached,
-                    "train_seconds": seconds}
-
-  # One compiled evaluation function for both models and every batch.
-  model = SmallCNN()
-  attack = jr.attacks.pgd("linf", steps=args.steps, restarts=args.restarts)
-  eps_grid = np.linspace(0.0, args.eps_max, args.num_eps)
-  epsilons = eps_grid.astype(np.float32)
-  key = jax.random.key(args.seed + 1)
-  batch_size = min(EVAL_BATCH_SIZE, n)
-  t0 = time.perf_counter()
-  compiled = make_eval_fn(attack, model).lower(
-    params_of[MODEL_NAMES[0]],
-    np.zeros((batch_size, *x_test.shape[1:]), np.float32), np.zeros((batch_size,), np.int32),
-    np.ones((batch_size,), bool), np.zeros((batch_size,), np.uint32), epsilons, key,
-  ).compile()
-  compile_seconds = time.perf_counter() - t0
-  _status(args, f"compiled the evaluation ({attack.name}, {args.num_eps} eps) in "
-          f"{compile_seconds:.1f} s")
-
-  for name in MODEL_NAMES:
-    t0 = time.perf_counter()
-    models[name].update(evaluate(
-      compiled, params_of[name], x_test, y_test, epsilons, key, batch_size=batch_size,
-      desc=f"eval {name}", progress=progress,
-    ))
-    models[name]["eval_seconds"] = time.perf_counter() - t0
-
-  train_seconds = sum(m["train_seconds"] for m in models.values())
-  eval_seconds = sum(m["eval_seconds"] for m in models.values())
-  report = {
-    "jaxrobust_version": train_lib.jaxrobust_version(),
-    "jax_version": jax.__version__,
-    "backend": jax.default_backend(),
-    "python_version": platform.python_version(),
-    "command": ["jaxrobust", *(argv or [])],
-    "seed": args.seed,
-    "dataset": {
-      "name": "sklearn digits",
-      "source": "sklearn.datasets.load_digits",
-      "num_examples": data.NUM_EXAMPLES,
-      "num_train": data.NUM_EXAMPLES - available,
-      "num_test": available,
-      "image_shape": list(data.IMAGE_SHAPE),
-      "layout": "NHWC",
-      "value_range": [0.0, 1.0],
-      "num_classes": data.NUM_CLASSES,
-      "split": {"test_fraction": 0.3, "seed": 0, "stratified": True},
-    },
-    "attack": {
-      "name": attack.name, "norm": "linf", "steps": args.steps,
-      "step_size": "cosine schedule from 2 to 0", "step_size_units": "fraction of eps",
-      "random_start": True, "restarts": args.restarts,
-      "loss": "ce", "lower": 0.0, "upper": 1.0,
-    },
-    "epsilons": [round(float(e), 10) for e in eps_grid],
-    "num_test_examples": n,
-    "eval_batch_size": batch_size,
-    "models": models,
-    "timings": {
-      "train_seconds": train_seconds,
-      "compile_seconds": compile_seconds,
-      "eval_seconds": eval_seconds,
-      "total_seconds": time.perf_counter() - t_start,
-    },
-  }
-
+  x_test, y_test, available = _test_split(args.test_size)
+  params_of, models = _train_models(args)
+  evaluation = _evaluate_models(args, params_of, x_test, y_test)
+  report = _build_report(args, argv, models, evaluation, int(x_test.shape[0]), available, t_start)
   print(format_table(report))
-  out = pathlib.Path(args.out)
-  if out.parent != pathlib.Path(""):
-    out.parent.mkdir(parents=True, exist_ok=True)
-  tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
-  try:
-    tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, out)
-  finally:
-    tmp.unlink(missing_ok=True)
-  print(f"Report written to {out.resolve()}")
+  print(f"Report written to {_write_report(report, args.out)}")
   return report

@@ -25,7 +25,6 @@ same thing.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import pathlib
@@ -77,25 +76,6 @@ def decide_flags(flags: Mapping[str, bool], counts: Mapping[str, Any],
     if count in counts:
       out[flag] = bool(np.any(np.asarray(counts[count], np.float64) > fraction * n))
   return out
-
-
-def _ratio(count: np.ndarray, n: int) -> np.ndarray:
-  """``count / n`` in float32 (NaN when ``n == 0``), as :class:`jaxrobust.Curve` reports it."""
-  count = np.asarray(count, np.float32)
-  if n == 0:
-    return np.full(count.shape, np.nan, np.float32)
-  return count / np.float32(n)
-
-
-@functools.cache
-def _jitted_auc() -> Any:
-  # Host-side driver code: one small program instead of a dozen eagerly dispatched ops.
-  return jax.jit(metrics.curve_auc)
-
-
-def _auc(epsilons: np.ndarray, accuracy: np.ndarray, clean: np.ndarray) -> float:
-  return float(_jitted_auc()(np.asarray(epsilons, np.float32), np.asarray(accuracy, np.float32),
-                             np.asarray(clean, np.float32)))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -200,18 +180,23 @@ class Report:
       A :class:`Report`.
     """
     epsilons = np.asarray(epsilons, np.float32)
-    clean = _ratio(np.asarray(clean_correct), n)
-
     counts = counts or {}
+
+    def curve(robust_count):  # the reducer every curve of the library is computed from
+      return metrics.CurveCounts(np.int64(n), np.int64(clean_correct),
+                                 np.asarray(robust_count, np.int64)).compute(epsilons)
+
+    clean = curve(np.zeros(len(epsilons)))["clean_accuracy"]
 
     def summary(name, robust_count, description, norm, minimum_norm, attack_flags,
                 attack_counts):
-      robust_count = np.asarray(robust_count, np.int64)
-      accuracy = _ratio(robust_count, n)
+      computed = curve(robust_count)
       attack_counts = {str(k): np.asarray(v, np.int64) for k, v in attack_counts.items()}
       return AttackSummary(name=name, description=description, norm=norm,
-                           minimum_norm=bool(minimum_norm), robust_count=robust_count,
-                           robust_accuracy=accuracy, auc=_auc(epsilons, accuracy, clean),
+                           minimum_norm=bool(minimum_norm),
+                           robust_count=np.asarray(robust_count, np.int64),
+                           robust_accuracy=computed["robust_accuracy"],
+                           auc=float(computed["auc"]),
                            flags=decide_flags(attack_flags, attack_counts, int(n)),
                            counts=attack_counts)
 

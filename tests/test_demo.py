@@ -20,8 +20,8 @@ REPORT_KEYS = {
   "attack", "epsilons", "num_test_examples", "eval_batch_size", "models", "timings",
 }
 MODEL_KEYS = {
-  "name", "training", "loaded_from_cache", "clean_accuracy", "robust_accuracy", "auc",
-  "train_seconds", "eval_seconds",
+  "name", "training", "loaded_from_cache", "clean_accuracy", "robust_accuracy", "auc", "flags",
+  "flag_counts", "train_seconds", "eval_seconds",
 }
 
 
@@ -126,25 +126,74 @@ def test_cache_round_trip_and_corrupt_file_retrains(monkeypatch, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------
-# Evaluation: padding and masking.
+# Evaluation through jr.evaluate: batch-size independence, one compilation, reliability flags.
 
 
-def test_evaluate_pads_and_masks_without_depending_on_batch_size():
+def _counting_compiles(fn):
+  """``(fn(), number of XLA compilations during the call)``."""
+  compiles = []
+
+  def listener(event, duration_secs, **kwargs):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(duration_secs)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    result = fn()
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  return result, len(compiles)
+
+
+def test_demo_evaluation_does_not_depend_on_batch_size_and_compiles_once_for_both_models():
   from jaxrobust.demo.model import SmallCNN
   import jaxrobust as jr
 
   _, _, x, y = data.load_digits()
   x, y = x[:40], y[:40]
-  params = train_lib._init_fn(10)(jax.random.key(0))
-  epsilons = np.array([0.0, 0.05, 0.1], np.float32)
-  key = jax.random.key(3)
-  eval_fn = cli.make_eval_fn(jr.attacks.pgd("linf", steps=2), SmallCNN())
-  padded = cli.evaluate(eval_fn, params, x, y, epsilons, key, batch_size=32, desc="t",
-                        progress=False)  # batches of 32 and 8 (+ 24 masked padding rows)
-  whole = cli.evaluate(eval_fn, params, x, y, epsilons, key, batch_size=40, desc="t",
-                       progress=False)
-  assert padded == whole
-  assert padded["robust_accuracy"][0] == padded["clean_accuracy"]
+  first, second = (train_lib._init_fn(10)(jax.random.key(seed)) for seed in (0, 1))
+  apply_fn = SmallCNN().apply
+  settings = dict(attack=jr.attacks.pgd("linf", steps=2),
+                  epsilons=np.array([0.0, 0.05, 0.1], np.float32), key=jax.random.key(3),
+                  progress=False)
+  # Batches of 32 and 8 (+ 24 masked padding rows), then one batch of 40.
+  padded, padded_compiles = _counting_compiles(
+    lambda: cli._evaluate_model(apply_fn, first, x, y, batch_size=32, **settings))
+  whole = cli._evaluate_model(apply_fn, first, x, y, batch_size=40, **settings)
+  assert padded == whole  # every count, flag and AUC bitwise equal
+  results = cli.model_results(padded)
+  assert results == cli.model_results(whole)
+  assert results["robust_accuracy"][0] == results["clean_accuracy"]
+  assert np.all(np.diff(results["robust_accuracy"]) <= 0)
+
+  # Other parameters of the same shapes (the demo's second model) reuse the compiled step ...
+  other, other_compiles = _counting_compiles(
+    lambda: cli._evaluate_model(apply_fn, second, x, y, batch_size=40, **settings))
+  assert padded_compiles > 0 and other_compiles == 0
+  # ... and are the ones evaluated: clean accuracies match a direct forward pass.
+  for params, report in ((first, whole), (second, other)):
+    predicted = np.argmax(np.asarray(apply_fn(params, x)), axis=-1)
+    assert report.clean_correct == int(np.sum(predicted == y))
+
+
+def test_model_results_report_non_finite_gradients():
+  import jax.numpy as jnp
+  import jaxrobust as jr
+
+  def apply(weights, x):  # sqrt has an infinite derivative at 0, where each x has a coordinate
+    return jnp.sqrt(x) @ weights
+
+  x = np.array([[0.0, 0.9], [0.8, 0.0], [0.0, 0.5], [0.6, 0.0]], np.float32)
+  y = np.array([1, 0, 1, 0], np.int32)  # all correctly classified by the identity weights
+  report = cli._evaluate_model(apply, np.eye(2, dtype=np.float32), x, y,
+                               attack=jr.attacks.pgd("linf", steps=1),
+                               epsilons=np.array([0.1, 0.2], np.float32), key=jax.random.key(0),
+                               batch_size=4, progress=False)
+  results = cli.model_results(report)
+  assert results["clean_accuracy"] == 1.0
+  assert results["flags"]["non_finite_gradients"] is True
+  assert results["flag_counts"]["non_finite_gradient_points"] == 4  # once, not per eps
+  json.dumps(results)  # JSON-ready
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,6 +243,9 @@ def _check_report(report):
     assert np.all(np.diff(robust) <= 0)
     assert robust[0] == model["clean_accuracy"]
     assert 0 <= model["clean_accuracy"] <= 1 and 0 <= model["auc"] <= 1
+    # A ReLU network's gradients are finite: every reliability flag is down, with zero counts.
+    assert "non_finite_gradients" in model["flags"] and not any(model["flags"].values())
+    assert model["flag_counts"]["non_finite_gradient_points"] == 0
   assert set(report["timings"]) >= {"train_seconds", "compile_seconds", "eval_seconds",
                                     "total_seconds"}
 

@@ -1,0 +1,230 @@
+"""The public loop of :func:`jaxrobust.evaluate` (see :mod:`jaxrobust.evaluation`)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxrobust._types import Attack
+from jaxrobust._validation import check_eps, check_labels, check_logits, check_x_in_box, logits_shape
+from jaxrobust.evaluation import host
+from jaxrobust.evaluation.checkpointing import (Checkpoint, EvalState, fingerprint,
+                                               model_fingerprint)
+from jaxrobust.evaluation.device_step import _jitted_step, _split_model, _trace_model
+from jaxrobust.report import Report
+
+Array = jax.Array
+
+
+def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
+             attacks: Attack | Mapping[str, Attack], epsilons: Any, key: Array,
+             batch_size: int, mesh: jax.sharding.Mesh | None = None,
+             checkpoint: os.PathLike | str | None = None, progress: bool = True,
+             lower: float = 0.0, upper: float = 1.0, batch_axis: str | None = None,
+             use_shard_map: bool = False, keep_per_example: bool = False,
+             eps_batch_size: int | None = None, unroll: int | bool = 1,
+             chunk_size: int | None = None, allow_large_eps: bool = False) -> Report:
+  r"""Evaluates ``logits_fn`` against ``attacks`` over a whole data set, batch by batch.
+
+  For each batch and attack this computes the robustness curve of
+  :func:`jaxrobust.robustness_curve` (the per-example worst case over the eps grid; a
+  minimum-norm attack runs once and gives :math:`\epsilon^*`), the per-example worst case over
+  the attacks, and exact integer sums of both; the report is their ratio to the number of
+  examples (see :mod:`jaxrobust.report`). Example ``i`` of the data stream (global index
+  :math:`g_i`) draws its randomness from ``fold_in(key, g_i)``, so the report does not depend on
+  ``batch_size``, the device count or an interruption.
+
+  One step function is built and ``jax.jit``-ed once per call and reused for every batch: eps,
+  keys and data are arguments, never constants, and the last short batch is padded with copies
+  of a valid example and masked, so nothing retraces. Inputs are validated on the host (dtype,
+  shape, box, labels) before they are sent to the devices.
+
+  The model is the one at call time, sharding, multi-host runs, checkpoints and reliability
+  flags work as described in :mod:`jaxrobust.evaluation`.
+
+  Args:
+    logits_fn: ``x [B, ...] -> logits [B, C]``, treating examples independently.
+    data: ``(x, y)`` (or ``(x, y, index)``) arrays, split into batches here; or any iterable of
+      such NumPy batches of at most ``batch_size`` examples (per process), e.g. a generator over
+      a data set that does not fit in memory. ``index`` holds int global example indices.
+    attacks: one untargeted :class:`jaxrobust.Attack`, or a mapping name -> attack (one norm).
+    epsilons: ``[K]`` budgets (eps is data: a new grid never recompiles an attack).
+    key: a PRNG key (``jax.random.key`` or raw ``uint32[2]``).
+    batch_size: the global batch size (all processes together).
+    mesh: an optional :class:`jax.sharding.Mesh` to shard batches over.
+    checkpoint: optional path of a checkpoint file to write after every batch and resume from.
+    progress: show a progress bar (``tqdm`` if installed, else a text line) with examples/s and the running clean and worst-case robust
+      accuracy (at the largest eps); process 0 only.
+    lower, upper: the box.
+    batch_axis: the mesh axis to shard the batch over (default: the first).
+    use_shard_map: run the step per device under ``jax.shard_map`` (requires ``mesh``).
+    keep_per_example: keep per-example arrays in the report (``Report.per_example``).
+    eps_batch_size: how fixed-budget attacks loop over eps (see :func:`robustness_curve`).
+    unroll: attack-loop unrolling (see :func:`jaxrobust.run`).
+    chunk_size: cross-eps skipping: each fixed-budget attack runs the eps in increasing order
+      and attacks only the points it has not broken at a smaller eps, compacted into chunks of
+      this many rows (see :func:`jaxrobust.robustness_curve`; the report is the same, the model
+      evaluations fewer); needs ``eps_batch_size=None``. With a ``mesh`` this selects the
+      ``shard_map`` path, so the compaction stays per device.
+    allow_large_eps: accept budgets that cover the whole box.
+
+  Returns:
+    A :class:`jaxrobust.Report`.
+
+  Raises:
+    ValueError: bad configuration or data, or a checkpoint that does not match this run.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp, numpy as np
+    >>> import jaxrobust as jr
+    >>> logits_fn = lambda x: x @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+    >>> x = np.array([[0.6, 0.4], [0.9, 0.1], [0.3, 0.7]], np.float32)  # Linf 0.1, 0.4, 0.2
+    >>> y = np.array([0, 0, 1])
+    >>> report = jr.evaluate(logits_fn, (x, y), attacks={"pgd": jr.attacks.pgd(steps=5)},
+    ...                      epsilons=[0.05, 0.15, 0.3], key=jax.random.key(0), batch_size=2,
+    ...                      progress=False)
+    >>> report.clean_accuracy, report.attacks["pgd"].robust_accuracy.tolist()
+    (1.0, [1.0, 0.6666666865348816, 0.3333333432674408])
+
+  References:
+    Carlini et al., "On Evaluating Adversarial Robustness", arXiv:1902.06705, 2019 (per-example
+    worst case over attacks).
+  """
+  start_time = time.perf_counter()
+  plan = host.plan_run(attacks, epsilons, key, batch_size, mesh, batch_axis, use_shard_map, lower,
+                       upper, eps_batch_size, chunk_size)
+  options = (keep_per_example, eps_batch_size, unroll, chunk_size)
+  state = EvalState(tuple(plan.attacks), plan.min_norm, keep_per_example)
+  ckpt = None if checkpoint is None else Checkpoint(checkpoint, fingerprint(
+      plan.attacks, plan.epsilons, plan.key_data, jax.random.key_impl(plan.key), batch_size,
+      plan.lower, plan.upper, keep_per_example, eps_batch_size, unroll,
+      (plan.process_index, plan.num_processes)), state)
+  resume_at = 0 if ckpt is None else ckpt.resume_at
+  model = _split_model(logits_fn)  # the arrays as they are now, at call time
+  stream, total = host.batches(data, plan.local_batch)
+  bar = host.progress_bar(None if total is None else total * plan.num_processes,
+                          progress and plan.process_index == 0)
+  hasher, step_fn, x_spec, num_classes, constants = hashlib.sha256(), None, None, None, None
+  clock = {"compile": 0.0, "step": 0.0, "evaluated": 0, "first_n": 0, "after_first": None}
+  position = 0
+  with contextlib.ExitStack() as stack:
+    if mesh is not None:
+      stack.enter_context(jax.set_mesh(mesh))
+    if bar is not None:
+      stack.callback(bar.close)
+    for batch in stream:
+      x, y, index = host.read_batch(batch, plan, x_spec)
+      del batch
+      x_spec = (x.shape[1:], x.dtype)
+      if ckpt is not None:  # the data fingerprint is only needed to resume
+        host.hash_batch(hasher, x, y, index)
+      if step_fn is None:  # the first batch: the model as it is now, at the step's shapes
+        step_fn, num_classes = _compile(model, logits_fn, plan, x, options, ckpt)
+      position += 1
+      if position <= resume_at:  # done before the interruption: only advance and hash
+        ckpt.check_data(position, hasher.hexdigest())
+        if bar is not None:
+          bar.update(x.shape[0] * plan.num_processes)
+        continue
+      if constants is None:
+        constants = _constants(plan, x, allow_large_eps)
+      check_x_in_box(x, plan.lower, plan.upper)
+      check_labels("y", y, num_classes)
+      if index is None:
+        index = host.default_index(plan, position - 1, state.seen)
+      padded = host.pad_batch(x, y, index, plan.local_batch)
+      del x, y, index
+      n = _evaluate_batch(step_fn, model, plan, padded, constants, state, clock)
+      state.position, state.seen = position, state.seen + padded.size
+      if ckpt is not None:
+        ckpt.save(state, hasher.hexdigest())
+      _show(bar, n, state, plan)
+  if position == 0:
+    raise ValueError("data is empty: no batch to evaluate.")
+  if position < resume_at:
+    raise ValueError(f"Checkpoint {ckpt.path} records {resume_at} batches done but the data has "
+                     f"only {position}. Pass the same data, or delete the checkpoint.")
+  return _report(plan, state, host.timing(start_time, time.perf_counter(), clock["after_first"],
+                                          clock["compile"], clock["step"], clock["evaluated"],
+                                          clock["first_n"]))
+
+
+def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, options: tuple,
+             ckpt: Checkpoint | None) -> tuple[Callable[..., Any], int]:
+  """The compiled step for the model as it is now (traced at the step's batch shape), and the
+  number of classes; records and checks the model's fingerprint in the checkpoint."""
+  spec = jax.ShapeDtypeStruct((plan.local_batch,) + x.shape[1:], x.dtype)
+  samples = next(iter(plan.attacks.values())).samples
+  num_classes = check_logits(logits_shape(logits_fn, spec, samples), plan.local_batch)
+  sharding = None if plan.mesh is None else NamedSharding(plan.mesh, P(plan.axis))
+  trace = _trace_model(
+      model, jax.ShapeDtypeStruct((plan.batch_size,) + x.shape[1:], x.dtype, sharding=sharding),
+      jax.ShapeDtypeStruct((plan.batch_size,), plan.key.dtype, sharding=sharding)
+      if samples else None)
+  if ckpt is not None:
+    ckpt.check_model(model_fingerprint(model, trace))
+  return _jitted_step(model, trace, plan.attacks, jax.random.key_impl(plan.key), *options,
+                      plan.mesh, plan.axis, plan.use_shard_map), num_classes
+
+
+def _constants(plan: host.Plan, x: np.ndarray, allow_large_eps: bool) -> tuple:
+  """The eps grid (checked against each attack's norm and the input size), key and box, placed
+  once on the devices."""
+  for attack in plan.attacks.values():
+    check_eps(plan.epsilons, None, attack.norm, lower=plan.lower, upper=plan.upper,
+              input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
+              allow_large_eps=allow_large_eps, name="epsilons")
+  return tuple(host.put(plan, a, False) for a in (
+      plan.epsilons, plan.key_data, np.float32(plan.lower), np.float32(plan.upper)))
+
+
+def _evaluate_batch(step_fn, model, plan: host.Plan, batch: host.HostBatch, constants: tuple,
+                    state: EvalState, clock: dict) -> int:
+  """Runs the compiled step on one padded batch, merges its sums into ``state`` and returns the
+  number of examples it evaluated (over all processes)."""
+  t0 = time.perf_counter()
+  out = step_fn(model.arrays, *(host.put(plan, a, True) for a in batch[:4]), *constants)
+  sums, per = jax.tree.map(host.to_host, out)
+  dt = time.perf_counter() - t0
+  n = int(sums.worst_case.n)
+  if clock["after_first"] is None:
+    clock.update(compile=dt, first_n=n, after_first=time.perf_counter())
+  else:
+    clock["step"] += dt
+  clock["evaluated"] += n
+  state.add(sums, per)
+  return n
+
+
+def _show(bar, n: int, state: EvalState, plan: host.Plan) -> None:
+  """Advances the progress bar by ``n`` examples, with the running clean and worst-case robust
+  accuracy (at the largest eps)."""
+  if bar is None:
+    return
+  worst = state.sums.worst_case
+  bar.update(n)
+  if worst.n:
+    bar.set_postfix(clean=f"{worst.correct / worst.n:.4f}",
+                    robust=f"{worst.robust[np.argmax(plan.epsilons)] / worst.n:.4f}",
+                    refresh=False)
+
+
+def _report(plan: host.Plan, state: EvalState, timing: Mapping[str, float]) -> Report:
+  sums = state.sums
+  names = tuple(plan.attacks)
+  return Report.from_counts(
+      epsilons=plan.epsilons, n=int(sums.worst_case.n), clean_correct=int(sums.worst_case.correct),
+      robust={name: sums.curves[a].robust for a, name in enumerate(names)},
+      worst_case=sums.worst_case.robust,
+      info={n: (a.name, a.norm, a.minimum_norm) for n, a in plan.attacks.items()},
+      flags=dict(zip(names, sums.flags())), counts=dict(zip(names, sums.counts)),
+      per_example=state.report_per_example(), timing=timing)

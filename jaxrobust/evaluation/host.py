@@ -1,0 +1,285 @@
+"""The host side of :func:`jaxrobust.evaluate`: the run's plan, the data stream cut into padded
+batches with global indices, device placement, hashing, the progress bar and timing.
+
+Nothing here traces or compiles: it validates on the host (so a bad value fails before minutes of
+compilation, with a message about the user's data) and moves NumPy batches to the devices.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jaxrobust._types import Attack
+from jaxrobust._validation import check_batch, check_bounds, check_chunk_size
+from jaxrobust.engine.curve_kernel import check_options
+
+Array = jax.Array
+
+
+class Plan(NamedTuple):
+  """A validated run configuration."""
+
+  attacks: dict[str, Attack]
+  min_norm: tuple[str, ...]  # names of the minimum-norm attacks
+  epsilons: np.ndarray  # [K] float32
+  batch_size: int  # global
+  local_batch: int  # per process
+  key: Any  # one typed PRNG key
+  key_data: np.ndarray
+  lower: float
+  upper: float
+  mesh: Any
+  axis: str | None  # the mesh axis the batch is sharded over
+  use_shard_map: bool
+  num_processes: int
+  process_index: int
+
+
+def _as_attacks(attacks: Attack | Mapping[str, Attack]) -> dict[str, Attack]:
+  if isinstance(attacks, Attack):
+    attacks = {attacks.name: attacks}
+  if not isinstance(attacks, Mapping):
+    raise TypeError("attacks must be a jr.Attack or a non-empty mapping name -> jr.Attack, got "
+                    f"{type(attacks).__name__}.")
+  if not attacks:
+    raise ValueError("attacks must be a jr.Attack or a non-empty mapping name -> jr.Attack, got "
+                     f"{type(attacks).__name__}.")
+  out = {}
+  for name, attack in attacks.items():
+    if not isinstance(attack, Attack):
+      raise TypeError(f"attacks[{name!r}] must be a jr.Attack, got {type(attack).__name__}.")
+    if attack.targeted:
+      raise ValueError(f"attacks[{name!r}] ({attack.name}) is targeted; jr.evaluate measures "
+                       "untargeted robustness and has no targets. Use an untargeted attack (a "
+                       "suite such as auto_attack picks its own targets).")
+    out[str(name)] = attack
+  if len({a.samples > 0 for a in out.values()}) > 1:
+    raise ValueError("Either every attack or none must be for a randomized model (samples > 0): "
+                     "they share one logits_fn.")
+  norms = sorted({a.norm for a in out.values()})
+  if len(norms) > 1:
+    raise ValueError(f"All attacks must share one norm (they share one eps grid), got {norms}. "
+                     "Call jr.evaluate once per norm.")
+  return out
+
+
+def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, batch_axis: Any,
+             use_shard_map: bool, lower: Any, upper: Any, eps_batch_size: Any,
+             chunk_size: Any) -> Plan:
+  """Checks the configuration of :func:`jaxrobust.evaluate` and returns its :class:`Plan`."""
+  attacks = _as_attacks(attacks)
+  epsilons = np.asarray(epsilons, np.float32)
+  if epsilons.ndim != 1 or epsilons.shape[0] == 0:
+    raise ValueError(f"epsilons must be a non-empty 1-D array [K], got shape {epsilons.shape}.")
+  if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+  check_chunk_size(chunk_size)
+  for attack in attacks.values():
+    check_options(attack, eps_batch_size, chunk_size)
+  check_bounds(lower, upper)
+  key = _single_key(key)
+  num_processes, process_index = jax.process_count(), jax.process_index()
+  if batch_size % num_processes:
+    raise ValueError(f"batch_size {batch_size} must be a multiple of the process count "
+                     f"{num_processes}.")
+  axis = None
+  if mesh is not None:
+    axis = batch_axis if batch_axis is not None else mesh.axis_names[0]
+    if axis not in mesh.axis_names:
+      raise ValueError(f"batch_axis {axis!r} is not an axis of the mesh {mesh.axis_names}.")
+    if batch_size % mesh.shape[axis]:
+      raise ValueError(f"batch_size {batch_size} must be a multiple of the mesh axis {axis!r} of "
+                       f"size {mesh.shape[axis]}.")
+    # Compaction moves rows within the batch: run it per device, where it stays local (under jit,
+    # Explicit axes cannot close over the mesh-placed parameters inside the compaction's own
+    # shard_map, and Auto axes would move rows between devices).
+    use_shard_map = use_shard_map or chunk_size is not None
+  elif use_shard_map:
+    raise ValueError("use_shard_map=True needs a mesh=.")
+  elif num_processes > 1:
+    raise ValueError("A multi-process run needs a mesh= over the devices of all processes.")
+  return Plan(attacks=attacks, min_norm=tuple(n for n, a in attacks.items() if a.minimum_norm),
+              epsilons=epsilons, batch_size=batch_size, local_batch=batch_size // num_processes,
+              key=key, key_data=np.asarray(jax.random.key_data(key)), lower=float(lower),
+              upper=float(upper), mesh=mesh, axis=axis, use_shard_map=use_shard_map,
+              num_processes=num_processes, process_index=process_index)
+
+
+def _single_key(key: Any) -> Array:
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if key.dtype != jnp.uint32 or key.ndim != 1:
+      raise ValueError(f"key must be one jax.random.key (or raw uint32[2]), got dtype {key.dtype},"
+                       f" shape {key.shape}.")
+    key = jax.random.wrap_key_data(key)
+  if key.shape != ():
+    raise ValueError(f"key must be a single PRNG key, got shape {key.shape}; per-example keys "
+                     "derive from it and the global example index.")
+  return key
+
+
+def put(plan: Plan, a: np.ndarray, batched: bool) -> Any:
+  """``a`` on the devices: sharded over the batch axis (``batched``) or replicated; on a
+  multi-process run assembled from every process's local rows."""
+  if plan.mesh is None:
+    return a
+  sharding = NamedSharding(plan.mesh, P(plan.axis) if batched else P())
+  if plan.num_processes > 1:
+    shape = ((plan.batch_size,) + a.shape[1:]) if batched else a.shape
+    return jax.make_array_from_process_local_data(sharding, a, shape)
+  return jax.device_put(a, sharding)
+
+
+class HostBatch(NamedTuple):
+  """One batch, checked and padded to the local batch size."""
+
+  x: np.ndarray  # [b_local, ...]
+  y: np.ndarray  # [b_local] int32
+  mask: np.ndarray  # [b_local] bool, False on padding
+  index: np.ndarray  # [b_local] uint32 global indices
+  size: int  # valid rows
+
+
+def read_batch(batch: Any, plan: Plan, x_spec: tuple | None) -> tuple[np.ndarray, np.ndarray,
+                                                                     np.ndarray | None]:
+  """``(x, y, index or None)`` of one data element, checked for shape and dtype (``x_spec``:
+  the example shape and dtype of the first batch, which every batch must share)."""
+  if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
+    raise ValueError("Each batch must be a tuple (x, y) or (x, y, index), got "
+                     f"{type(batch).__name__}" + (f" of length {len(batch)}."
+                                                  if hasattr(batch, "__len__") else "."))
+  x, y = np.asarray(batch[0]), np.asarray(batch[1])
+  index = None if len(batch) == 2 else np.asarray(batch[2])
+  if x.dtype == np.float64:
+    x = x.astype(np.float32)
+  check_batch(x, y)
+  b = x.shape[0]
+  if b > plan.local_batch:
+    raise ValueError(f"A batch of {b} examples is larger than batch_size"
+                     + (f" / process count = {plan.local_batch}." if plan.num_processes > 1
+                        else f" = {plan.batch_size}."))
+  if index is not None and (index.shape != (b,) or not np.issubdtype(index.dtype, np.integer)
+                            or (b and (index.min() < 0 or index.max() >= 2**32))):
+    raise ValueError(f"index must be int [{b}] in [0, 2**32), got {index.dtype} {index.shape}.")
+  if x_spec is not None and (x.shape[1:], x.dtype) != x_spec:
+    raise ValueError(f"Every batch must have examples of shape {x_spec[0]} and dtype "
+                     f"{x_spec[1]}; got {x.shape[1:]} {x.dtype}.")
+  return x, y, index
+
+
+def pad_batch(x: np.ndarray, y: np.ndarray, index: np.ndarray, local_batch: int) -> HostBatch:
+  """Pads to ``local_batch`` rows with copies of the first example, masked out (so the compiled
+  step never sees a new shape)."""
+  b = x.shape[0]
+  pad = local_batch - b
+  y = y.astype(np.int32)
+  if pad:
+    x = np.concatenate([x, np.repeat(x[:1], pad, axis=0)])
+    y = np.concatenate([y, np.repeat(y[:1], pad)])
+    if index.shape[0] < local_batch:
+      index = np.concatenate([index, np.repeat(index[:1], pad)])
+  return HostBatch(x, y, np.arange(local_batch) < b, index.astype(np.uint32), b)
+
+
+def default_index(plan: Plan, position: int, seen: int) -> np.ndarray:
+  """Global indices of a batch given without them: the running example count of this process,
+  or on a multi-process run the layout ``b * batch_size + p * local_batch + i``."""
+  offset = (position * plan.batch_size + plan.process_index * plan.local_batch
+            if plan.num_processes > 1 else seen)
+  return offset + np.arange(plan.local_batch, dtype=np.int64)
+
+
+class _TextBar:
+  """A minimal progress line on stderr, for when ``tqdm`` is not installed."""
+
+  def __init__(self, total: int | None, desc: str):
+    self.total, self.desc, self.n, self.postfix, self._last = total, desc, 0, "", 0.0
+
+  def update(self, n: int) -> None:
+    self.n += n
+    now = time.monotonic()
+    if now - self._last >= 1.0 or (self.total is not None and self.n >= self.total):
+      self._last = now
+      of = f"/{self.total}" if self.total is not None else ""
+      print(f"\r{self.desc}: {self.n}{of} ex {self.postfix}", end="", file=sys.stderr, flush=True)
+
+  def set_postfix(self, refresh: bool = False, **values: str) -> None:
+    del refresh
+    self.postfix = " ".join(f"{k}={v}" for k, v in values.items())
+
+  def close(self) -> None:
+    print(file=sys.stderr, flush=True)
+
+
+def progress_bar(total: int | None, enabled: bool) -> Any:
+  """A ``tqdm`` bar (examples/s, running accuracies) when installed, else a plain text line;
+  ``None`` when disabled."""
+  if not enabled:
+    return None
+  try:
+    from tqdm.auto import tqdm  # pylint: disable=import-outside-toplevel  (optional extra)
+  except ImportError:
+    return _TextBar(total, "jr.evaluate")
+  return tqdm(total=total, unit="ex", desc="jr.evaluate", dynamic_ncols=True)
+
+
+def timing(start: float, end: float, after_first: float | None, compile_s: float, step_s: float,
+           evaluated: int, first_n: int) -> dict[str, float]:
+  """Wall-clock statistics; the steady state runs from the end of the first (compiling) step."""
+  running = max(end - after_first, 1e-12) if after_first is not None else 1e-12
+  steady = evaluated > first_n
+  return {"wall_s": end - start, "compile_and_first_step_s": compile_s, "step_s": step_s,
+          "outside_step_fraction": max(running - step_s, 0.0) / running if steady else math.nan,
+          "examples_evaluated": evaluated,
+          "examples_per_s": (evaluated - first_n) / running if steady else math.nan}
+
+
+def _is_array(a: Any) -> bool:
+  return hasattr(a, "shape") and hasattr(a, "dtype")
+
+
+def batches(data: Any, local_batch: int) -> tuple[Iterator[tuple], int | None]:
+  """An iterator of ``(x, y)`` or ``(x, y, index)`` host batches, and the example count if known."""
+  if isinstance(data, tuple) and len(data) in (2, 3) and all(map(_is_array, data)):
+    n = len(data[0])
+    for name, a in zip(("y", "index"), data[1:]):
+      if len(a) != n:
+        raise ValueError(f"Batch sizes differ: x has {n} examples, {name} has {len(a)}.")
+
+    def sliced():
+      for start in range(0, n, local_batch):
+        yield tuple(a[start:start + local_batch] for a in data)
+
+    return sliced(), n
+  if not isinstance(data, Iterable):
+    raise TypeError("data must be a tuple of arrays (x, y) or an iterable of (x, y) batches, got "
+                    f"{type(data).__name__}.")
+  return iter(data), None
+
+
+def to_host(a: Array) -> np.ndarray:
+  """A global array as a NumPy array on every process (replicated sums need no communication)."""
+  if not isinstance(a, jax.Array) or a.is_fully_addressable:
+    return np.asarray(a)
+  if a.sharding.is_fully_replicated:
+    return np.asarray(a.addressable_data(0))
+  return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+
+
+def hash_batch(hasher: Any, x: np.ndarray, y: np.ndarray, index: np.ndarray | None) -> None:
+  hasher.update(f"{x.shape}|{x.dtype}|{y.dtype}|{index is not None}".encode())
+  hasher.update(np.ascontiguousarray(x).tobytes())
+  hasher.update(np.ascontiguousarray(y).tobytes())
+  if index is not None:
+    hasher.update(np.ascontiguousarray(index).tobytes())
