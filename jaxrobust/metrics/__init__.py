@@ -6,7 +6,11 @@
 * :mod:`jaxrobust.metrics.reducers` -- the reducer family (``empty`` / ``from_*`` / ``merge`` /
   ``psum`` / ``to_host`` / ``compute``): :class:`Counts` (the sums behind the formulas),
   :class:`CurveCounts` (robustness curves; what :func:`jaxrobust.evaluate` and
-  :class:`jaxrobust.Report` are built on) and :class:`NormHistogram` (curves from minimal norms).
+  :class:`jaxrobust.Report` are built on) and :class:`NormHistogram` (curves from minimal norms);
+* :mod:`jaxrobust.metrics.rates` -- exact Clopper--Pearson bounds (:func:`binomial_interval`),
+  the mergeable :class:`Rate` (hits out of trials, with its interval) and the generative-model
+  rates built on it (:func:`attack_success_rate_generative`, :func:`prompt_injection_rate`,
+  :func:`paraphrase_consistency`).
 
 Examples:
   >>> import jax.numpy as jnp
@@ -21,10 +25,15 @@ from jaxrobust.metrics.formulas import (accuracy, adversarial_accuracy, attack_s
                                         median_perturbation, perturbation_quantiles,
                                         robust_accuracy)
 from jaxrobust.metrics.reducers import Counts, CurveCounts, NormHistogram, Reducer, psum
+from jaxrobust.metrics.rates import (Rate, attack_success_rate_generative, binomial_interval,
+                                     paraphrase_consistency, prompt_injection_rate)
 
 __all__ = [
     "Counts", "CurveCounts", "NormHistogram", "Reducer", "accuracy", "adversarial_accuracy",
     "attack_success_rate", "certified_accuracy", "conditional_robust_accuracy", "curve_auc",
     "empirical_robustness", "mean_perturbation", "median_perturbation", "perturbation_quantiles",
     "psum", "robust_accuracy",
+    # Rates with exact binomial intervals (jaxrobust.metrics.rates).
+    "Rate", "attack_success_rate_generative", "binomial_interval", "paraphrase_consistency",
+    "prompt_injection_rate",
 ]

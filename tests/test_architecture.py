@@ -1,0 +1,124 @@
+"""The package's architecture as properties: layered imports without cycles (function bodies
+included), short functions, and module names that no function shadows (see ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import pathlib
+import pkgutil
+import types
+
+import pytest
+
+import jaxrobust
+
+ROOT = pathlib.Path(jaxrobust.__file__).parent
+
+# Lower layers never import higher ones. A module's layer is the first rule its name matches.
+LAYERS = (
+    ("base", ("jaxrobust._types", "jaxrobust._batch", "jaxrobust._validation",
+              "jaxrobust._checkpoint", "jaxrobust.projections", "jaxrobust.losses",
+              "jaxrobust.metrics")),
+    ("engine", ("jaxrobust.engine",)),
+    ("attacks", ("jaxrobust.attacks",)),
+    ("front doors", ("jaxrobust._run", "jaxrobust.curves", "jaxrobust.report",
+                     "jaxrobust.evaluation")),
+    ("applications", ("jaxrobust.cli", "jaxrobust.demo", "jaxrobust.__main__", "jaxrobust")),
+)
+MAX_FUNCTION_LINES = 150  # including the docstring
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  out = {}
+  for path in ROOT.rglob("*.py"):
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    out[name] = path
+  return out
+
+
+MODULES = _modules()
+
+
+def _layer(name: str) -> int:
+  for index, (_, prefixes) in enumerate(LAYERS):
+    if any(name == p or name.startswith(p + ".") for p in prefixes):
+      return index
+  raise AssertionError(f"{name} is in no layer of LAYERS: add it")
+
+
+def _imports(name: str) -> set[str]:
+  """The jaxrobust modules ``name`` imports anywhere (function bodies included), with the
+  subpackages whose ``__init__`` such an import executes; not ``name``'s own ancestors (Python
+  initialises them before ``name``), so a submodule importing a sibling is no cycle."""
+  path = MODULES[name]
+  package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    targets = []
+    if isinstance(node, ast.Import):
+      targets = [alias.name for alias in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                        + ([base] if base else []))
+      targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+    for target in targets:
+      if target in MODULES and target.startswith("jaxrobust"):
+        parts = target.split(".")
+        found.update(".".join(parts[:i]) for i in range(2, len(parts) + 1))
+  ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+  return {m for m in found if m in MODULES and m != name and m not in ancestors}
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def test_layers_import_only_downwards():
+  upward = [f"{a} ({LAYERS[_layer(a)][0]}) imports {b} ({LAYERS[_layer(b)][0]})"
+            for a, deps in GRAPH.items() for b in deps if _layer(b) > _layer(a)]
+  assert not upward, "\n".join(upward)
+
+
+def test_engine_never_imports_attacks():
+  engine = {a: deps for a, deps in GRAPH.items() if a.startswith("jaxrobust.engine")}
+  assert engine and not any(d.startswith("jaxrobust.attacks") for deps in engine.values()
+                            for d in deps)
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+  """A cycle of ``graph`` as a list of nodes (first == last), or ``None``."""
+  done, path = set(), []
+
+  def visit(node):
+    if node in path:
+      return path[path.index(node):] + [node]
+    if node in done:
+      return None
+    path.append(node)
+    for dep in sorted(graph[node]):
+      cycle = visit(dep)
+      if cycle:
+        return cycle
+    path.pop()
+    done.add(node)
+    return None
+
+  for name in sorted(graph):
+    cycle = visit(name)
+    if cycle:
+      return cycle
+  return None
+
+
+def test_no_import_cycle_even_inside_functions():
+  cycle = _find_cycle(GRAPH)
+  assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_cycle_detector_finds_a_planted_cycle():
+  planted = {name: set(deps) for name, deps in GRAPH.items()}
+  planted["jaxrobust.engine.scoring"].add("jaxrobust.attacks.ensemble")  # ensemble -> engine
+  assert "jaxrobust.engine.scoring" in _find_cycle(planted)
