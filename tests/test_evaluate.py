@@ -733,3 +733,39 @@ def test_compute_skipping_on_a_mesh_equals_one_device(axis_type):
   np.testing.assert_array_equal(np.asarray(sharded.worst_case.robust_accuracy),
                                 np.asarray(single.worst_case.robust_accuracy))
   assert 0 < float(single.worst_case.robust_accuracy[-1]) < float(single.clean_accuracy)
+
+
+def test_cross_eps_skipping_evaluates_fewer_rows_with_the_same_report():
+  """With chunk_size a point broken at a small eps never reaches the model at larger ones: the
+  model sees fewer rows than the same grid attacked eps by eps, and the report is unchanged."""
+  model = random_linear(5, 6, 3)
+  x, y, distance = linear_points(model, 6, 24, (6,), "linf")
+  rows = []
+
+  def counted(inputs):
+    jax.debug.callback(lambda n: rows.append(int(n)), jnp.asarray(inputs.shape[0]))
+    return model.logits_fn(inputs)
+
+  attack = {"pgd": jr.attacks.pgd("linf", steps=5, random_start=False)}
+  eps = np.quantile(distance, [0.2, 0.4, 0.6, 0.8]).astype(np.float32) * np.float32(1.1)
+  common = dict(attacks=attack, key=jax.random.key(0), batch_size=8, progress=False)
+
+  def evaluated(epsilons, chunk_size):
+    rows.clear()
+    report = jr.evaluate(counted, (x, y), epsilons=epsilons, chunk_size=chunk_size, **common)
+    return report, sum(rows)
+
+  skipping, skipping_rows = evaluated(eps, 4)
+  dense, _ = evaluated(eps, None)
+  eps_by_eps = [evaluated(eps[k:k + 1], 4) for k in range(len(eps))]
+  assert skipping.attacks["pgd"].robust_count.tolist() == dense.attacks["pgd"].robust_count.tolist()
+  # A deterministic attack: each single-eps run breaks the same points as the grid run does at
+  # that eps (before the worst case over smaller eps is taken).
+  singles = [r.attacks["pgd"].robust_count[0] for r, _ in eps_by_eps]
+  assert np.minimum.accumulate(singles).tolist() == dense.attacks["pgd"].robust_count.tolist()
+  broken_early = dense.clean_correct - dense.attacks["pgd"].robust_count[0]
+  assert broken_early > 0  # so there is something to skip
+  # Attacking eps by eps in one call (no skipping) would cost the single runs' rows less their
+  # repeated clean passes (one forward per example and call).
+  without_skipping = sum(n for _, n in eps_by_eps) - (len(eps) - 1) * len(x)
+  assert skipping_rows < without_skipping
