@@ -10,6 +10,7 @@ import functools
 import importlib
 import json
 import re
+import sys
 import weakref
 
 import jax
@@ -769,3 +770,16 @@ def test_cross_eps_skipping_evaluates_fewer_rows_with_the_same_report():
   # repeated clean passes (one forward per example and call).
   without_skipping = sum(n for _, n in eps_by_eps) - (len(eps) - 1) * len(x)
   assert skipping_rows < without_skipping
+
+
+def test_progress_without_tqdm_prints_a_text_line(monkeypatch, capsys):
+  """tqdm is an optional extra: without it the progress bar is a plain line on stderr."""
+  monkeypatch.setitem(sys.modules, "tqdm.auto", None)  # makes `from tqdm.auto import ...` fail
+  monkeypatch.setitem(sys.modules, "tqdm", None)
+  x = np.array([[0.6, 0.4], [0.9, 0.1], [0.3, 0.7]], np.float32)
+  report = jr.evaluate(lambda v: v @ jnp.array([[1.0, -1.0], [-1.0, 1.0]]), (x, np.array([0, 0, 1])),
+                       attacks=jr.attacks.fgsm(), epsilons=[0.15], key=jax.random.key(0),
+                       batch_size=2, progress=True)
+  err = capsys.readouterr().err
+  assert "jr.evaluate: 3/3 ex" in err and "clean=1.0000" in err
+  assert report.num_examples == 3

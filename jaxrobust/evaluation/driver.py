@@ -211,11 +211,11 @@ def _show(bar, n: int, state: EvalState, plan: host.Plan) -> None:
   if bar is None:
     return
   worst = state.sums.worst_case
-  bar.update(n)
   if worst.n:
     bar.set_postfix(clean=f"{worst.correct / worst.n:.4f}",
                     robust=f"{worst.robust[np.argmax(plan.epsilons)] / worst.n:.4f}",
                     refresh=False)
+  bar.update(n)
 
 
 def _report(plan: host.Plan, state: EvalState, timing: Mapping[str, float]) -> Report:
