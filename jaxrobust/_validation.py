@@ -9,6 +9,7 @@ Every message says what was wrong and how to fix it.
 from __future__ import annotations
 
 import inspect
+import math
 
 from typing import Any, Callable
 
@@ -37,6 +38,49 @@ def check_step_size(step_size: Any) -> float:
     raise ValueError(
         f"step_size must be a finite number > 0 (a fraction of eps), got {step_size!r}.")
   return float(step_size)
+
+
+def check_number(name: str, value: Any, *, low: float = -math.inf, high: float = math.inf,
+                 low_open: bool = False, high_open: bool = False) -> float:
+  """A finite real number (not a bool) inside an interval, as a Python float.
+
+  The interval is ``[low, high]``, with ``low_open``/``high_open`` excluding an end; an infinite
+  end is always open (every accepted value is finite).
+
+  Raises:
+    ValueError: naming the option, the interval and the value.
+
+  Examples:
+    >>> check_number("beta", 0.9, low=0.0, high=1.0, low_open=True)
+    0.9
+    >>> check_number("eta", 0.5, low=1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: eta must be a finite number >= 1, got 0.5.
+  """
+  ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool) \
+      and math.isfinite(value)
+  if ok:
+    ok = (value > low if low_open else value >= low) and (value < high if high_open else
+                                                          value <= high)
+  if not ok:
+    if low == -math.inf and high == math.inf:
+      interval = "(not NaN or inf)"
+    elif high == math.inf:
+      interval = f"{'>' if low_open else '>='} {low:g}"
+    elif low == -math.inf:
+      interval = f"{'<' if high_open else '<='} {high:g}"
+    else:
+      interval = (f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}")
+    raise ValueError(f"{name} must be a finite number {interval}, got {value!r}.")
+  return float(value)
+
+
+def check_bool(name: str, value: Any) -> bool:
+  """A Python (or NumPy) bool; a truthy number or string is refused, not guessed at."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise ValueError(f"{name} must be a bool, got {value!r}.")  # noqa: TRY004 (house style)
+  return bool(value)
 
 
 def _takes_arguments(fn: Callable[..., Any], count: int) -> bool:

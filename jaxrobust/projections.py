@@ -1,14 +1,16 @@
 """Lp norms, exact projections onto Lp balls and the box, and uniform sampling in Lp balls.
 
 These are the geometric primitives of every attack: the size of a perturbation (``norm``), the
-Euclidean projection onto the threat model's eps-ball (``project``), onto the valid input box
+dual norm that measures distances to linearised boundaries (``dual_norm``), the Euclidean
+projection onto the threat model's eps-ball (``project``), onto the valid input box
 (``project_box``) and onto their intersection for L1 (``project_l1_box``), and uniform random
 starts inside the ball (``sample_ball``).
 
 Conventions shared by every function here:
 
 * ``delta`` (or ``x``) is a float array ``[B, ...]``; norms are taken per example over all
-  non-batch axes, so an image batch ``[B, H, W, C]`` has ``D = H * W * C`` coordinates.
+  non-batch axes, so an image batch ``[B, H, W, C]`` has ``D = H * W * C`` coordinates
+  (``dual_norm`` alone reduces the last axis, for stacks of flattened gradients).
 * ``eps`` is a Python float, a scalar array or a per-example ``[B]`` array. It is data, never a
   static argument, so sweeping it under ``jax.jit`` does not recompile.
 * ``norm`` is one of ``NORMS = ("linf", "l2", "l1")``; it is a static Python string.
@@ -29,8 +31,8 @@ import jax.numpy as jnp
 
 from jaxrobust._types import NORMS, Array, ArrayLike
 
-__all__ = ["NORMS", "check_norm", "norm", "project", "project_box", "project_l1_box",
-           "sample_ball"]
+__all__ = ["NORMS", "check_norm", "dual_norm", "norm", "project", "project_box",
+           "project_l1_box", "sample_ball"]
 
 
 def check_norm(name: str) -> str:
@@ -127,6 +129,53 @@ def norm(delta: ArrayLike, norm: str) -> Array:
   name = check_norm(norm)
   v = _flatten(jnp.asarray(delta))
   return _norm_flat(v, name)[:, 0]
+
+
+_DUAL = {"linf": "l1", "l2": "l2", "l1": "linf"}
+
+
+def dual_norm(v: ArrayLike, norm: str) -> Array:
+  r"""The dual norm of the attack norm ``norm``, over the last axis of ``v``.
+
+  The dual of :math:`\|\cdot\|_p` is :math:`\|w\|_q = \max_{\|d\|_p \le 1} \langle w, d\rangle`
+  with :math:`1/p + 1/q = 1`: ``linf`` -> :math:`\|w\|_1 = \sum_i |w_i|`, ``l2`` ->
+  :math:`\|w\|_2`, ``l1`` -> :math:`\|w\|_\infty = \max_i |w_i|`. It turns a gradient into
+  distances: the linearised boundary :math:`f + \langle w, d\rangle = 0` lies at distance
+  :math:`|f| / \|w\|_q` in the attack norm (Hölder's inequality is tight), which is how DeepFool,
+  FAB and FMN pick the nearest boundary.
+
+  Unlike :func:`norm`, which reduces every non-batch axis of ``[B, ...]``, this reduces only the
+  last axis, so that a stack of flattened gradients ``[K, B, D]`` (one per candidate class) gives
+  ``[K, B]``; flatten ``[B, ...]`` to ``[B, D]`` first for one value per example. The L2 case has
+  gradient 0 (not NaN) at ``w = 0``, as in :func:`norm`.
+
+  Args:
+    v: ``[..., D]`` float array.
+    norm: the attack norm, ``"linf"``, ``"l2"`` or ``"l1"`` (not the dual's name).
+
+  Returns:
+    ``[...]``, in the dtype of ``v``.
+
+  Raises:
+    ValueError: for an unknown norm name.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> w = jnp.array([[3.0, -4.0], [1.0, 0.0]])
+    >>> print(dual_norm(w, "linf"), dual_norm(w, "l2"), dual_norm(w, "l1"))
+    [7. 1.] [5. 1.] [4. 1.]
+
+  References:
+    Moosavi-Dezfooli, Fawzi & Frossard, "DeepFool: a simple and accurate method to fool deep
+    neural networks", CVPR 2016 (the distance to a linearised boundary in any Lp norm).
+  """
+  dual = _DUAL[check_norm(norm)]
+  v = jnp.asarray(v)
+  if dual == "l1":
+    return jnp.sum(jnp.abs(v), axis=-1)
+  if dual == "l2":
+    return _safe_sqrt(jnp.sum(v * v, axis=-1))
+  return jnp.max(jnp.abs(v), axis=-1)
 
 
 def _project_l1(v: Array, eps: Array) -> Array:

@@ -147,6 +147,38 @@ def test_probability_outputs_flagged_in_every_float_dtype(dtype):
   assert verdicts == [True, True, False]
 
 
+def test_non_finite_logits_count_real_rows_only():
+  """A padded batch (padding marked by ``active``) whose padding rows have NaN logits: only the
+  real rows count. A real row with NaN logits counts although it is outside ``todo`` (it is
+  never clean-correct, so never attacked): counting ``todo`` rows would never count anything."""
+  auto_attack_lib = importlib.import_module("jaxrobust.attacks.auto_attack")  # not the factory
+  extra_info = auto_attack_lib._flags("linf", "standard", 9, True)
+  rng = np.random.default_rng(6)
+  w = jnp.asarray(rng.normal(size=(8, 10)), jnp.float32)
+  x = jnp.asarray(rng.uniform(0.2, 0.8, size=(8, 8)), jnp.float32)
+  x = x.at[jnp.array([2, 6, 7]), 0].set(0.95)  # real row 2 and padding rows 6, 7: NaN logits
+  logits_fn = lambda v: jnp.where(v[:, :1] > 0.9, jnp.nan, v @ w)
+  y = jnp.argmax(x @ w, axis=1).astype(jnp.int32)
+  active = jnp.arange(8) < 6
+  todo = jr.predict(logits_fn(x)) == y  # clean-correct rows: never the NaN ones
+  todo = todo & active
+  assert not bool(jnp.any(todo[jnp.array([2, 6, 7])]))
+  robust_after = jnp.broadcast_to(todo, (4, 8))
+
+  @jax.jit
+  def counts(x, active):
+    info = extra_info(logits_fn, x, y, jr.Budget(0.1), None, None, todo, robust_after, [],
+                      active=active)
+    return info["counts"]["non_finite_logits"], info["flags"]["non_finite_logits"]
+
+  count, flag = counts(x, active)
+  assert int(count) == 1 and bool(flag)
+  count, flag = counts(x, jnp.ones(8, bool))  # no padding: every row is real
+  assert int(count) == 3 and bool(flag)
+  count, flag = counts(x.at[2, 0].set(0.5), active)  # only the padding is non-finite
+  assert int(count) == 0 and not bool(flag)
+
+
 def test_noisy_outputs_flagged(masked_problem):
   w, x, y, plain = masked_problem
   rng = np.random.default_rng(0)

@@ -196,7 +196,7 @@ def test_random_starts_linf_uniform_in_the_cube_l2_l1_uniform_in_radius():
   Regression: volume-uniform L2/L1 starts all lie on the sphere (radius ``eps * u^(1/D)``), the
   slowest place to turn from with small constant steps.
   """
-  from jaxrobust.attacks._common import as_keys
+  from jaxrobust._batch import as_keys
   from jaxrobust.attacks._gradient_attack import _start
 
   n, eps = 4000, 0.25

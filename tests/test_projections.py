@@ -197,6 +197,45 @@ def test_l2_norm_gradient_at_zero_is_finite():
 
 
 # ---------------------------------------------------------------------------------------------
+# dual_norm
+
+
+@pytest.mark.parametrize("name", NORMS)
+def test_dual_norm_is_the_support_function_of_the_unit_ball(name):
+  """``dual_norm(w) = max_{||d||_p <= 1} <w, d>`` over the last axis: NumPy's norm of the dual
+  order, attained by the steepest direction of the attack norm (Hölder's inequality is tight)."""
+  rng = np.random.default_rng(0)
+  w = rng.normal(size=(3, 4, 7)).astype(np.float32)  # [K, B, D]: a stack of flattened gradients
+  w[0, 0] = 0.0
+  out = np.asarray(P.dual_norm(w, name))
+  assert out.shape == (3, 4) and out.dtype == np.float32
+  order = {"linf": 1, "l2": 2, "l1": np.inf}[name]
+  np.testing.assert_allclose(out, np.linalg.norm(w.astype(np.float64), ord=order, axis=-1),
+                             rtol=1e-6)
+  flat = w.reshape(-1, 7).astype(np.float64)
+  if name == "linf":
+    steepest = np.sign(flat)
+  elif name == "l2":
+    steepest = flat / np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-300)
+  else:
+    steepest = np.sign(flat) * (np.abs(flat) == np.abs(flat).max(axis=1, keepdims=True))
+    steepest /= np.maximum(np.abs(steepest).sum(axis=1, keepdims=True), 1)
+  assert np.all(ref_norm(steepest, name) <= 1 + 1e-12)
+  np.testing.assert_allclose(np.sum(flat * steepest, axis=1), out.reshape(-1), rtol=1e-6)
+  # Any other point of the unit ball does no better.
+  others = rng.normal(size=(64, 7))
+  others /= ref_norm(others, name)[:, None]
+  assert np.all(others @ flat.T <= out.reshape(-1)[None, :] * (1 + 1e-6) + 1e-12)
+
+
+def test_dual_norm_l2_gradient_at_zero_is_finite_and_unknown_norm_raises():
+  g = jax.jit(jax.grad(lambda w: P.dual_norm(w, "l2").sum()))(np.zeros((2, 3), np.float32))
+  np.testing.assert_array_equal(g, np.zeros((2, 3)))
+  with pytest.raises(ValueError, match="Unknown norm"):
+    P.dual_norm(np.ones((2, 3), np.float32), "l0")
+
+
+# ---------------------------------------------------------------------------------------------
 # project: against the references
 
 

@@ -127,3 +127,32 @@ def test_shape_checks_still_run_inside_jit_and_value_checks_do_not_break_it():
   assert jitted(X, Y, jnp.float32(0.1)).success.shape == (4,)
   with pytest.raises(ValueError, match="looks like 0-255"):
     jr.check_inputs(logits_fn, X, Y, jr.Budget(8.0), norm="linf")
+
+
+@pytest.mark.parametrize("kwargs, value, message", [
+    (dict(low=0.0, low_open=True), 0.0, r"beta must be a finite number > 0, got 0.0"),
+    (dict(low=1.0), 0.5, r"beta must be a finite number >= 1, got 0.5"),
+    (dict(low=0.0, high=1.0, low_open=True), 1.5, r"beta must be a finite number in \(0, 1\]"),
+    (dict(low=0.0, high=1.0, high_open=True), 1.0, r"beta must be a finite number in \[0, 1\)"),
+    (dict(high=2.0), 3.0, r"beta must be a finite number <= 2"),
+    (dict(low=0.0), float("nan"), r"finite number >= 0, got nan"),
+    (dict(low=0.0), float("inf"), r"finite number >= 0, got inf"),
+    (dict(), True, r"beta must be a finite number \(not NaN or inf\), got True"),
+    (dict(), "0.5", r"got '0.5'"),
+])
+def test_check_number_refuses(kwargs, value, message):
+  from jaxrobust._validation import check_number
+
+  with pytest.raises(ValueError, match=message):
+    check_number("beta", value, **kwargs)
+
+
+def test_check_number_and_check_bool_accept():
+  from jaxrobust._validation import check_bool, check_number
+
+  assert check_number("beta", np.float32(0.5), low=0.0, high=1.0, low_open=True) == 0.5
+  assert check_number("beta", 1, low=0.0, high=1.0) == 1.0 and check_number("beta", -3) == -3.0
+  assert check_bool("targeted", np.bool_(True)) is True
+  for bad in (1, "yes", None):
+    with pytest.raises(ValueError, match="targeted must be a bool"):
+      check_bool("targeted", bad)

@@ -27,7 +27,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxrobust.attacks._common import expand
+from jaxrobust._batch import expand
 
 Array = jax.Array
 

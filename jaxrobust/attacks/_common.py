@@ -1,5 +1,7 @@
-"""Pieces every attack shares: budgets in the work dtype, best-point bookkeeping and one-pass
-per-example input gradients (batch-level helpers come from :mod:`jaxrobust._batch`)."""
+"""Pieces the attacks share: budgets in the work dtype, losses and one-pass per-example input
+gradients, best-point bookkeeping (:class:`Best`, :class:`MinNormBest`, scoring the last iterate)
+and restarts laid end to end in one scan (:class:`Runs`). Batch-level helpers (predictions,
+verdicts, keys, ``[B]`` arrays) live in :mod:`jaxrobust._batch`; import them from there."""
 
 from __future__ import annotations
 
@@ -8,15 +10,9 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from jaxrobust._batch import (as_keys, expand, finite_or_zero, fold_in, is_correct, is_success,
-                              like_batch, one_hot_mask, per_example, predict, rows_finite,
-                              rows_like, work_dtype)
+from jaxrobust._batch import expand, finite_or_zero, is_success, per_example, rows_like, work_dtype
 
 Array = jax.Array
-
-__all__ = ["Best", "MinNormBest", "as_keys", "expand", "finite_or_zero", "fold_in", "is_correct",
-           "is_success", "like_batch", "loss_grad_logits", "one_hot_mask", "per_example",
-           "predict", "rows_finite", "rows_like", "unpack_budget", "work_dtype"]
 
 
 def unpack_budget(x: Array, budget) -> tuple[Array, Array, Array, Array]:
@@ -25,6 +21,12 @@ def unpack_budget(x: Array, budget) -> tuple[Array, Array, Array, Array]:
   eps, lower, upper = budget
   return (x.astype(dtype), per_example(eps, x.shape[0], dtype), jnp.asarray(lower, dtype),
           jnp.asarray(upper, dtype))
+
+
+def apply_loss(loss_fn: Callable[..., Array], logits: Array, y: Array,
+               target: Array | None) -> Array:
+  """``loss_fn(logits, y)``, or ``loss_fn(logits, y, target)`` for a targeted loss: ``[B]``."""
+  return loss_fn(logits, y) if target is None else loss_fn(logits, y, target)
 
 
 def loss_grad_logits(logits_fn: Callable[[Array], Array], loss_fn: Callable[..., Array],
@@ -46,7 +48,7 @@ def loss_grad_logits(logits_fn: Callable[[Array], Array], loss_fn: Callable[...,
 
   def total(inputs):
     logits = logits_fn(inputs)
-    per_ex = loss_fn(logits, y) if target is None else loss_fn(logits, y, target)
+    per_ex = apply_loss(loss_fn, logits, y, target)
     return jnp.sum(per_ex.astype(jnp.float32)), (per_ex.astype(jnp.float32), logits)
 
   (_, (per_ex, logits)), grad = jax.value_and_grad(total, has_aux=True)(x)
@@ -62,11 +64,9 @@ class Best(NamedTuple):
 
   @classmethod
   def empty(cls, x: Array) -> "Best":
-    # Built from a slice of x so that the [B] fields carry x's batch sharding (an Explicit mesh
-    # axis types every array; select needs both branches sharded alike).
-    first = x.reshape(x.shape[0], -1)[:, 0]
-    return cls(x, jnp.full_like(first, -jnp.inf, dtype=jnp.float32),
-               jnp.zeros_like(first, dtype=bool))
+    # [B] fields from rows_like, so that they carry x's batch sharding (an Explicit mesh axis
+    # types every array; select needs both branches sharded alike).
+    return cls(x, rows_like(x, -jnp.inf, jnp.float32), rows_like(x, False, bool))
 
   def update(self, x: Array, loss: Array, success: Array) -> "Best":
     """Keeps ``x`` where it succeeds and the best did not, or ties on success with a larger loss.
@@ -86,12 +86,80 @@ class MinNormBest(NamedTuple):
 
   @classmethod
   def empty(cls, x: Array) -> "MinNormBest":
-    # [B] fields from a slice of x, so that they carry x's batch sharding (see Best.empty).
-    first = x.reshape(x.shape[0], -1)[:, 0]
-    return cls(x, jnp.full_like(first, jnp.inf))
+    # [B] fields from rows_like, so that they carry x's batch sharding (see Best.empty).
+    return cls(x, rows_like(x, jnp.inf, x.dtype))
 
   def update(self, x: Array, size: Array, success: Array) -> "MinNormBest":
     """Keeps ``x`` where it succeeds with a smaller norm than the best so far."""
     better = success & (size < self.norm)
     return MinNormBest(jnp.where(expand(better, x.ndim), x, self.x),
                        jnp.where(better, size, self.norm))
+
+
+def score_last_iterate(best: Best | MinNormBest, logits_fn: Callable[[Array], Array],
+                       x_last: Array, y: Array, target: Array | None,
+                       value: Callable[[Array], Array]) -> Best | MinNormBest:
+  """``best`` updated with the last iterate of the scan, which no step has evaluated.
+
+  Attacks whose step scores the iterate it receives (one forward pass shared with the gradient)
+  leave the final iterate unscored; ``finalize`` calls this, one more forward pass, so that the
+  best point returned is the best of every iterate. ``value(logits)`` is what ``best`` ranks by:
+  the loss for :class:`Best`, the perturbation's norm for :class:`MinNormBest`. Success is
+  :func:`~jaxrobust._batch.is_success` towards ``target`` (``None``: untargeted).
+  """
+  logits = logits_fn(x_last)
+  return best.update(x_last, value(logits), is_success(logits, y, target))
+
+
+class Runs(NamedTuple):
+  r"""``count`` runs of ``steps`` updates each, laid end to end in one fixed-length scan.
+
+  Run ``r`` occupies the ``period = steps + 1`` scan iterations
+  :math:`t \in [r \cdot \text{period}, (r + 1) \cdot \text{period})`; iteration ``t`` is
+  update ``index(t) = t mod period`` of run ``run(t) = t // period``. Each iteration evaluates
+  (and scores) the iterate it receives, so the last iteration of a run (``index == steps``)
+  scores the run's final iterate and hands the scan the next run's start instead of an update
+  (:meth:`next_start`); the last run's final iterate is left to ``finalize``
+  (:func:`score_last_iterate`), hence ``num_steps = count * period - 1``. PGD, APGD and Square
+  restart this way, each drawing run ``r``'s start from the example's key folded with ``r``
+  (Square: with the iteration), so run ``r`` is the same in every configuration that has it.
+
+  Examples:
+    >>> runs = Runs(steps=2, count=3)
+    >>> runs.num_steps, [(runs.run(t), runs.index(t)) for t in range(2, 5)]
+    (8, [(0, 2), (1, 0), (1, 1)])
+    >>> [runs.at_end(t) for t in range(runs.num_steps)]
+    [False, False, True, False, False, True, False, False]
+  """
+
+  steps: int
+  count: int
+
+  @property
+  def period(self) -> int:
+    """Scan iterations per run: its ``steps`` updates and the one that scores its end."""
+    return self.steps + 1
+
+  @property
+  def num_steps(self) -> int:
+    return self.count * self.period - 1
+
+  def index(self, t: Array) -> Array:
+    """The update of its run that iteration ``t`` makes (``steps``: the run's end)."""
+    return t % self.period
+
+  def run(self, t: Array) -> Array:
+    return t // self.period
+
+  def at_end(self, t: Array) -> Array:
+    """``[]`` bool: iteration ``t`` scores a run's final iterate and starts the next run."""
+    return self.index(t) == self.steps
+
+  def next_start(self, t: Array, moved: Array, fresh: Callable[[Array], Array]) -> Array:
+    """``moved`` (the update), or at a run's end ``fresh(r + 1)``, the next run's first point.
+
+    With a single run nothing is drawn (the scan ends before the run's end).
+    """
+    if self.count == 1:
+      return moved
+    return jnp.where(self.at_end(t), fresh(self.run(t) + 1), moved)

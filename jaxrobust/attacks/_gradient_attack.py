@@ -25,6 +25,7 @@ every run is scored (success first, then loss) and the best one is returned, nev
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, NamedTuple
 
 import jax
@@ -32,10 +33,12 @@ import jax.numpy as jnp
 
 from jaxrobust import losses as losses_lib
 from jaxrobust import projections
+from jaxrobust._batch import expand, fold_in, is_success
 from jaxrobust._types import Attack, Budget
+from jaxrobust._validation import check_number
 from jaxrobust.attacks import _ascent
-from jaxrobust.attacks._common import (Best, expand, fold_in, is_success, loss_grad_logits,
-                                       unpack_budget)
+from jaxrobust.attacks._common import (Best, Runs, apply_loss, loss_grad_logits,
+                                       score_last_iterate, unpack_budget)
 
 Array = jax.Array
 
@@ -47,6 +50,18 @@ class GradientAttackState(NamedTuple):
   best: Best  # best point seen so far, per example.
   keys: Array  # [B] typed PRNG keys, one per example.
   t: Array  # [] int32: iterations done.
+
+
+class _Config(NamedTuple):
+  """The static configuration the module-level ``init``/``step``/``finalize`` take."""
+
+  norm: str
+  loss_fn: Callable[..., Array]
+  runs: Runs  # restarts laid end to end
+  step_size: Callable[[Array], Array]  # step index within a run -> fraction of eps
+  random_start: bool
+  l1_sparsity: float | None
+  move: Callable[..., Array]  # _steepest_move or _l1_move, chosen by the norm
 
 
 def _start(x: Array, keys: Array, eps: Array, lower: Array, upper: Array, norm: str,
@@ -83,6 +98,66 @@ def _project(x: Array, x_new: Array, eps: Array, lower: Array, upper: Array, nor
   return jnp.clip(x + delta, lower, upper)
 
 
+def _steepest_move(config: _Config, grad: Array, x_adv: Array, x: Array, eps: Array,
+                   lower: Array, upper: Array, length: Array) -> Array:
+  """Linf/L2: ``length`` along the unit steepest-ascent direction, then ball and box."""
+  d = _ascent.direction(grad, config.norm, x_adv, lower, upper, 1.0)
+  return _project(x, x_adv + expand(length, x.ndim) * d, eps, lower, upper, config.norm)
+
+
+def _l1_move(config: _Config, grad: Array, x_adv: Array, x: Array, eps: Array, lower: Array,
+             upper: Array, length: Array) -> Array:
+  """L1: the exact box-aware step of mass ``length`` (or the top-fraction step of an explicit
+  ``l1_sparsity``), then the exact projection onto the L1 ball intersected with the box."""
+  if config.l1_sparsity is None:
+    stepped = x_adv + _ascent.l1_box_step(grad, x_adv, lower, upper, length)
+  else:
+    d = _ascent.direction(grad, "l1", x_adv, lower, upper, config.l1_sparsity)
+    stepped = x_adv + expand(length, x.ndim) * d
+  delta = projections.project_l1_box(stepped - x, x, eps, lower, upper).astype(x.dtype)
+  # The exact projection already respects the box; the clip only absorbs the rounding of
+  # x + (upper - x).
+  return jnp.clip(x + delta, lower, upper)
+
+
+def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None):
+  del logits_fn, y, target
+  x, eps, lower, upper = unpack_budget(x, budget)
+  x0 = _start(x, keys, eps, lower, upper, config.norm, 0, config.random_start)
+  return GradientAttackState(x0, Best.empty(x0), keys, jnp.zeros((), jnp.int32))
+
+
+def _step(config: _Config, logits_fn, state: GradientAttackState, x, y, budget: Budget,
+          target=None):
+  x, eps, lower, upper = unpack_budget(x, budget)
+  loss_value, grad, logits = loss_grad_logits(logits_fn, config.loss_fn, state.x_adv, y, target)
+  best = state.best.update(state.x_adv, loss_value, is_success(logits, y, target))
+  index = config.runs.index(state.t)
+  length = jnp.asarray(config.step_size(index), eps.dtype) * eps  # [B], input units
+  moved = config.move(config, grad, state.x_adv, x, eps, lower, upper, length)
+  fresh = lambda run: _start(x, state.keys, eps, lower, upper, config.norm, run,
+                             config.random_start)
+  moved = config.runs.next_start(state.t, moved, fresh)
+  return GradientAttackState(moved, best, state.keys, state.t + 1)
+
+
+def _finalize(config: _Config, logits_fn, state: GradientAttackState, x, y, budget: Budget,
+              target=None):
+  del x, budget
+  loss = lambda logits: apply_loss(config.loss_fn, logits, y, target).astype(jnp.float32)
+  return score_last_iterate(state.best, logits_fn, state.x_adv, y, target, loss).x
+
+
+def check_l1_sparsity(l1_sparsity) -> float | None:
+  """``None`` (the exact L1 step), or the fraction of coordinates a sparse L1 step moves."""
+  if l1_sparsity is None:
+    return None
+  try:
+    return check_number("l1_sparsity", l1_sparsity, low=0.0, high=1.0, low_open=True)
+  except ValueError:
+    raise ValueError(f"l1_sparsity must be None or in (0, 1], got {l1_sparsity!r}.") from None
+
+
 def gradient_attack(*, norm: str, loss: str | Callable[..., Array], steps: int,
                     step_size: Callable[[Array], Array], random_start: bool, restarts: int,
                     targeted: bool, l1_sparsity: float | None, name: str) -> Attack:
@@ -92,47 +167,10 @@ def gradient_attack(*, norm: str, loss: str | Callable[..., Array], steps: int,
   fraction of eps. ``l1_sparsity=None`` takes the exact box-aware L1 step. Arguments are validated
   by the public factories (:func:`~jaxrobust.attacks.pgd`, :func:`~jaxrobust.attacks.fgsm`).
   """
-  loss_fn = losses_lib.resolve(loss, targeted)
-  period = steps + 1  # a run's updates plus the iteration that scores its end and restarts
-  total_steps = restarts * period - 1
-
-  def init(logits_fn, x, y, budget: Budget, keys, target=None):
-    del logits_fn, y, target
-    x, eps, lower, upper = unpack_budget(x, budget)
-    x0 = _start(x, keys, eps, lower, upper, norm, 0, random_start)
-    return GradientAttackState(x0, Best.empty(x0), keys, jnp.zeros((), jnp.int32))
-
-  def step(logits_fn, state: GradientAttackState, x, y, budget: Budget, target=None):
-    x, eps, lower, upper = unpack_budget(x, budget)
-    loss_value, grad, logits = loss_grad_logits(logits_fn, loss_fn, state.x_adv, y, target)
-    best = state.best.update(state.x_adv, loss_value, is_success(logits, y, target))
-    length = jnp.asarray(step_size(state.t % period), eps.dtype) * eps  # [B], input units
-    if norm == "l1":
-      if l1_sparsity is None:
-        stepped = state.x_adv + _ascent.l1_box_step(grad, state.x_adv, lower, upper, length)
-      else:
-        d = _ascent.direction(grad, norm, state.x_adv, lower, upper, l1_sparsity)
-        stepped = state.x_adv + expand(length, x.ndim) * d
-      delta = projections.project_l1_box(stepped - x, x, eps, lower, upper).astype(x.dtype)
-      # The exact projection already respects the box; the clip only absorbs the rounding of
-      # x + (upper - x).
-      moved = jnp.clip(x + delta, lower, upper)
-    else:
-      d = _ascent.direction(grad, norm, state.x_adv, lower, upper, 1.0)
-      moved = _project(x, state.x_adv + expand(length, x.ndim) * d, eps, lower, upper, norm)
-    if restarts > 1:
-      fresh = _start(x, state.keys, eps, lower, upper, norm, (state.t + 1) // period,
-                     random_start)
-      moved = jnp.where(state.t % period == steps, fresh, moved)
-    return GradientAttackState(moved, best, state.keys, state.t + 1)
-
-  def finalize(logits_fn, state: GradientAttackState, x, y, budget: Budget, target=None):
-    del x, budget
-    logits = logits_fn(state.x_adv)
-    last_loss = loss_fn(logits, y) if target is None else loss_fn(logits, y, target)
-    best = state.best.update(state.x_adv, last_loss.astype(jnp.float32),
-                             is_success(logits, y, target))
-    return best.x
-
-  return Attack(init=init, step=step, finalize=finalize, num_steps=total_steps, norm=norm,
-                targeted=targeted, minimum_norm=False, name=name)
+  runs = Runs(steps, restarts)  # each run's updates, then one iteration to score and restart
+  config = _Config(norm=norm, loss_fn=losses_lib.resolve(loss, targeted), runs=runs,
+                   step_size=step_size, random_start=random_start, l1_sparsity=l1_sparsity,
+                   move=_l1_move if norm == "l1" else _steepest_move)
+  return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
+                finalize=functools.partial(_finalize, config), num_steps=runs.num_steps,
+                norm=norm, targeted=targeted, minimum_norm=False, name=name)

@@ -67,6 +67,7 @@ APGD-T (``targeted=True`` with ``n_target_classes = n``) is AutoAttack's untarge
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -77,17 +78,12 @@ import numpy as np
 
 from jaxrobust import losses as losses_lib
 from jaxrobust import projections
+from jaxrobust._batch import expand, fold_in, is_success, one_hot_mask, rows_like
 from jaxrobust._types import Attack, Budget
-from jaxrobust._validation import check_norm, check_positive_int, logits_shape
+from jaxrobust._validation import check_norm, check_number, check_positive_int, logits_shape
 from jaxrobust.attacks._ascent import direction
-from jaxrobust.attacks._common import (
-  Best,
-  expand,
-  fold_in,
-  is_success,
-  loss_grad_logits,
-  unpack_budget,
-)
+from jaxrobust.attacks._common import (Best, Runs, apply_loss, loss_grad_logits,
+                                       score_last_iterate, unpack_budget)
 from jaxrobust.attacks._gradient_attack import _project
 
 Array = jax.Array
@@ -195,8 +191,7 @@ def _l1_direction(grad: Array, coordinates: Array) -> Array:
   magnitude = jnp.abs(g)
   ordered = jnp.sort(magnitude, axis=1)
   index = jnp.clip(d - coordinates, 0, d - 1).astype(jnp.int32)
-  columns = jnp.arange(d, dtype=jnp.int32).reshape(1, d)
-  threshold = jnp.sum(jnp.where(columns == index[:, None], ordered, 0.0), axis=1, keepdims=True)
+  threshold = jnp.sum(jnp.where(one_hot_mask(index, d), ordered, 0.0), axis=1, keepdims=True)
   s = jnp.where(magnitude >= threshold, jnp.sign(g), 0.0)
   s = s / (jnp.sum(jnp.abs(s), axis=1, keepdims=True) + 1e-10)
   return s.reshape(grad.shape)
@@ -245,6 +240,208 @@ def _required_classes(loss, targeted: bool) -> int:
     return 2
   table = losses_lib.MIN_CLASSES_TARGETED if targeted else losses_lib.MIN_CLASSES
   return table[loss]
+
+
+class _Config(NamedTuple):
+  """APGD's static configuration, chosen by :func:`apgd` and passed to every piece below."""
+
+  norm: str
+  name: str
+  loss: str | Callable[..., Array]  # as given (for the class-count check)
+  loss_name: str
+  loss_fn: Callable[..., Array]
+  targeted: bool
+  multi: bool  # APGD-T: n_target_classes runs of targeted losses, untargeted success
+  n_target_classes: int | None
+  restarts: int
+  runs: Runs  # all runs (restarts, times the targets of APGD-T) laid end to end
+  table: np.ndarray  # [steps + 1] int32: window length at each checkpoint, 0 elsewhere
+  initial_step: float  # first step of a run, as a multiple of eps
+  rho: float
+  momentum: float
+  checkpoint: Callable[..., "_Checkpoint"]  # _momentum_checkpoint or _l1_checkpoint
+  update: Callable[..., Array]  # _momentum_update or _l1_update
+
+
+class _Checkpoint(NamedTuple):
+  """What the step-size schedule decides at one iteration (fields as in :class:`APGDState`)."""
+
+  restart: Array  # [B] bool: restart from the run's best-loss point before stepping.
+  step_size: Array
+  halved_at_check: Array
+  loss_best_at_check: Array
+  increases: Array
+  coordinates: Array
+  support_at_check: Array
+
+
+def _check_classes(config: _Config, num_classes: int) -> None:
+  needed = _required_classes(config.loss, config.targeted)
+  if num_classes < needed:
+    raise ValueError(f"{config.name}: loss {config.loss_name!r} needs at least {needed} classes, "
+                     f"the model has {num_classes}; use loss='ce' instead.")
+  if config.multi and config.n_target_classes >= num_classes:
+    raise ValueError(f"{config.name}: n_target_classes={config.n_target_classes} needs more than "
+                     f"{config.n_target_classes} classes, the model has {num_classes}; use at "
+                     f"most {num_classes - 1}.")
+
+
+def _run_target(config: _Config, state: APGDState, run_index: Array,
+                target: Array | None) -> Array | None:
+  """The target the loss drives towards in this run (APGD-T: by one-hot look-up)."""
+  if not config.multi:
+    return target
+  group = run_index // config.restarts
+  columns = jnp.arange(config.n_target_classes, dtype=jnp.int32).reshape(1, -1)
+  # A product, not a select: the mask is replicated while the targets are batch-sharded.
+  return jnp.sum(state.targets * (columns == group).astype(jnp.int32), axis=1)
+
+
+def _momentum_checkpoint(config: _Config, state: APGDState, x: Array, eps: Array, first: Array,
+                         at_check: Array, window: Array, loss_value: Array, loss_best: Array,
+                         x_best: Array, increases: Array, step_size: Array) -> _Checkpoint:
+  """Linf/L2: halve the step and restart from the best point when the run oscillates (at most
+  ``rho`` of the window's steps increased the loss) or stalls (no halving and no improvement
+  since the previous checkpoint)."""
+  del x, eps, x_best
+  halved_before = jnp.where(first, True, state.halved_at_check)
+  loss_best_before = jnp.where(first, loss_value, state.loss_best_at_check)
+  oscillating = increases.astype(jnp.float32) <= config.rho * window.astype(jnp.float32)
+  stalled = ~halved_before & (loss_best_before >= loss_best)
+  halve = oscillating | stalled
+  restart = at_check & halve
+  return _Checkpoint(
+      restart=restart, step_size=jnp.where(restart, step_size / 2, step_size),
+      halved_at_check=jnp.where(at_check, halve, halved_before),
+      loss_best_at_check=jnp.where(at_check, loss_best, loss_best_before),
+      increases=jnp.where(at_check, 0, increases), coordinates=state.coordinates,
+      support_at_check=state.support_at_check)
+
+
+def _l1_checkpoint(config: _Config, state: APGDState, x: Array, eps: Array, first: Array,
+                   at_check: Array, window: Array, loss_value: Array, loss_best: Array,
+                   x_best: Array, increases: Array, step_size: Array) -> _Checkpoint:
+  """L1: adapt the sparsity to the best point's support and the step size to its change;
+  restart from the best point when the support shrank (see the module docstring)."""
+  del window
+  size = math.prod(x.shape[1:])
+  coordinates = jnp.where(first, l1_initial_coordinates(size), state.coordinates)
+  support_old = jnp.where(first, float(size), state.support_at_check)
+  support = jnp.sum((x_best != x).reshape(x.shape[0], -1), axis=1, dtype=jnp.int32)
+  shrunk = support.astype(jnp.float32) < L1_SPARSITY_DROP * support_old
+  restart = at_check & shrunk
+  full = config.initial_step * eps
+  adapted = jnp.clip(jnp.where(shrunk, full, step_size / L1_STEP_DIVISOR),
+                     full * L1_MIN_STEP_FRACTION, full)
+  step_size = jnp.where(at_check, adapted, step_size)
+  # A run whose best loss did not improve since the last check sits at a fixed point of the
+  # step and the projection (every moved coordinate gains the same mass, which the L1
+  # projection takes back evenly): it moves fewer coordinates from then on.
+  loss_best_before = jnp.where(first, loss_value, state.loss_best_at_check)
+  stalled = loss_best <= loss_best_before
+  fewer = jnp.minimum(l1_coordinates(support),
+                      jnp.where(stalled, l1_fewer_coordinates(coordinates), size))
+  return _Checkpoint(
+      restart=restart, step_size=step_size, halved_at_check=state.halved_at_check,
+      loss_best_at_check=jnp.where(at_check, loss_best, loss_best_before), increases=increases,
+      coordinates=jnp.where(at_check, fewer, coordinates),
+      support_at_check=jnp.where(at_check, support.astype(jnp.float32), support_old))
+
+
+def _momentum_update(config: _Config, x: Array, x_cur: Array, x_prev: Array, g: Array,
+                     checkpoint: _Checkpoint, first: Array, eps: Array, lower: Array,
+                     upper: Array) -> Array:
+  """Linf/L2: the projected steepest step, then the momentum combination with the previous
+  iterate (no momentum at a run's first step)."""
+  eta = expand(checkpoint.step_size, x.ndim)
+  z = _project(x, x_cur + eta * direction(g, config.norm, x_cur, lower, upper, 1.0), eps, lower,
+               upper, config.norm)
+  a = jnp.where(first, jnp.ones((), x.dtype), jnp.asarray(config.momentum, x.dtype))
+  return _project(x, x_cur + a * (z - x_cur) + (1 - a) * (x_cur - x_prev), eps, lower, upper,
+                  config.norm)
+
+
+def _l1_update(config: _Config, x: Array, x_cur: Array, x_prev: Array, g: Array,
+               checkpoint: _Checkpoint, first: Array, eps: Array, lower: Array,
+               upper: Array) -> Array:
+  """L1: step mass over the top coordinates, then the exact L1-ball-and-box projection."""
+  del config, x_prev, first
+  eta = expand(checkpoint.step_size, x.ndim)
+  moved = x_cur + eta * _l1_direction(g, checkpoint.coordinates)
+  delta = projections.project_l1_box(moved - x, x, eps, lower, upper)
+  return jnp.clip(x + delta, lower, upper)
+
+
+def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> APGDState:
+  del y, target
+  x, eps, lower, upper = unpack_budget(x, budget)
+  if config.multi:
+    logits = logits_fn(x)
+    _check_classes(config, logits.shape[-1])
+    # Classes by decreasing clean logit; the target of group k is the (k + 2)-th.
+    targets = jax.lax.top_k(logits, config.n_target_classes + 1)[1][:, 1:].astype(jnp.int32)
+  else:
+    _check_classes(config, logits_shape(logits_fn, x)[-1])
+    targets = None
+  x0 = _start(x, keys, eps, lower, upper, config.norm, 0)
+  # Losses are float32 whatever the input dtype (loss_grad_logits returns them so); sizes in
+  # input units (the step size) follow x, which is float64 under jax_enable_x64.
+  losses = rows_like(x0, 0.0, jnp.float32)
+  counts = rows_like(x0, 0, jnp.int32)
+  return APGDState(
+      x_adv=x0, x_prev=x0, x_best=x0, grad_best=jnp.zeros_like(x0), loss_best=losses,
+      loss_prev=losses, loss_best_at_check=losses, halved_at_check=rows_like(x0, False, bool),
+      increases=counts, step_size=rows_like(x0, 0.0, x0.dtype), coordinates=counts,
+      support_at_check=losses, best=Best.empty(x0), targets=targets, keys=keys,
+      t=jnp.zeros((), jnp.int32))
+
+
+def _step(config: _Config, logits_fn, state: APGDState, x, y, budget: Budget,
+          target=None) -> APGDState:
+  x, eps, lower, upper = unpack_budget(x, budget)
+  nd = x.ndim
+  i = config.runs.index(state.t)  # 0: the run's start; k: the k-th update
+  run_index = config.runs.run(state.t)
+  loss_value, grad, logits = loss_grad_logits(logits_fn, config.loss_fn, state.x_adv, y,
+                                              _run_target(config, state, run_index, target))
+  best = state.best.update(state.x_adv, loss_value,
+                           is_success(logits, y, None if config.multi else target))
+  first = i == 0
+
+  # The run's own best-loss point (for the restarts from x_max) and the loss-increase count.
+  improved = first | (loss_value > state.loss_best)
+  x_best = jnp.where(expand(improved, nd), state.x_adv, state.x_best)
+  grad_best = jnp.where(expand(improved, nd), grad, state.grad_best)
+  loss_best = jnp.where(improved, loss_value, state.loss_best)
+  increased = (loss_value > state.loss_prev).astype(jnp.int32)
+  increases = jnp.where(first, 0, state.increases + increased)
+  step_size = jnp.where(first, config.initial_step * eps, state.step_size)
+  window = jnp.asarray(config.table)[i]
+  checkpoint = config.checkpoint(config, state, x, eps, first, window > 0, window, loss_value,
+                                 loss_best, x_best, increases, step_size)
+
+  # Restart from the best-loss point where the schedule says so, then step.
+  x_cur = jnp.where(expand(checkpoint.restart, nd), x_best, state.x_adv)
+  g = jnp.where(expand(checkpoint.restart, nd), grad_best, grad)
+  x_next = config.update(config, x, x_cur, state.x_prev, g, checkpoint, first, eps, lower, upper)
+  x_next = config.runs.next_start(
+      state.t, x_next, lambda run: _start(x, state.keys, eps, lower, upper, config.norm, run))
+  return APGDState(
+      x_adv=x_next, x_prev=x_cur, x_best=x_best, grad_best=grad_best, loss_best=loss_best,
+      loss_prev=loss_value, loss_best_at_check=checkpoint.loss_best_at_check,
+      halved_at_check=checkpoint.halved_at_check, increases=checkpoint.increases,
+      step_size=checkpoint.step_size, coordinates=checkpoint.coordinates,
+      support_at_check=checkpoint.support_at_check, best=best, targets=state.targets,
+      keys=state.keys, t=state.t + 1)
+
+
+def _finalize(config: _Config, logits_fn, state: APGDState, x, y, budget: Budget,
+              target=None) -> Array:
+  del x, budget
+  loss_target = _run_target(config, state, config.runs.run(state.t), target)
+  loss = lambda logits: apply_loss(config.loss_fn, logits, y, loss_target).astype(jnp.float32)
+  return score_last_iterate(state.best, logits_fn, state.x_adv, y,
+                            None if config.multi else target, loss).x
 
 
 def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
@@ -318,10 +515,8 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
   multi = bool(targeted) and n_target_classes is not None
   if multi:
     n_target_classes = check_positive_int("n_target_classes", n_target_classes)
-  if not (isinstance(rho, (int, float)) and 0 < rho <= 1):
-    raise ValueError(f"rho must be in (0, 1], got {rho!r}.")
-  if not (isinstance(momentum, (int, float)) and 0 <= momentum <= 1):
-    raise ValueError(f"momentum must be in [0, 1], got {momentum!r}.")
+  rho = check_number("rho", rho, low=0.0, high=1.0, low_open=True)
+  momentum = check_number("momentum", momentum, low=0.0, high=1.0)
   if loss is None:
     loss = "dlr" if targeted else "ce"
   loss_fn = losses_lib.resolve(loss, bool(targeted))
@@ -333,10 +528,8 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
   else:
     name = f"apgd-{loss_name}-{norm}-{steps}x{restarts}" + ("-targeted" if targeted else "")
 
-  runs = restarts * (n_target_classes if multi else 1)
-  period = steps + 1  # a run's evaluations: its start and its `steps` updates
-  total_steps = runs * period - 1  # `finalize` evaluates the last point
-  table = np.zeros(period, np.int32)  # window length at each checkpoint, 0 elsewhere
+  runs = Runs(steps, restarts * (n_target_classes if multi else 1))
+  table = np.zeros(runs.period, np.int32)  # window length at each checkpoint, 0 elsewhere
   if norm == "l1":
     marks, lengths = l1_checkpoints(steps), None
   else:
@@ -344,141 +537,12 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     lengths = np.diff((0,) + marks)
   for j, w in enumerate(marks):
     table[w] = 1 if lengths is None else lengths[j]
-  initial_step = INITIAL_STEP[norm]
-
-  def check_classes(num_classes: int) -> None:
-    needed = _required_classes(loss, bool(targeted))
-    if num_classes < needed:
-      raise ValueError(f"{name}: loss {loss_name!r} needs at least {needed} classes, the model "
-                       f"has {num_classes}; use loss='ce' instead.")
-    if multi and n_target_classes >= num_classes:
-      raise ValueError(f"{name}: n_target_classes={n_target_classes} needs more than "
-                       f"{n_target_classes} classes, the model has {num_classes}; use at most "
-                       f"{num_classes - 1}.")
-
-  def run_target(state: APGDState, run_index: Array, target: Array | None) -> Array | None:
-    """The target the loss drives towards in this run (APGD-T: by one-hot look-up)."""
-    if not multi:
-      return target
-    group = run_index // restarts
-    columns = jnp.arange(n_target_classes, dtype=jnp.int32).reshape(1, -1)
-    # A product, not a select: the mask is replicated while the targets are batch-sharded.
-    return jnp.sum(state.targets * (columns == group).astype(jnp.int32), axis=1)
-
-  def init(logits_fn, x, y, budget: Budget, keys, target=None):
-    del y, target
-    x, eps, lower, upper = unpack_budget(x, budget)
-    if multi:
-      logits = logits_fn(x)
-      check_classes(logits.shape[-1])
-      # Classes by decreasing clean logit; the target of group k is the (k + 2)-th.
-      targets = jax.lax.top_k(logits, n_target_classes + 1)[1][:, 1:].astype(jnp.int32)
-    else:
-      check_classes(logits_shape(logits_fn, x)[-1])
-      targets = None
-    x0 = _start(x, keys, eps, lower, upper, norm, 0)
-    first = x0.reshape(x0.shape[0], -1)[:, 0]
-    # Losses are float32 whatever the input dtype (loss_grad_logits returns them so); sizes in
-    # input units (the step size) follow x, which is float64 under jax_enable_x64.
-    losses = jnp.zeros_like(first, jnp.float32)
-    counts = jnp.zeros_like(first, jnp.int32)
-    return APGDState(
-        x_adv=x0, x_prev=x0, x_best=x0, grad_best=jnp.zeros_like(x0), loss_best=losses,
-        loss_prev=losses, loss_best_at_check=losses, halved_at_check=jnp.zeros_like(first, bool),
-        increases=counts, step_size=jnp.zeros_like(first), coordinates=counts,
-        support_at_check=losses, best=Best.empty(x0), targets=targets, keys=keys,
-        t=jnp.zeros((), jnp.int32))
-
-  def step(logits_fn, state: APGDState, x, y, budget: Budget, target=None):
-    x, eps, lower, upper = unpack_budget(x, budget)
-    nd = x.ndim
-    i = state.t % period  # 0: the run's start; k: the k-th update
-    run_index = state.t // period
-    loss_value, grad, logits = loss_grad_logits(logits_fn, loss_fn, state.x_adv, y,
-                                                run_target(state, run_index, target))
-    best = state.best.update(state.x_adv, loss_value,
-                             is_success(logits, y, None if multi else target))
-    first = i == 0
-
-    # The run's own best-loss point (for the restarts from x_max) and the loss-increase count.
-    improved = first | (loss_value > state.loss_best)
-    x_best = jnp.where(expand(improved, nd), state.x_adv, state.x_best)
-    grad_best = jnp.where(expand(improved, nd), grad, state.grad_best)
-    loss_best = jnp.where(improved, loss_value, state.loss_best)
-    increased = (loss_value > state.loss_prev).astype(jnp.int32)
-    increases = jnp.where(first, 0, state.increases + increased)
-    step_size = jnp.where(first, initial_step * eps, state.step_size)
-    window = jnp.asarray(table)[i]
-    at_check = window > 0
-
-    if norm == "l1":
-      size = math.prod(x.shape[1:])
-      coordinates = jnp.where(first, l1_initial_coordinates(size), state.coordinates)
-      support_old = jnp.where(first, float(size), state.support_at_check)
-      support = jnp.sum((x_best != x).reshape(x.shape[0], -1), axis=1, dtype=jnp.int32)
-      shrunk = support.astype(jnp.float32) < L1_SPARSITY_DROP * support_old
-      restart = at_check & shrunk
-      full = initial_step * eps
-      adapted = jnp.clip(jnp.where(shrunk, full, step_size / L1_STEP_DIVISOR),
-                         full * L1_MIN_STEP_FRACTION, full)
-      step_size = jnp.where(at_check, adapted, step_size)
-      # A run whose best loss did not improve since the last check sits at a fixed point of the
-      # step and the projection (every moved coordinate gains the same mass, which the L1
-      # projection takes back evenly): it moves fewer coordinates from then on.
-      loss_best_before = jnp.where(first, loss_value, state.loss_best_at_check)
-      stalled = loss_best <= loss_best_before
-      fewer = jnp.minimum(l1_coordinates(support),
-                          jnp.where(stalled, l1_fewer_coordinates(coordinates), size))
-      coordinates = jnp.where(at_check, fewer, coordinates)
-      support_at_check = jnp.where(at_check, support.astype(jnp.float32), support_old)
-      loss_best_at_check = jnp.where(at_check, loss_best, loss_best_before)
-      halved_at_check = state.halved_at_check
-    else:
-      halved_before = jnp.where(first, True, state.halved_at_check)
-      loss_best_before = jnp.where(first, loss_value, state.loss_best_at_check)
-      oscillating = increases.astype(jnp.float32) <= rho * window.astype(jnp.float32)
-      stalled = ~halved_before & (loss_best_before >= loss_best)
-      halve = oscillating | stalled
-      restart = at_check & halve
-      step_size = jnp.where(restart, step_size / 2, step_size)
-      halved_at_check = jnp.where(at_check, halve, halved_before)
-      loss_best_at_check = jnp.where(at_check, loss_best, loss_best_before)
-      increases = jnp.where(at_check, 0, increases)
-      coordinates, support_at_check = state.coordinates, state.support_at_check
-
-    # Restart from the best-loss point where the schedule says so, then step.
-    x_cur = jnp.where(expand(restart, nd), x_best, state.x_adv)
-    g = jnp.where(expand(restart, nd), grad_best, grad)
-    eta = expand(step_size, nd)
-    if norm == "l1":
-      moved = x_cur + eta * _l1_direction(g, coordinates)
-      delta = projections.project_l1_box(moved - x, x, eps, lower, upper)
-      x_next = jnp.clip(x + delta, lower, upper)
-    else:
-      z = _project(x, x_cur + eta * direction(g, norm, x_cur, lower, upper, 1.0), eps, lower,
-                   upper, norm)
-      a = jnp.where(first, jnp.ones((), x.dtype), jnp.asarray(momentum, x.dtype))
-      x_next = _project(x, x_cur + a * (z - x_cur) + (1 - a) * (x_cur - state.x_prev), eps,
-                        lower, upper, norm)
-    if runs > 1:
-      fresh = _start(x, state.keys, eps, lower, upper, norm, run_index + 1)
-      x_next = jnp.where(i == steps, fresh, x_next)
-
-    return APGDState(
-        x_adv=x_next, x_prev=x_cur, x_best=x_best, grad_best=grad_best, loss_best=loss_best,
-        loss_prev=loss_value, loss_best_at_check=loss_best_at_check,
-        halved_at_check=halved_at_check, increases=increases, step_size=step_size,
-        coordinates=coordinates, support_at_check=support_at_check, best=best,
-        targets=state.targets, keys=state.keys, t=state.t + 1)
-
-  def finalize(logits_fn, state: APGDState, x, y, budget: Budget, target=None):
-    del x, budget
-    loss_target = run_target(state, state.t // period, target)
-    logits = logits_fn(state.x_adv)
-    last = loss_fn(logits, y) if loss_target is None else loss_fn(logits, y, loss_target)
-    best = state.best.update(state.x_adv, last.astype(jnp.float32),
-                             is_success(logits, y, None if multi else target))
-    return best.x
-
-  return Attack(init=init, step=step, finalize=finalize, num_steps=total_steps, norm=norm,
-                targeted=bool(targeted) and not multi, minimum_norm=False, name=name)
+  config = _Config(
+      norm=norm, name=name, loss=loss, loss_name=loss_name, loss_fn=loss_fn,
+      targeted=bool(targeted), multi=multi, n_target_classes=n_target_classes,
+      restarts=restarts, runs=runs, table=table, initial_step=INITIAL_STEP[norm], rho=rho,
+      momentum=momentum, checkpoint=_l1_checkpoint if norm == "l1" else _momentum_checkpoint,
+      update=_l1_update if norm == "l1" else _momentum_update)
+  return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
+                finalize=functools.partial(_finalize, config), num_steps=runs.num_steps,
+                norm=norm, targeted=bool(targeted) and not multi, minimum_norm=False, name=name)

@@ -26,7 +26,8 @@ behind them in ``info["counts"]``, never only as log lines:
 * ``zero_gradients``: some clean-correct point has an exactly zero cross-entropy input gradient;
 * ``square_beats_white_box``: Square broke more than 0.2% of the points that every gradient
   attack before it missed (gradient masking is likely; AutoAttack's threshold);
-* ``non_finite_logits``: some clean logits are NaN/Inf;
+* ``non_finite_logits``: some clean logits of the batch's real rows are NaN/Inf (padding rows,
+  marked by the driver's ``active`` mask, do not count);
 * ``too_few_classes_for_targets``: the model has fewer than ``n_target_classes + 1`` classes, so
   the targeted members use ``C - 1`` targets (AutoAttack warns and runs on).
 
@@ -137,7 +138,10 @@ def probability_tolerances(dtype, num_classes: int) -> tuple[float, float]:
 def _flags(norm, version, n_target_classes, has_square):
   """``extra_info`` for the ensemble: AutoAttack's reliability checks as flags and counts."""
 
-  def extra_info(logits_fn, x, y, budget, keys, target, todo, robust_after, members):
+  def extra_info(logits_fn, x, y, budget, keys, target, todo, robust_after, members,
+                 active=None):
+    """``todo``: the rows attacked (clean-correct and active); ``active``: the rows of the batch
+    that are real data (``None``: all of them; a padded batch marks its padding ``False``)."""
     del budget, target, members
     counts = {}
     if version == "rand":
@@ -152,7 +156,11 @@ def _flags(norm, version, n_target_classes, has_square):
     entry_tolerance, sum_tolerance = probability_tolerances(logits.dtype, logits.shape[-1])
     logits = logits.astype(jnp.float32)
     finite_rows = jnp.all(jnp.isfinite(logits), axis=-1)
-    counts["non_finite_logits"] = jnp.sum(~finite_rows, dtype=jnp.int32)
+    # Real rows only: padding must not add to the count. Not only `todo` rows: a row with
+    # non-finite logits is never clean-correct, so it is never attacked, and it is exactly what
+    # this count reports.
+    real = jnp.ones_like(finite_rows) if active is None else active
+    counts["non_finite_logits"] = jnp.sum(~finite_rows & real, dtype=jnp.int32)
     probability = (jnp.all(logits <= 1.0 + entry_tolerance) & jnp.all(logits >= -entry_tolerance)
                    & jnp.all(jnp.abs(jnp.sum(logits, axis=-1) - 1.0) <= sum_tolerance))
     if version == "rand":
@@ -172,7 +180,8 @@ def _flags(norm, version, n_target_classes, has_square):
       before, after = robust_after[index - 1], robust_after[index]
       counts["square_only_points"] = jnp.sum(before & ~after, dtype=jnp.int32)
       flags["square_beats_white_box"] = (
-          counts["square_only_points"].astype(jnp.float32) > SQUARE_THRESHOLD * todo.shape[0])
+          counts["square_only_points"].astype(jnp.float32)
+          > SQUARE_THRESHOLD * jnp.sum(real, dtype=jnp.int32).astype(jnp.float32))
     else:
       flags["square_beats_white_box"] = jnp.zeros((), bool)
     return {"flags": flags, "counts": counts}

@@ -50,7 +50,7 @@ least :math:`\kappa`) with the smallest L2 norm that lies inside the optional ep
 
 from __future__ import annotations
 
-import math
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -59,9 +59,10 @@ import optax
 
 from jaxrobust import losses as losses_lib
 from jaxrobust import projections
+from jaxrobust._batch import expand, finite_or_zero, is_success, rows_like
 from jaxrobust._types import Attack, Budget
-from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks._common import expand, finite_or_zero, is_success, unpack_budget
+from jaxrobust._validation import check_number, check_positive_int
+from jaxrobust.attacks._common import MinNormBest, unpack_budget
 
 Array = jax.Array
 
@@ -76,20 +77,139 @@ class CarliniWagnerState(NamedTuple):
   const: Array  # [B] work dtype: the current trade-off c.
   const_lower: Array  # [B] work dtype: largest c known to fail (0 at first).
   const_upper: Array  # [B] work dtype: smallest c known to succeed (_NO_UPPER at first).
-  best_x: Array  # [B, ...] work dtype: smallest adversarial point inside the ball, or x.
-  best_norm: Array  # [B] work dtype: its L2 norm, inf while none.
+  best: MinNormBest  # smallest adversarial point inside the ball (x, norm inf while none).
   grad_dist0: Array  # [B, ...] work dtype: gradient of the squared distance at the clean start.
   grad_hinge0: Array  # [B, ...] work dtype: gradient of the hinge term at the clean start.
   t: Array  # [] int32: iterations done.
 
 
-def _check_number(name: str, value: Any, *, positive: bool) -> float:
-  """A finite Python number, ``> 0`` (``positive``) or ``>= 0``."""
-  ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-  if not ok or value < 0 or (positive and value == 0):
-    raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, "
-                     f"got {value!r}.")
-  return float(value)
+class _Config(NamedTuple):
+  """The static configuration, chosen by :func:`carlini_wagner_l2` and passed to every piece."""
+
+  steps: int  # Adam updates per round of the binary search
+  initial_const: float
+  confidence: float
+  optimizer: optax.GradientTransformation
+
+
+def _to_tanh_space(x: Array, lower: Array, upper: Array) -> Array:
+  # Shrunk by 0.999999 so that atanh stays finite for x on the faces of the box.
+  unit = jnp.clip((x - lower) / (upper - lower) * 2 - 1, -1, 1)
+  return jnp.arctanh(unit * 0.999999)
+
+
+def _to_box(w: Array, lower: Array, upper: Array) -> Array:
+  # The clip only absorbs rounding: (tanh(w) + 1) / 2 is already in [0, 1].
+  return jnp.clip(lower + (upper - lower) * ((jnp.tanh(w) + 1) / 2), lower, upper)
+
+
+def _parts(config: _Config, logits_fn, w: Array, x: Array, y: Array, lower: Array, upper: Array,
+           target: Array | None):
+  """Per-example squared distance and hinge ``[B]``; aux: (point, logits, margin)."""
+  x_adv = _to_box(w, lower, upper)
+  logits = logits_fn(x_adv)
+  if target is None:
+    margin = losses_lib.margin(logits, y)
+  else:
+    margin = losses_lib.targeted_margin(logits, y, target)
+  margin = margin.astype(x.dtype)  # the work dtype: float64 inputs keep float64 margins
+  dist = jnp.sum(jnp.square(x_adv - x).reshape(x.shape[0], -1), axis=1)
+  hinge = jnp.maximum(config.confidence - margin, 0.0)
+  return (dist, hinge), (x_adv, logits, margin)
+
+
+def _score(config: _Config, x: Array, y: Array, eps: Array, target: Array | None,
+           best: MinNormBest, x_adv: Array, logits: Array,
+           margin: Array) -> tuple[Array, MinNormBest]:
+  """Whether ``x_adv`` is adversarial (margin at least the confidence), and ``best`` updated
+  with it where it also lies in the eps-ball."""
+  adversarial = is_success(logits, y, target) & (margin >= config.confidence)
+  size = projections.norm(x_adv - x, "l2")
+  return adversarial, best.update(x_adv, size, adversarial & (size <= eps))
+
+
+def _search(state: CarliniWagnerState, adversarial: Array,
+            boundary: Array) -> tuple[Array, Array, Array]:
+  """The binary search over ``c`` between two rounds: ``(c, lower bound, upper bound)``.
+
+  A round that ended adversarial lowers the upper bound to its ``c``, one that did not raises
+  the lower bound; the next ``c`` is the midpoint, or ``c * 10`` / ``upper / 10`` while one
+  bound is unknown. Inside a round (``boundary`` false) everything stays.
+  """
+  const = state.const
+  upper_c = jnp.where(adversarial, jnp.minimum(state.const_upper, const), state.const_upper)
+  lower_c = jnp.where(adversarial, state.const_lower, jnp.maximum(state.const_lower, const))
+  next_c = jnp.where(upper_c < _NO_UPPER,
+                     jnp.where(lower_c > 0, (lower_c + upper_c) / 2, upper_c / 10),
+                     jnp.minimum(const * 10, _NO_UPPER))
+  return (jnp.where(boundary, next_c, const), jnp.where(boundary, lower_c, state.const_lower),
+          jnp.where(boundary, upper_c, state.const_upper))
+
+
+def _init(config: _Config, logits_fn, x, y, budget: Budget, keys,
+          target=None) -> CarliniWagnerState:
+  del keys
+  x, _, lower, upper = unpack_budget(x, budget)
+  w0 = _to_tanh_space(x, lower, upper)
+  (dist, _), vjp, _ = jax.vjp(
+      lambda w: _parts(config, logits_fn, w, x, y, lower, upper, target), w0, has_aux=True)
+  ones, zeros = jnp.ones_like(dist), jnp.zeros_like(dist)
+  (grad_dist0,) = vjp((ones, zeros))
+  (grad_hinge0,) = vjp((zeros, ones))
+  # [B] fields from rows_like, so that they carry x's batch sharding.
+  return CarliniWagnerState(
+      w=w0, opt_state=config.optimizer.init(w0),
+      const=rows_like(x, config.initial_const, x.dtype),
+      const_lower=rows_like(x, 0.0, x.dtype),
+      const_upper=rows_like(x, _NO_UPPER, x.dtype),
+      best=MinNormBest.empty(x),
+      grad_dist0=finite_or_zero(grad_dist0.astype(x.dtype)),
+      grad_hinge0=finite_or_zero(grad_hinge0.astype(x.dtype)),
+      t=jnp.zeros((), jnp.int32))
+
+
+def _step(config: _Config, logits_fn, state: CarliniWagnerState, x, y, budget: Budget,
+          target=None) -> CarliniWagnerState:
+  x, eps, lower, upper = unpack_budget(x, budget)
+  const = state.const
+
+  def objective(w):
+    (dist, hinge), aux = _parts(config, logits_fn, w, x, y, lower, upper, target)
+    return jnp.sum(dist + const * hinge), aux
+
+  (_, (x_adv, logits, margin)), grad = jax.value_and_grad(objective, has_aux=True)(state.w)
+  adversarial, best = _score(config, x, y, eps, target, state.best, x_adv, logits, margin)
+
+  # Between two rounds (the scored iterate was the previous round's last): move the bounds of
+  # c by whether that last iterate is adversarial (not by any transient crossing, see the
+  # module docstring), then restart from the clean point with a fresh Adam state and the
+  # gradient there. Without a known bound on one side, c moves by a factor of 10.
+  boundary = (state.t % config.steps == 0) & (state.t > 0)
+  const, const_lower, const_upper = _search(state, adversarial, boundary)
+  w0 = _to_tanh_space(x, lower, upper)
+  w = jnp.where(boundary, w0, state.w)
+  fresh = config.optimizer.init(w0)
+  opt_state = jax.tree.map(lambda new, old: jnp.where(boundary, new, old), fresh,
+                           state.opt_state)
+  grad = jnp.where(boundary, state.grad_dist0 + expand(const, x.ndim) * state.grad_hinge0,
+                   finite_or_zero(grad.astype(x.dtype)))
+
+  # optax's Adam raises under jax_numpy_dtype_promotion="strict" (its bias correction raises a
+  # float to an int32 power), so only this call runs with standard promotion.
+  with jax.numpy_dtype_promotion("standard"):
+    updates, opt_state = config.optimizer.update(grad, opt_state, w)
+  w = optax.apply_updates(w, updates)
+  return CarliniWagnerState(
+      w=w, opt_state=opt_state, const=const, const_lower=const_lower, const_upper=const_upper,
+      best=best, grad_dist0=state.grad_dist0, grad_hinge0=state.grad_hinge0, t=state.t + 1)
+
+
+def _finalize(config: _Config, logits_fn, state: CarliniWagnerState, x, y, budget: Budget,
+              target=None) -> Array:
+  x, eps, lower, upper = unpack_budget(x, budget)
+  _, (x_adv, logits, margin) = _parts(config, logits_fn, state.w, x, y, lower, upper, target)
+  _, best = _score(config, x, y, eps, target, state.best, x_adv, logits, margin)
+  return best.x
 
 
 def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
@@ -160,112 +280,13 @@ def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
   """
   steps = check_positive_int("steps", steps)
   binary_search_steps = check_positive_int("binary_search_steps", binary_search_steps)
-  initial_const = _check_number("initial_const", initial_const, positive=True)
-  confidence = _check_number("confidence", confidence, positive=False)
-  learning_rate = _check_number("learning_rate", learning_rate, positive=True)
-  optimizer = optax.adam(learning_rate)
-
-  def to_tanh_space(x, lower, upper):
-    # Shrunk by 0.999999 so that atanh stays finite for x on the faces of the box.
-    unit = jnp.clip((x - lower) / (upper - lower) * 2 - 1, -1, 1)
-    return jnp.arctanh(unit * 0.999999)
-
-  def to_box(w, lower, upper):
-    # The clip only absorbs rounding: (tanh(w) + 1) / 2 is already in [0, 1].
-    return jnp.clip(lower + (upper - lower) * ((jnp.tanh(w) + 1) / 2), lower, upper)
-
-  def parts(logits_fn, w, x, y, lower, upper, target):
-    """Per-example squared distance and hinge ``[B]``; aux: (point, logits, margin)."""
-    x_adv = to_box(w, lower, upper)
-    logits = logits_fn(x_adv)
-    if target is None:
-      margin = losses_lib.margin(logits, y)
-    else:
-      margin = losses_lib.targeted_margin(logits, y, target)
-    margin = margin.astype(x.dtype)  # the work dtype: float64 inputs keep float64 margins
-    dist = jnp.sum(jnp.square(x_adv - x).reshape(x.shape[0], -1), axis=1)
-    hinge = jnp.maximum(confidence - margin, 0.0)
-    return (dist, hinge), (x_adv, logits, margin)
-
-  def score(x, y, eps, target, state, x_adv, logits, margin):
-    """Whether ``x_adv`` is adversarial, and the best point / norm updated with it."""
-    adversarial = is_success(logits, y, target) & (margin >= confidence)
-    size = projections.norm(x_adv - x, "l2")
-    better = adversarial & (size <= eps) & (size < state.best_norm)
-    best_x = jnp.where(expand(better, x.ndim), x_adv, state.best_x)
-    return adversarial, best_x, jnp.where(better, size, state.best_norm)
-
-  def init(logits_fn, x, y, budget: Budget, keys, target=None):
-    del keys
-    x, _, lower, upper = unpack_budget(x, budget)
-    w0 = to_tanh_space(x, lower, upper)
-    (dist, _), vjp, _ = jax.vjp(
-        lambda w: parts(logits_fn, w, x, y, lower, upper, target), w0, has_aux=True)
-    ones, zeros = jnp.ones_like(dist), jnp.zeros_like(dist)
-    (grad_dist0,) = vjp((ones, zeros))
-    (grad_hinge0,) = vjp((zeros, ones))
-    # [B] fields are built from a slice of x so that they carry x's batch sharding.
-    first = x.reshape(x.shape[0], -1)[:, 0]
-    return CarliniWagnerState(
-        w=w0, opt_state=optimizer.init(w0),
-        const=jnp.full_like(first, initial_const),
-        const_lower=jnp.zeros_like(first),
-        const_upper=jnp.full_like(first, _NO_UPPER),
-        best_x=x,
-        best_norm=jnp.full_like(first, jnp.inf),
-        grad_dist0=finite_or_zero(grad_dist0.astype(x.dtype)),
-        grad_hinge0=finite_or_zero(grad_hinge0.astype(x.dtype)),
-        t=jnp.zeros((), jnp.int32))
-
-  def step(logits_fn, state: CarliniWagnerState, x, y, budget: Budget, target=None):
-    x, eps, lower, upper = unpack_budget(x, budget)
-    const = state.const
-
-    def objective(w):
-      (dist, hinge), aux = parts(logits_fn, w, x, y, lower, upper, target)
-      return jnp.sum(dist + const * hinge), aux
-
-    (_, (x_adv, logits, margin)), grad = jax.value_and_grad(objective, has_aux=True)(state.w)
-    adversarial, best_x, best_norm = score(x, y, eps, target, state, x_adv, logits, margin)
-
-    # Between two rounds (the scored iterate was the previous round's last): move the bounds of
-    # c by whether that last iterate is adversarial (not by any transient crossing, see the
-    # module docstring), then restart from the clean point with a fresh Adam state and the
-    # gradient there. Without a known bound on one side, c moves by a factor of 10.
-    boundary = (state.t % steps == 0) & (state.t > 0)
-    upper_c = jnp.where(adversarial, jnp.minimum(state.const_upper, const), state.const_upper)
-    lower_c = jnp.where(adversarial, state.const_lower, jnp.maximum(state.const_lower, const))
-    next_c = jnp.where(upper_c < _NO_UPPER,
-                       jnp.where(lower_c > 0, (lower_c + upper_c) / 2, upper_c / 10),
-                       jnp.minimum(const * 10, _NO_UPPER))
-    const = jnp.where(boundary, next_c, const)
-    w0 = to_tanh_space(x, lower, upper)
-    w = jnp.where(boundary, w0, state.w)
-    fresh = optimizer.init(w0)
-    opt_state = jax.tree.map(lambda new, old: jnp.where(boundary, new, old), fresh,
-                             state.opt_state)
-    grad = jnp.where(boundary, state.grad_dist0 + expand(const, x.ndim) * state.grad_hinge0,
-                     finite_or_zero(grad.astype(x.dtype)))
-
-    # optax's Adam raises under jax_numpy_dtype_promotion="strict" (its bias correction raises a
-    # float to an int32 power), so only this call runs with standard promotion.
-    with jax.numpy_dtype_promotion("standard"):
-      updates, opt_state = optimizer.update(grad, opt_state, w)
-    w = optax.apply_updates(w, updates)
-    return CarliniWagnerState(
-        w=w, opt_state=opt_state, const=const,
-        const_lower=jnp.where(boundary, lower_c, state.const_lower),
-        const_upper=jnp.where(boundary, upper_c, state.const_upper),
-        best_x=best_x, best_norm=best_norm,
-        grad_dist0=state.grad_dist0, grad_hinge0=state.grad_hinge0, t=state.t + 1)
-
-  def finalize(logits_fn, state: CarliniWagnerState, x, y, budget: Budget, target=None):
-    x, eps, lower, upper = unpack_budget(x, budget)
-    _, (x_adv, logits, margin) = parts(logits_fn, state.w, x, y, lower, upper, target)
-    _, best_x, _ = score(x, y, eps, target, state, x_adv, logits, margin)
-    return best_x
-
-  return Attack(init=init, step=step, finalize=finalize,
+  config = _Config(
+      steps=steps, initial_const=check_number("initial_const", initial_const, low=0.0,
+                                              low_open=True),
+      confidence=check_number("confidence", confidence, low=0.0),
+      optimizer=optax.adam(check_number("learning_rate", learning_rate, low=0.0, low_open=True)))
+  return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
+                finalize=functools.partial(_finalize, config),
                 num_steps=binary_search_steps * steps, norm="l2", targeted=targeted,
                 minimum_norm=True,
                 name=f"carlini-wagner-l2-{steps}x{binary_search_steps}"

@@ -36,18 +36,16 @@ the gradient and no NaN reaches an iterate.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxrobust import projections
+from jaxrobust._batch import expand, finite_or_zero, is_success, one_hot_mask
 from jaxrobust._types import Attack, Budget
-from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks._common import (MinNormBest, expand, finite_or_zero, is_success,
-                                       unpack_budget)
+from jaxrobust._validation import check_number, check_positive_int
+from jaxrobust.attacks._common import MinNormBest, score_last_iterate, unpack_budget
 
 Array = jax.Array
 
@@ -64,23 +62,10 @@ class DeepFoolState(NamedTuple):
   best: MinNormBest  # smallest successful point seen, per example.
 
 
-def _class_mask(labels: Array, num_classes: int) -> Array:
-  """``labels [...]`` -> ``[..., C]`` bool one-hot, by comparison (no gather: sharding-safe)."""
-  classes = jnp.arange(num_classes, dtype=jnp.int32).reshape((1,) * labels.ndim + (num_classes,))
-  return labels.astype(jnp.int32)[..., None] == classes
-
-
 def _candidates(logits: Array, y: Array, count: int) -> Array:
   """``[B, count]``: the classes with the largest clean logits, the true class excluded."""
-  others = jnp.where(_class_mask(y, logits.shape[1]), -jnp.inf, logits)
+  others = jnp.where(one_hot_mask(y, logits.shape[1]), -jnp.inf, logits)
   return jax.lax.top_k(others, count)[1].astype(jnp.int32)
-
-
-def _dual_norm(w: Array, norm: str) -> Array:
-  """``[K, B, D] -> [K, B]``: the L2 norm (L2 attack) or the L1 norm (Linf attack) of each row."""
-  if norm == "l2":
-    return jnp.sqrt(jnp.sum(w * w, axis=-1))
-  return jnp.sum(jnp.abs(w), axis=-1)
 
 
 def _minimal_step(logits: Array, pullback, classes: Array, y: Array, travelled: Array,
@@ -93,20 +78,20 @@ def _minimal_step(logits: Array, pullback, classes: Array, y: Array, travelled: 
   of the accumulated steps. The arithmetic runs in ``dtype``.
   """
   num_classes = logits.shape[1]
-  diff = (_class_mask(classes, num_classes).astype(dtype)
-          - _class_mask(y, num_classes).astype(dtype)[:, None, :])  # [B, K, C]
+  diff = (one_hot_mask(classes, num_classes).astype(dtype)
+          - one_hot_mask(y, num_classes).astype(dtype)[:, None, :])  # [B, K, C]
   f = jnp.sum(diff * logits.astype(dtype)[:, None, :], axis=-1).T  # [K, B]
   (w,) = jax.vmap(pullback)(jnp.moveaxis(diff, 1, 0).astype(logits.dtype))  # [K, B, ...]
   shape = w.shape[1:]
   w = w.reshape(w.shape[0], w.shape[1], -1).astype(dtype)  # [K, B, D]
   w = finite_or_zero(w)  # the finite part of a NaN/Inf gradient
-  scale = _dual_norm(w, norm)
+  scale = projections.dual_norm(w, norm)  # [K, B]: ||w_k||_q
   movable = scale > 0
   safe = jnp.where(movable, scale, 1.0)
   distance = jnp.where(movable, jnp.abs(f) / safe, jnp.inf)
   distance = jnp.where(jnp.isnan(distance), jnp.inf, distance)
   nearest = jnp.argmin(distance, axis=0).astype(jnp.int32)  # [B]
-  chosen = nearest[None, :] == jnp.arange(w.shape[0], dtype=jnp.int32)[:, None]  # [K, B]
+  chosen = one_hot_mask(nearest, w.shape[0]).T  # [K, B]
   pick = lambda v: jnp.sum(jnp.where(chosen, v, 0.0), axis=0)
   w_hat = jnp.sum(jnp.where(chosen[:, :, None], w, 0.0), axis=0)  # [B, D]
   # Both terms are in input units: the step does not depend on the scale of the logits.
@@ -188,10 +173,7 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
     raise ValueError(f"deepfool supports norm 'l2' or 'linf', got {norm!r}.")
   steps = check_positive_int("steps", steps)
   candidates = check_positive_int("candidates", candidates)
-  if isinstance(overshoot, bool) or not isinstance(overshoot, (int, float, np.floating)) \
-      or not math.isfinite(overshoot) or overshoot < 0:
-    raise ValueError(f"overshoot must be a finite number >= 0, got {overshoot!r}.")
-  scale = 1.0 + float(overshoot)
+  scale = 1.0 + check_number("overshoot", overshoot, low=0.0)
 
   def iterate(x, r_total, lower, upper):
     return jnp.clip(x + scale * r_total, lower, upper)
@@ -219,8 +201,8 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
     del target
     x, eps, lower, upper = unpack_budget(x, budget)
     x_t = iterate(x, state.r_total, lower, upper)
-    success = is_success(logits_fn(x_t), y, None)
-    best = state.best.update(x_t, projections.norm(x_t - x, norm), success)
+    best = score_last_iterate(state.best, logits_fn, x_t, y, None,
+                              lambda _: projections.norm(x_t - x, norm))
     found = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
     inside = jnp.clip(x + projections.project(x_t - x, eps, norm), lower, upper)
     return jnp.where(expand(found, x.ndim), best.x, inside)

@@ -46,31 +46,22 @@ eps-ball; ``budget.eps`` never steers the search except through the random start
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple
+import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust import projections
+from jaxrobust._batch import (expand, finite_or_zero, fold_in, is_success, one_hot_mask, predict,
+                              rows_like)
 from jaxrobust._types import NORMS, Attack, Budget
-from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks._common import (
-  MinNormBest,
-  expand,
-  finite_or_zero,
-  fold_in,
-  is_success,
-  predict,
-  unpack_budget,
-)
+from jaxrobust._validation import check_bool, check_number, check_positive_int
+from jaxrobust.attacks._common import MinNormBest, unpack_budget
 from jaxrobust.attacks._fab_projections import project_hyperplane_box
 
 Array = jax.Array
-
-DUAL = {"linf": "l1", "l2": "l2", "l1": "linf"}
-"""The dual norm of each attack norm, used in the linearised distance ``|f| / ||grad f||_q``."""
 
 RESTART_RADIUS = {"linf": 0.3, "l2": 1.0, "l1": 5.0}
 """The reference implementation's default eps per norm (for a [0, 1] box), which sets the radius
@@ -91,36 +82,8 @@ class FABState(NamedTuple):
   t: Array  # [] int32: iterations done.
 
 
-def _check_number(name: str, value: Any, *, low: float, high: float = math.inf,
-                  low_open: bool = True) -> float:
-  """A finite Python number in ``(low, high]`` (``[low, high]`` if not ``low_open``)."""
-  ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) \
-      and math.isfinite(value) and (value > low if low_open else value >= low) and value <= high
-  if not ok:
-    left = "(" if low_open else "["
-    right = ")" if high == math.inf else "]"
-    raise ValueError(f"{name} must be a finite number in {left}{low:g}, {high:g}{right}, "
-                     f"got {value!r}.")
-  return float(value)
-
-
-def _class_mask(labels: Array, num_classes: int) -> Array:
-  """``labels [...]`` -> ``[..., C]`` bool one-hot, by comparison (no gather: sharding-safe)."""
-  classes = jnp.arange(num_classes, dtype=jnp.int32).reshape((1,) * labels.ndim + (num_classes,))
-  return labels.astype(jnp.int32)[..., None] == classes
-
-
 def _flat(v: Array) -> Array:
   return v.reshape(v.shape[0], -1)
-
-
-def _dual_norm(w: Array, norm: str) -> Array:
-  """``[K, B, D] -> [K, B]``: the dual norm of the attack norm over the last axis."""
-  if norm == "linf":
-    return jnp.sum(jnp.abs(w), axis=-1)
-  if norm == "l2":
-    return jnp.sqrt(jnp.sum(w * w, axis=-1))
-  return jnp.max(jnp.abs(w), axis=-1)
 
 
 def _closest_boundary(logits: Array, pullback, x_flat: Array, y: Array, norm: str, chunk: int,
@@ -144,23 +107,23 @@ def _closest_boundary(logits: Array, pullback, x_flat: Array, y: Array, norm: st
   def chunk_best(carry, chunk_classes):
     best_dist, best_f, best_w = carry
     chunk_classes = jnp.asarray(chunk_classes)
-    hot = _class_mask(chunk_classes, num_classes)  # [K, C]
+    hot = one_hot_mask(chunk_classes, num_classes)  # [K, C]
     excluded = (chunk_classes[:, None] == y.astype(jnp.int32)[None, :]) \
         | (chunk_classes[:, None] >= num_classes)  # [K, B]
-    cot = hot.astype(dtype)[:, None, :] - _class_mask(y, num_classes).astype(dtype)[None]
+    cot = hot.astype(dtype)[:, None, :] - one_hot_mask(y, num_classes).astype(dtype)[None]
     cot = jnp.where(excluded[:, :, None], 0.0, cot)  # [K, B, C]
     (w,) = jax.vmap(pullback)(cot.astype(logits.dtype))
     w = w.reshape(chunk, batch, -1).astype(dtype)  # [K, B, D]
     w = finite_or_zero(w)  # the finite part of a NaN/Inf gradient
     f = jnp.sum(cot * z[None], axis=-1)  # [K, B]: z_j - z_y
-    size = _dual_norm(w, norm)  # [K, B]
+    size = projections.dual_norm(w, norm)  # [K, B]
     # No absolute constant in the denominator: the distance must not depend on the scale of
     # the logits. A zero gradient means the boundary cannot be reached (inf).
     movable = size > 0
     dist = jnp.where(movable, jnp.abs(f) / jnp.where(movable, size, 1.0), jnp.inf)
     dist = jnp.where(excluded | jnp.isnan(dist), jnp.inf, dist)
     pick = jnp.argmin(dist, axis=0).astype(jnp.int32)  # [B], first minimum
-    chosen = pick[None, :] == jnp.arange(chunk, dtype=jnp.int32)[:, None]  # [K, B]
+    chosen = one_hot_mask(pick, chunk).T  # [K, B]
     dist_c = jnp.min(dist, axis=0)
     f_c = jnp.sum(jnp.where(chosen, f, 0.0), axis=0)
     w_c = jnp.sum(jnp.where(chosen[:, :, None], w, 0.0), axis=0)
@@ -168,8 +131,8 @@ def _closest_boundary(logits: Array, pullback, x_flat: Array, y: Array, norm: st
     return (jnp.where(better, dist_c, best_dist), jnp.where(better, f_c, best_f),
             jnp.where(better[:, None], w_c, best_w)), None
 
-  first = x_flat[:, 0]  # [B] and [B, D] state from x: they carry its batch sharding
-  init = (jnp.full_like(first, jnp.inf, dtype=dtype), jnp.zeros_like(first, dtype=dtype),
+  # [B] and [B, D] state from x: they carry its batch sharding.
+  init = (rows_like(x_flat, jnp.inf, dtype), rows_like(x_flat, 0.0, dtype),
           jnp.zeros_like(x_flat, dtype=dtype))
   if num_chunks == 1:
     (_, f, w), _ = chunk_best(init, classes[0])
@@ -193,6 +156,136 @@ def _random_start(x: Array, keys: Array, radius: Array, lower: Array, upper: Arr
   size = projections.norm(draw, norm)
   size = jnp.where(size > 0, size, 1.0)
   return jnp.clip(x + draw * expand(radius / size, x.ndim), lower, upper)
+
+
+class _Config(NamedTuple):
+  """FAB's static configuration, chosen by :func:`fab` and passed to every piece below."""
+
+  norm: str
+  steps: int  # iterations per segment
+  restarts: int  # segments per target
+  alpha_max: float
+  eta: float
+  beta: float
+  class_chunk: int | None
+  n_target_classes: int
+  targeted: bool
+  multi_target: bool  # FAB-T
+  plain_targeted: bool  # towards target=
+
+
+def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> FABState:
+  x, _, _, _ = unpack_budget(x, budget)
+  best = MinNormBest.empty(x)
+  if config.multi_target:
+    logits = logits_fn(x)
+    num_classes = logits.shape[1]
+    if config.n_target_classes >= num_classes:
+      raise ValueError(f"FAB-T with n_target_classes={config.n_target_classes} needs more "
+                       f"classes: the model has {num_classes}, so at most {num_classes - 1} "
+                       "targets.")
+    # The (k + 2)-th largest clean logit for k = 0..T-1 (the top one is y when correct).
+    targets = jax.lax.top_k(logits, config.n_target_classes + 1)[1][:, 1:].astype(jnp.int32)
+  elif config.plain_targeted:
+    targets = target.astype(jnp.int32)[:, None]
+  else:
+    targets = y.astype(jnp.int32)[:, None]
+  return FABState(x_adv=x, best=best, targets=targets, keys=keys, t=jnp.zeros((), jnp.int32))
+
+
+def _linearise(config: _Config, logits_fn, x_k: Array, y: Array,
+               seg_target: Array) -> tuple[Array, Array]:
+  """``f [B]`` and ``w [B, D]`` of the chosen boundary at ``x_k``."""
+  dtype = x_k.dtype
+  logits, pullback = jax.vjp(logits_fn, x_k)
+  num_classes = logits.shape[1]
+  if config.targeted:
+    # FAB-T: the boundary between y and the segment's target. Targeted (success argmax == t):
+    # the boundary between t and its strongest competitor, argmax_{j != t} z_j.
+    if config.plain_targeted:
+      is_target = one_hot_mask(seg_target, num_classes)
+      others = jnp.where(is_target, -jnp.inf, logits)
+      rival = jnp.argmax(others, axis=1).astype(jnp.int32)
+    else:
+      rival = y
+    cot = (one_hot_mask(seg_target, num_classes).astype(dtype)
+           - one_hot_mask(rival, num_classes).astype(dtype))
+    (w,) = pullback(cot.astype(logits.dtype))
+    f = jnp.sum(cot * logits.astype(dtype), axis=1)
+    w = _flat(w).astype(dtype)
+    return f, finite_or_zero(w)  # the finite part of a NaN/Inf gradient
+  chunk = config.class_chunk if config.class_chunk is not None else (
+      min(num_classes, SMALL_CLASS_COUNT))
+  return _closest_boundary(logits, pullback, _flat(x_k), y, config.norm, min(chunk, num_classes),
+                           dtype)
+
+
+def _segment_start(config: _Config, state: FABState, x: Array, eps: Array, lower: Array,
+                   upper: Array, segment: Array) -> Array:
+  """Where a segment starts: ``x`` for the first restart of each target, else a random point
+  around ``x`` (the reference's rule)."""
+  if config.restarts == 1:
+    return x
+  default = jnp.asarray(RESTART_RADIUS[config.norm], x.dtype) * (upper - lower)
+  scale = jnp.minimum(state.best.norm, jnp.where(jnp.isfinite(eps), eps, default))
+  fresh = _random_start(x, fold_in(state.keys, segment), 0.5 * scale, lower, upper, config.norm)
+  return jnp.where(segment % config.restarts == 0, x, fresh)
+
+
+def _segment_target(config: _Config, state: FABState, segment: Array) -> Array:
+  """``[B]``: FAB-T's target of this segment (by one-hot look-up), else ``y`` or ``target``."""
+  if not config.multi_target:
+    return state.targets[:, 0]
+  which = segment // config.restarts
+  pick = jnp.arange(config.n_target_classes, dtype=jnp.int32)[None, :] == which
+  return jnp.sum(jnp.where(pick, state.targets, 0), axis=1)
+
+
+def _step(config: _Config, logits_fn, state: FABState, x, y, budget: Budget,
+          target=None) -> FABState:
+  x, eps, lower, upper = unpack_budget(x, budget)
+  segment = state.t // config.steps
+  first = state.t % config.steps == 0
+  x_k = jnp.where(first, _segment_start(config, state, x, eps, lower, upper, segment),
+                  state.x_adv)
+  f, w = _linearise(config, logits_fn, x_k, y, _segment_target(config, state, segment))
+
+  # The hyperplane f + <w, z - x_k> = 0: from x_k it is <w, d> = -f, from x it is
+  # <w, d> = -f - <w, x - x_k>.
+  x_flat, xk_flat = _flat(x), _flat(x_k)
+  r_k = -f
+  r_0 = -f + jnp.sum(w * (xk_flat - x_flat), axis=1)
+  # Both projections in one vmapped call (a new leading axis; the batch axis keeps its sharding).
+  project = jax.vmap(lambda t, r: project_hyperplane_box(t, w, r, lower, upper, config.norm))
+  d_k, d_0 = project(jnp.stack([xk_flat, x_flat]), jnp.stack([r_k, r_0]))
+  a_k = jnp.maximum(projections.norm(d_k, config.norm), 1e-8)
+  a_0 = jnp.maximum(projections.norm(d_0, config.norm), 1e-8)
+  alpha = jnp.clip(a_k / (a_k + a_0), 0.0, config.alpha_max)[:, None]
+  moved = (xk_flat + config.eta * d_k) * (1 - alpha) + (x_flat + config.eta * d_0) * alpha
+  finite = jnp.all(jnp.isfinite(moved), axis=1, keepdims=True)  # never let NaN/Inf in
+  x_new = jnp.clip(jnp.where(finite, moved, xk_flat), lower, upper).reshape(x.shape)
+
+  logits_new = logits_fn(x_new)
+  if config.plain_targeted:
+    success = is_success(logits_new, y, target)
+  else:
+    success = predict(logits_new) != y.astype(jnp.int32)
+  best = state.best.update(x_new, projections.norm(x_new - x, config.norm), success)
+  x_next = jnp.where(expand(success, x.ndim), x + config.beta * (x_new - x), x_new)
+  return FABState(x_adv=x_next, best=best, targets=state.targets, keys=state.keys,
+                  t=state.t + 1)
+
+
+def _finalize(config: _Config, logits_fn, state: FABState, x, y, budget: Budget,
+              target=None) -> Array:
+  del logits_fn, y, target
+  x, eps, _, _ = unpack_budget(x, budget)
+  best = state.best
+  # The norm recomputed here as jr.run computes it (the loop body may round it differently),
+  # so that a budget equal to the reported norm keeps the point.
+  size = jnp.where(jnp.isfinite(best.norm), projections.norm(best.x - x, config.norm), jnp.inf)
+  inside = size <= eps  # a success, inside the ball
+  return jnp.where(expand(inside, x.ndim), best.x, x)
 
 
 def fab(norm: str = "linf", *, targeted: bool = False, n_target_classes: int | None = 9,
@@ -286,13 +379,12 @@ def fab(norm: str = "linf", *, targeted: bool = False, n_target_classes: int | N
   """
   if not isinstance(norm, str) or norm not in NORMS:
     raise ValueError(f"fab supports norm 'linf', 'l2' or 'l1', got {norm!r}.")
-  if not isinstance(targeted, bool):
-    raise ValueError(f"targeted must be a bool, got {targeted!r}.")  # noqa: TRY004 (house style)
+  targeted = check_bool("targeted", targeted)
   steps = check_positive_int("steps", steps)
   restarts = check_positive_int("restarts", restarts)
-  alpha_max = _check_number("alpha_max", alpha_max, low=0.0, high=1.0)
-  eta = _check_number("eta", eta, low=1.0, low_open=False)
-  beta = _check_number("beta", beta, low=0.0, high=1.0)
+  alpha_max = check_number("alpha_max", alpha_max, low=0.0, high=1.0, low_open=True)
+  eta = check_number("eta", eta, low=1.0)
+  beta = check_number("beta", beta, low=0.0, high=1.0, low_open=True)
   if n_target_classes is not None:
     n_target_classes = check_positive_int("n_target_classes", n_target_classes)
   elif not targeted:
@@ -303,111 +395,14 @@ def fab(norm: str = "linf", *, targeted: bool = False, n_target_classes: int | N
   multi_target = targeted and n_target_classes is not None  # FAB-T
   plain_targeted = targeted and n_target_classes is None
   segments = restarts * (n_target_classes if multi_target else 1)
-
-  def init(logits_fn, x, y, budget: Budget, keys, target=None):
-    x, _, _, _ = unpack_budget(x, budget)
-    best = MinNormBest.empty(x)
-    if multi_target:
-      logits = logits_fn(x)
-      num_classes = logits.shape[1]
-      if n_target_classes >= num_classes:
-        raise ValueError(f"FAB-T with n_target_classes={n_target_classes} needs more classes: "
-                         f"the model has {num_classes}, so at most {num_classes - 1} targets.")
-      # The (k + 2)-th largest clean logit for k = 0..T-1 (the top one is y when correct).
-      targets = jax.lax.top_k(logits, n_target_classes + 1)[1][:, 1:].astype(jnp.int32)
-    elif plain_targeted:
-      targets = target.astype(jnp.int32)[:, None]
-    else:
-      targets = y.astype(jnp.int32)[:, None]
-    return FABState(x_adv=x, best=best, targets=targets, keys=keys, t=jnp.zeros((), jnp.int32))
-
-  def linearise(logits_fn, x_k, y, seg_target):
-    """``f [B]`` and ``w [B, D]`` of the chosen boundary at ``x_k``."""
-    dtype = x_k.dtype
-    logits, pullback = jax.vjp(logits_fn, x_k)
-    num_classes = logits.shape[1]
-    if targeted:
-      # FAB-T: the boundary between y and the segment's target. Targeted (success argmax == t):
-      # the boundary between t and its strongest competitor, argmax_{j != t} z_j.
-      if plain_targeted:
-        is_target = _class_mask(seg_target, num_classes)
-        others = jnp.where(is_target, -jnp.inf, logits)
-        rival = jnp.argmax(others, axis=1).astype(jnp.int32)
-      else:
-        rival = y
-      cot = (_class_mask(seg_target, num_classes).astype(dtype)
-             - _class_mask(rival, num_classes).astype(dtype))
-      (w,) = pullback(cot.astype(logits.dtype))
-      f = jnp.sum(cot * logits.astype(dtype), axis=1)
-      w = _flat(w).astype(dtype)
-      return f, finite_or_zero(w)  # the finite part of a NaN/Inf gradient
-    chunk = class_chunk if class_chunk is not None else (
-        min(num_classes, SMALL_CLASS_COUNT))
-    return _closest_boundary(logits, pullback, _flat(x_k), y, norm, min(chunk, num_classes),
-                             dtype)
-
-  def step(logits_fn, state: FABState, x, y, budget: Budget, target=None):
-    x, eps, lower, upper = unpack_budget(x, budget)
-    segment = state.t // steps
-    first = state.t % steps == 0
-    x_k = state.x_adv
-    if restarts > 1:
-      # Restart r > 0 of a segment starts at a random point around x (the reference's rule).
-      default = jnp.asarray(RESTART_RADIUS[norm], x.dtype) * (upper - lower)
-      scale = jnp.minimum(state.best.norm, jnp.where(jnp.isfinite(eps), eps, default))
-      fresh = _random_start(x, fold_in(state.keys, segment), 0.5 * scale, lower, upper, norm)
-      start = jnp.where(segment % restarts == 0, x, fresh)
-    else:
-      start = x
-    x_k = jnp.where(first, start, x_k)
-
-    if multi_target:
-      which = segment // restarts
-      pick = jnp.arange(n_target_classes, dtype=jnp.int32)[None, :] == which
-      seg_target = jnp.sum(jnp.where(pick, state.targets, 0), axis=1)
-    else:
-      seg_target = state.targets[:, 0]
-    f, w = linearise(logits_fn, x_k, y, seg_target)
-
-    # The hyperplane f + <w, z - x_k> = 0: from x_k it is <w, d> = -f, from x it is
-    # <w, d> = -f - <w, x - x_k>.
-    x_flat, xk_flat = _flat(x), _flat(x_k)
-    r_k = -f
-    r_0 = -f + jnp.sum(w * (xk_flat - x_flat), axis=1)
-    # Both projections in one vmapped call (a new leading axis; the batch axis keeps its sharding).
-    project = jax.vmap(lambda t, r: project_hyperplane_box(t, w, r, lower, upper, norm))
-    d_k, d_0 = project(jnp.stack([xk_flat, x_flat]), jnp.stack([r_k, r_0]))
-    a_k = jnp.maximum(projections.norm(d_k, norm), 1e-8)
-    a_0 = jnp.maximum(projections.norm(d_0, norm), 1e-8)
-    alpha = jnp.clip(a_k / (a_k + a_0), 0.0, alpha_max)[:, None]
-    moved = (xk_flat + eta * d_k) * (1 - alpha) + (x_flat + eta * d_0) * alpha
-    finite = jnp.all(jnp.isfinite(moved), axis=1, keepdims=True)  # never let NaN/Inf in
-    x_new = jnp.clip(jnp.where(finite, moved, xk_flat), lower, upper).reshape(x.shape)
-
-    logits_new = logits_fn(x_new)
-    if plain_targeted:
-      success = is_success(logits_new, y, target)
-    else:
-      success = predict(logits_new) != y.astype(jnp.int32)
-    best = state.best.update(x_new, projections.norm(x_new - x, norm), success)
-    x_next = jnp.where(expand(success, x.ndim), x + beta * (x_new - x), x_new)
-    return FABState(x_adv=x_next, best=best, targets=state.targets, keys=state.keys,
-                    t=state.t + 1)
-
-  def finalize(logits_fn, state: FABState, x, y, budget: Budget, target=None):
-    del logits_fn, y, target
-    x, eps, _, _ = unpack_budget(x, budget)
-    best = state.best
-    # The norm recomputed here as jr.run computes it (the loop body may round it differently),
-    # so that a budget equal to the reported norm keeps the point.
-    size = jnp.where(jnp.isfinite(best.norm), projections.norm(best.x - x, norm), jnp.inf)
-    inside = size <= eps  # a success, inside the ball
-    return jnp.where(expand(inside, x.ndim), best.x, x)
-
+  config = _Config(norm=norm, steps=steps, restarts=restarts, alpha_max=alpha_max, eta=eta,
+                   beta=beta, class_chunk=class_chunk, n_target_classes=n_target_classes,
+                   targeted=targeted, multi_target=multi_target, plain_targeted=plain_targeted)
   if multi_target:
     name = f"fab-t-{norm}-{steps}x{n_target_classes}targets"
     name += f"x{restarts}" if restarts > 1 else ""
   else:
     name = f"fab-{norm}-{steps}x{restarts}" + ("-targeted" if plain_targeted else "")
-  return Attack(init=init, step=step, finalize=finalize, num_steps=steps * segments, norm=norm,
-                targeted=plain_targeted, minimum_norm=True, name=name)
+  return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
+                finalize=functools.partial(_finalize, config), num_steps=steps * segments,
+                norm=norm, targeted=plain_targeted, minimum_norm=True, name=name)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxrobust import losses as losses_lib
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_norm
-from jaxrobust.attacks._gradient_attack import gradient_attack
+from jaxrobust.attacks._gradient_attack import check_l1_sparsity, gradient_attack
 
 
 def fgsm(norm: str = "linf", *, loss: str | Callable[..., jax.Array] = "ce",
@@ -61,8 +61,7 @@ def fgsm(norm: str = "linf", *, loss: str | Callable[..., jax.Array] = "ce",
     linear maximisation oracle of an L1 ball).
   """
   check_norm(norm)
-  if l1_sparsity is not None and not 0 < l1_sparsity <= 1:
-    raise ValueError(f"l1_sparsity must be None or in (0, 1], got {l1_sparsity!r}.")
+  l1_sparsity = check_l1_sparsity(l1_sparsity)
   losses_lib.resolve(loss, targeted)
   return gradient_attack(
       norm=norm, loss=loss, steps=1, step_size=lambda index: jnp.ones((), jnp.float32),

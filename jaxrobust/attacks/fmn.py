@@ -74,24 +74,21 @@ and every eps of a robustness curve follows from one unbounded run.
 
 from __future__ import annotations
 
-import math
-from typing import Any, NamedTuple
+import functools
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxrobust import losses as losses_lib
 from jaxrobust import projections
+from jaxrobust._batch import expand, finite_or_zero, is_success
 from jaxrobust._types import NORMS, Attack, Budget
-from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks._common import (MinNormBest, expand, finite_or_zero, is_success,
-                                       loss_grad_logits, unpack_budget)
+from jaxrobust._validation import check_bool, check_number, check_positive_int
+from jaxrobust.attacks._common import (MinNormBest, loss_grad_logits, score_last_iterate,
+                                       unpack_budget)
 
 Array = jax.Array
-
-DUAL = {"linf": "l1", "l2": "l2", "l1": "linf"}
-"""The dual norm of each attack norm, used in the first-order distance ``|L| / ||g||_q``."""
 
 
 class FMNState(NamedTuple):
@@ -104,20 +101,92 @@ class FMNState(NamedTuple):
   k: Array  # [] int32: iterations done.
 
 
-def _check_number(name: str, value: Any, *, low: float, high: float = math.inf,
-                  low_open: bool = True, high_open: bool = False) -> float:
-  """A finite Python number in the given interval, as a float."""
-  ok = isinstance(value, (int, float, np.floating)) and not isinstance(value, bool) \
-      and math.isfinite(value)
-  if ok:
-    ok = (value > low if low_open else value >= low) and \
-        (value < high if high_open else value <= high)
-  if not ok:
-    left = "(" if low_open else "["
-    right = ")" if high_open or high == math.inf else "]"
-    raise ValueError(f"{name} must be a finite number in {left}{low:g}, {high:g}{right}, "
-                     f"got {value!r}.")
-  return float(value)
+class _Config(NamedTuple):
+  """FMN's static configuration, chosen by :func:`fmn` and passed to every piece below."""
+
+  norm: str
+  steps: int
+  alpha_init: float
+  alpha_final: float
+  gamma_init: float
+  gamma_final: float
+  loss_fn: Callable[..., Array]  # the margin, positive while not adversarial
+
+
+def _margin_to_cross(logits: Array, labels: Array) -> Array:
+  r""":math:`z_y - \max_{j \ne y} z_j`: positive exactly when the point is not yet adversarial."""
+  return -losses_lib.margin(logits, labels)
+
+
+def _margin_to_target(logits: Array, labels: Array, target: Array) -> Array:
+  r""":math:`\max_{j \ne t} z_j - z_t`: positive exactly when the target is not reached."""
+  return -losses_lib.targeted_margin(logits, labels, target)
+
+
+def _annealed(config: _Config, start: float, end: float, k: Array, dtype) -> Array:
+  cosine = (1 + jnp.cos(jnp.pi * k.astype(dtype) / config.steps)) / 2
+  return end + (start - end) * cosine
+
+
+def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> FMNState:
+  del config, logits_fn, y, keys, target
+  x, _, _, _ = unpack_budget(x, budget)
+  best = MinNormBest.empty(x)  # [B] fields from a slice of x: they carry its batch sharding.
+  return FMNState(x_adv=x, eps=best.norm, found=jnp.zeros_like(best.norm, dtype=bool),
+                  best=best, k=jnp.zeros((), jnp.int32))
+
+
+def _step(config: _Config, logits_fn, state: FMNState, x, y, budget: Budget,
+          target=None) -> FMNState:
+  norm = config.norm
+  x, _, lower, upper = unpack_budget(x, budget)
+  loss, grad, logits = loss_grad_logits(logits_fn, config.loss_fn, state.x_adv, y, target)
+  loss, grad = loss.astype(x.dtype), grad.astype(x.dtype)
+  # Non-finite gradient entries (a sqrt or log of 0 inside the model) are dropped, so that the
+  # attack works with the finite part of the gradient and no NaN reaches the iterate.
+  grad = finite_or_zero(grad)
+  delta = state.x_adv - x
+  size = projections.norm(delta, norm)
+  success = is_success(logits, y, target)
+  best = state.best.update(state.x_adv, size, success)
+  found = state.found | success
+  alpha = _annealed(config, config.alpha_init, config.alpha_final, state.k, x.dtype)
+  gamma = _annealed(config, config.gamma_init, config.gamma_final, state.k, x.dtype)
+
+  # The radius: shrink while adversarial, grow while not; before any adversarial iterate,
+  # jump to the first-order distance to the boundary (inf for a zero or non-finite gradient),
+  # but grow by at least the factor 1 + gamma, so that an iterate on the boundary crosses it
+  # and the box cannot hold the iterate below the radius for ever.
+  scale = projections.dual_norm(grad.reshape(grad.shape[0], -1), norm)  # ||g||_q
+  movable = scale > 0
+  to_boundary = jnp.where(movable, jnp.abs(loss) / jnp.where(movable, scale, 1.0), jnp.inf)
+  previous = jnp.where(jnp.isfinite(state.eps), state.eps, size)
+  estimate = jnp.maximum(size + to_boundary, previous * (1 + gamma))
+  grow = jnp.where(found, state.eps * (1 + gamma), estimate)
+  eps = jnp.where(success, jnp.minimum(state.eps * (1 - gamma), best.norm), grow)
+  worst = projections.norm(jnp.maximum(x - lower, upper - x), norm)
+  eps = jnp.where(jnp.isnan(eps), worst, jnp.minimum(eps, worst))
+
+  # Descent along the normalised gradient (its sign for Linf), then the exact projection onto
+  # the ball and the box. A zero gradient gives no step.
+  d = -grad if norm != "linf" else -jnp.sign(grad)
+  if norm != "linf":
+    length = projections.norm(grad, "l2")
+    d = d / expand(jnp.where(length > 0, length, 1.0), x.ndim)
+  finite = jnp.all(jnp.isfinite(d.reshape(d.shape[0], -1)), axis=1)
+  d = jnp.where(expand(finite, x.ndim), d, 0.0)  # never let NaN/Inf into the iterate
+  delta = projections.project(delta + alpha * d, eps, norm)
+  x_next = jnp.clip(x + delta, lower, upper)
+  return FMNState(x_adv=x_next, eps=eps, found=found, best=best, k=state.k + 1)
+
+
+def _finalize(config: _Config, logits_fn, state: FMNState, x, y, budget: Budget,
+              target=None) -> Array:
+  x, eps, _, _ = unpack_budget(x, budget)
+  best = score_last_iterate(state.best, logits_fn, state.x_adv, y, target,
+                            lambda _: projections.norm(state.x_adv - x, config.norm))
+  inside = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
+  return jnp.where(expand(inside, x.ndim), best.x, x)
 
 
 def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
@@ -200,81 +269,20 @@ def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
   if not isinstance(norm, str) or norm not in NORMS:
     raise ValueError(f"fmn supports norm 'linf', 'l2' or 'l1', got {norm!r}.")
   steps = check_positive_int("steps", steps)
-  alpha_init = _check_number("alpha_init", alpha_init, low=0.0)
+  alpha_init = check_number("alpha_init", alpha_init, low=0.0, low_open=True)
   if alpha_final is None:
     alpha_final = alpha_init / 100
   else:
-    alpha_final = _check_number("alpha_final", alpha_final, low=0.0, high=alpha_init)
-  gamma_init = _check_number("gamma_init", gamma_init, low=0.0, high=1.0, high_open=True)
-  gamma_final = _check_number("gamma_final", gamma_final, low=0.0, high=gamma_init,
-                              low_open=False)
-  if not isinstance(targeted, bool):
-    raise ValueError(f"targeted must be a bool, got {targeted!r}.")
-
-  if targeted:
-    loss_fn = lambda logits, labels, target: -losses_lib.targeted_margin(logits, labels, target)
-  else:
-    loss_fn = lambda logits, labels: -losses_lib.margin(logits, labels)
-
-  def annealed(start, end, k, dtype):
-    cosine = (1 + jnp.cos(jnp.pi * k.astype(dtype) / steps)) / 2
-    return end + (start - end) * cosine
-
-  def init(logits_fn, x, y, budget: Budget, keys, target=None):
-    del logits_fn, y, keys, target
-    x, _, _, _ = unpack_budget(x, budget)
-    best = MinNormBest.empty(x)  # [B] fields from a slice of x: they carry its batch sharding.
-    return FMNState(x_adv=x, eps=best.norm, found=jnp.zeros_like(best.norm, dtype=bool),
-                    best=best, k=jnp.zeros((), jnp.int32))
-
-  def step(logits_fn, state: FMNState, x, y, budget: Budget, target=None):
-    x, _, lower, upper = unpack_budget(x, budget)
-    loss, grad, logits = loss_grad_logits(logits_fn, loss_fn, state.x_adv, y, target)
-    loss, grad = loss.astype(x.dtype), grad.astype(x.dtype)
-    # Non-finite gradient entries (a sqrt or log of 0 inside the model) are dropped, so that the
-    # attack works with the finite part of the gradient and no NaN reaches the iterate.
-    grad = finite_or_zero(grad)
-    delta = state.x_adv - x
-    size = projections.norm(delta, norm)
-    success = is_success(logits, y, target)
-    best = state.best.update(state.x_adv, size, success)
-    found = state.found | success
-    alpha = annealed(alpha_init, alpha_final, state.k, x.dtype)
-    gamma = annealed(gamma_init, gamma_final, state.k, x.dtype)
-
-    # The radius: shrink while adversarial, grow while not; before any adversarial iterate,
-    # jump to the first-order distance to the boundary (inf for a zero or non-finite gradient),
-    # but grow by at least the factor 1 + gamma, so that an iterate on the boundary crosses it
-    # and the box cannot hold the iterate below the radius for ever.
-    scale = projections.norm(grad, DUAL[norm])
-    movable = scale > 0
-    to_boundary = jnp.where(movable, jnp.abs(loss) / jnp.where(movable, scale, 1.0), jnp.inf)
-    previous = jnp.where(jnp.isfinite(state.eps), state.eps, size)
-    estimate = jnp.maximum(size + to_boundary, previous * (1 + gamma))
-    grow = jnp.where(found, state.eps * (1 + gamma), estimate)
-    eps = jnp.where(success, jnp.minimum(state.eps * (1 - gamma), best.norm), grow)
-    worst = projections.norm(jnp.maximum(x - lower, upper - x), norm)
-    eps = jnp.where(jnp.isnan(eps), worst, jnp.minimum(eps, worst))
-
-    # Descent along the normalised gradient (its sign for Linf), then the exact projection onto
-    # the ball and the box. A zero gradient gives no step.
-    d = -grad if norm != "linf" else -jnp.sign(grad)
-    if norm != "linf":
-      length = projections.norm(grad, "l2")
-      d = d / expand(jnp.where(length > 0, length, 1.0), x.ndim)
-    finite = jnp.all(jnp.isfinite(d.reshape(d.shape[0], -1)), axis=1)
-    d = jnp.where(expand(finite, x.ndim), d, 0.0)  # never let NaN/Inf into the iterate
-    delta = projections.project(delta + alpha * d, eps, norm)
-    x_next = jnp.clip(x + delta, lower, upper)
-    return FMNState(x_adv=x_next, eps=eps, found=found, best=best, k=state.k + 1)
-
-  def finalize(logits_fn, state: FMNState, x, y, budget: Budget, target=None):
-    x, eps, _, _ = unpack_budget(x, budget)
-    success = is_success(logits_fn(state.x_adv), y, target)
-    best = state.best.update(state.x_adv, projections.norm(state.x_adv - x, norm), success)
-    inside = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
-    return jnp.where(expand(inside, x.ndim), best.x, x)
-
-  return Attack(init=init, step=step, finalize=finalize, num_steps=steps, norm=norm,
+    alpha_final = check_number("alpha_final", alpha_final, low=0.0, high=alpha_init,
+                               low_open=True)
+  gamma_init = check_number("gamma_init", gamma_init, low=0.0, high=1.0, low_open=True,
+                            high_open=True)
+  gamma_final = check_number("gamma_final", gamma_final, low=0.0, high=gamma_init)
+  targeted = check_bool("targeted", targeted)
+  config = _Config(norm=norm, steps=steps, alpha_init=alpha_init, alpha_final=alpha_final,
+                   gamma_init=gamma_init, gamma_final=gamma_final,
+                   loss_fn=_margin_to_target if targeted else _margin_to_cross)
+  return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
+                finalize=functools.partial(_finalize, config), num_steps=steps, norm=norm,
                 targeted=targeted, minimum_norm=True,
                 name=f"fmn-{norm}-{steps}" + ("-targeted" if targeted else ""))

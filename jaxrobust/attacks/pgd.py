@@ -11,7 +11,7 @@ import jax.numpy as jnp
 from jaxrobust import losses as losses_lib
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_norm, check_positive_int, check_step_size
-from jaxrobust.attacks._gradient_attack import gradient_attack
+from jaxrobust.attacks._gradient_attack import check_l1_sparsity, gradient_attack
 
 INITIAL_STEP = 2.0
 """The first step of the default schedule, as a multiple of eps (APGD's first step, too)."""
@@ -95,13 +95,13 @@ def pgd(norm: str = "linf", *, steps: int = 10,
   ``benchmarks/bench_peers.py`` (digits CNN and MLP, plain and adversarially trained, 540 test
   images, 10 and 20 steps; ``benchmarks/RESULTS.md``), it is as strong as torchattacks' and
   Foolbox's defaults and every constant step tried on the plain models (within seed noise), and
-  clearly stronger on the adversarially trained ones: on the CNN at 20 steps, Linf eps 0.257, robust accuracy 0.210
-  against 0.264 with the former constant ``2.5 / steps``, 0.244 with torchattacks' ``eps / 4``
-  and 0.246 with ART's defaults; L2 eps 0.9, 0.259 against 0.325, 0.289 and 0.283; L1 eps 1.5,
-  0.402 against 0.595 with the former sparse step (APGD-L1: 0.390). The one peer setting ahead
-  by more than a seed's spread is ART's default of no random start, on the plain models, by up
-  to 0.8 points at one eps; that is the random start (``random_start=False`` matches it), not
-  the step. On linear models the default succeeds on every point at 1.02 times the exact minimal
+  clearly stronger on the adversarially trained ones: on the CNN at 20 steps, Linf eps 0.257,
+  robust accuracy 0.210 against 0.264 with the former constant ``2.5 / steps``, 0.244 with
+  torchattacks' ``eps / 4`` and 0.246 with ART's defaults; L2 eps 0.9, 0.259 against 0.325,
+  0.289 and 0.283; L1 eps 1.5, 0.402 against 0.595 with the former sparse step (APGD-L1:
+  0.390). The one peer setting ahead by more than a seed's spread is ART's default of no random
+  start, on the plain models, by up to 0.8 points at one eps; that is the random start
+  (``random_start=False`` matches it), not the step. On linear models the default succeeds on every point at 1.02 times the exact minimal
   distance in 10 steps, from a random start, in every norm.
 
   Because step sizes are fractions of eps, one attack serves every eps (eps is data, never a
@@ -166,8 +166,7 @@ def pgd(norm: str = "linf", *, steps: int = 10,
     schedule = step_size
   else:
     schedule = _constant(check_step_size(step_size))
-  if l1_sparsity is not None and not 0 < l1_sparsity <= 1:
-    raise ValueError(f"l1_sparsity must be None or in (0, 1], got {l1_sparsity!r}.")
+  l1_sparsity = check_l1_sparsity(l1_sparsity)
   losses_lib.resolve(loss, targeted)
   return gradient_attack(
       norm=norm, loss=loss, steps=steps, step_size=schedule, random_start=random_start,

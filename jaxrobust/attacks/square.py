@@ -125,9 +125,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust import losses as losses_lib
+from jaxrobust._batch import expand, fold_in, is_success
 from jaxrobust._types import Attack, Budget
-from jaxrobust._validation import check_positive_int
-from jaxrobust.attacks._common import Best, expand, fold_in, is_success, unpack_budget
+from jaxrobust._validation import check_bool, check_number, check_positive_int
+from jaxrobust.attacks._common import Best, Runs, apply_loss, unpack_budget
 
 Array = jax.Array
 
@@ -571,6 +572,183 @@ def _l2_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array, g:
   return jnp.clip(x4 + delta, lower, upper)
 
 
+class _Config(NamedTuple):
+  """Square's static configuration, chosen by :func:`square` and passed to every piece below."""
+
+  norm: str
+  queries: int
+  p_init: float
+  rescale_schedule: bool
+  layout: str
+  restarts: int
+  runs: Runs  # the restarts laid end to end, one query per scan iteration
+  loss_fn: Callable[..., Array]
+  start: Callable[..., Array]  # _linf_start or _l2_start
+  candidate: Callable[..., Array]  # _linf_candidate or _l2_candidate
+
+
+class _Window(NamedTuple):
+  """One iteration's random windows, decoded from an example's words."""
+
+  index: Array  # [] int32: the iteration within the run, for the schedule tables.
+  size: Array  # [] int32: the window side s_k.
+  first: Array  # [B, H, W, 1] bool: the window W_1 the candidate changes.
+  h1: Array  # [B] int32: W_1's top row (0 for a sequence).
+  w1: Array  # [B] int32: W_1's left column.
+  h2: Array  # [B] int32: W_2's top row (L2 only moves mass out of W_2).
+  w2: Array  # [B] int32: W_2's left column.
+  signs: Array  # [B, 1, 1, C]: one +-1 per channel.
+  flip: Array  # [B] bool: transpose (mirror, for a sequence) the L2 pattern.
+
+
+def _view(config: _Config, x: Array) -> tuple[Array, Grid]:
+  """``x`` as ``[B, H, W, C]`` (a reshape) and its :class:`Grid`."""
+  g = grid(x.shape[1:], config.layout)
+  return x.reshape((x.shape[0],) + g.shape), g
+
+
+def _tables(config: _Config, g: Grid):
+  """The window sides ``[queries]`` and, for L2, the pattern constants of :func:`_eta_window`
+  (images) or :func:`_eta_run_window` (sequences)."""
+  if g.image:
+    return _schedule_tables(config.norm, config.queries, config.p_init, g.height, g.width,
+                            config.rescale_schedule)
+  return _run_tables(config.norm, config.queries, config.p_init, g.width,
+                     config.rescale_schedule)
+
+
+def _draw(config: _Config, x: Array, keys: Array, candidate: bool, start: bool) -> Array:
+  """One ``jax.random.bits`` call per example (each call costs compile time): ``[B, n]``."""
+  g = grid(x.shape[1:], config.layout)
+  words = (5 + g.channels if candidate else 0) + (_start_words(config.norm, g) if start else 0)
+  return jax.vmap(lambda k: jax.random.bits(k, (words,), jnp.uint32))(keys)
+
+
+def _start(config: _Config, x: Array, eps: Array, lower: Array, upper: Array,
+           bits: Array) -> Array:
+  x4, g = _view(config, x)
+  return config.start(x4, eps, lower, upper, bits, g).reshape(x.shape)
+
+
+def _decode_window(config: _Config, g: Grid, bits: Array, j: Array, dtype) -> _Window:
+  """The windows of iteration ``j`` of the current run, from ``[B, 5 + C]`` words.
+
+  Four window corners (uniform over the ``H - s + 1`` and ``W - s + 1`` positions, up to a
+  modulo bias of at most ``(H - s + 1) / 2**32``), ``C`` signs and one transpose bit. A
+  sequence's windows start on its only row.
+  """
+  height, width, channels = g.shape
+  sizes, _ = _tables(config, g)
+  j = jnp.minimum(j, config.queries - 1)
+  s = jnp.asarray(sizes)[j]
+  span_w = (width - s + 1).astype(jnp.uint32)
+  w1, w2 = (bits[:, 1] % span_w).astype(jnp.int32), (bits[:, 3] % span_w).astype(jnp.int32)
+  if g.image:
+    span_h = (height - s + 1).astype(jnp.uint32)
+    h1, h2 = (bits[:, 0] % span_h).astype(jnp.int32), (bits[:, 2] % span_h).astype(jnp.int32)
+  else:
+    h1 = h2 = jnp.zeros_like(w1)
+  signs = _sign(bits[:, 4:4 + channels], dtype)  # [B, C]
+  flip = (bits[:, 4 + channels] & 1) == 1  # [B]
+  return _Window(index=j, size=s, first=_window(h1, w1, s, height, width), h1=h1, w1=w1, h2=h2,
+                 w2=w2, signs=signs[:, None, None, :], flip=flip)
+
+
+def _linf_candidate(config: _Config, x: Array, x_cur: Array, eps: Array, lower: Array,
+                    upper: Array, bits: Array, j: Array) -> Array:
+  """Linf: the window set to the vertex ``x_cur + 2 eps sign``, clipped to the ball and box."""
+  (x4, g), (cur4, _) = _view(config, x), _view(config, x_cur)
+  window = _decode_window(config, g, bits, j, x4.dtype)
+  e = expand(eps, 4)
+  moved = jnp.clip(cur4 + jnp.where(window.first, 2 * e * window.signs, 0), x4 - e, x4 + e)
+  return jnp.clip(moved, lower, upper).reshape(x.shape)
+
+
+def _l2_candidate(config: _Config, x: Array, x_cur: Array, eps: Array, lower: Array,
+                  upper: Array, bits: Array, j: Array) -> Array:
+  """L2: mass moved from ``W_2`` into ``W_1``, which takes the pattern; the norm stays ``eps``
+  (see the module docstring), then clipped to the box."""
+  (x4, g), (cur4, _) = _view(config, x), _view(config, x_cur)
+  height, width, channels = g.shape
+  window = _decode_window(config, g, bits, j, x4.dtype)
+  _, constants = _tables(config, g)
+  e = expand(eps, 4)
+  first = window.first
+  delta = cur4 - x4
+  both = first | _window(window.h2, window.w2, window.size, height, width)
+  if g.image:
+    placed = _eta_window(window.size, jnp.asarray(constants)[window.index], window.h1, window.w1,
+                         window.flip, height, width, x4.dtype)
+  else:
+    placed = _eta_run_window(window.size, jnp.asarray(constants)[window.index], window.w1,
+                             window.flip, width, x4.dtype)
+  old = jnp.where(first, delta, 0)
+  direction = placed * window.signs + old / (_channel_norm(old) + 1e-12)
+  spare = jnp.maximum(e * e - _image_norm(delta) ** 2, 0) / channels
+  size = jnp.sqrt(spare + _channel_norm(jnp.where(both, delta, 0)) ** 2)
+  refill = direction / (_channel_norm(direction) + 1e-12) * size
+  delta = jnp.where(both, 0, delta) + jnp.where(first, refill, 0)
+  delta = delta / (_image_norm(delta) + 1e-12) * e
+  return jnp.clip(x4 + delta, lower, upper).reshape(x.shape)
+
+
+def _objective(config: _Config, logits_fn, x_new: Array, y: Array,
+               target: Array | None) -> tuple[Array, Array]:
+  """``(m [B], success [B])``: the objective Square lowers (the negated loss) and success."""
+  logits = logits_fn(x_new)
+  value = apply_loss(config.loss_fn, logits, y, target)
+  return -value.astype(jnp.float32), is_success(logits, y, target)
+
+
+def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> SquareState:
+  x, eps, lower, upper = unpack_budget(x, budget)
+  grid(x.shape[1:], config.layout)  # layout errors at trace time, naming the example shape
+  bits = _draw(config, x, fold_in(keys, 0), candidate=False, start=True)
+  x0 = _start(config, x, eps, lower, upper, bits)
+  value, success = _objective(config, logits_fn, x0, y, target)
+  return SquareState(x0, value, success, Best.empty(x0), keys, jnp.zeros((), jnp.int32))
+
+
+def _step(config: _Config, logits_fn, state: SquareState, x, y, budget: Budget,
+          target=None) -> SquareState:
+  x, eps, lower, upper = unpack_budget(x, budget)
+  runs = config.runs
+  # Step t draws from fold_in(key, t + 1) (init used fold_in(key, 0)); with restarts, one draw
+  # also holds the words of the next run's start.
+  bits = _draw(config, x, fold_in(state.keys, state.t + 1), candidate=True,
+               start=config.restarts > 1)
+  channels = grid(x.shape[1:], config.layout).channels
+  proposal = config.candidate(config, x, state.x_cur, eps, lower, upper, bits[:, :5 + channels],
+                              runs.index(state.t))
+  proposal = runs.next_start(state.t, proposal,
+                             lambda run: _start(config, x, eps, lower, upper,
+                                                bits[:, 5 + channels:]))
+  value, success = _objective(config, logits_fn, proposal, y, target)
+  # Only points not yet adversarial move, and only to a lower objective or an adversarial point.
+  active = ~state.success & ~state.best.success
+  accept = active & ((value < state.objective) | success)
+  x_cur = jnp.where(expand(accept, x.ndim), proposal, state.x_cur)
+  new_value = jnp.where(accept, value, state.objective)
+  new_success = state.success | (accept & success)
+  best = state.best
+  if config.restarts > 1:
+    # Between runs: bank the finished run's point and start the next run from its query.
+    restart = runs.at_end(state.t)
+    banked = best.update(state.x_cur, -state.objective, state.success)
+    best = jax.tree.map(lambda a, b: jnp.where(restart, a, b), banked, best)
+    x_cur = jnp.where(restart, proposal, x_cur)
+    new_value = jnp.where(restart, value, new_value)
+    new_success = jnp.where(restart, success, new_success)
+  return SquareState(x_cur, new_value, new_success, best, state.keys, state.t + 1)
+
+
+def _finalize(config: _Config, logits_fn, state: SquareState, x, y, budget: Budget,
+              target=None) -> Array:
+  del config, logits_fn, x, y, budget, target
+  # The last run's point is scored already (Square queries every point it accepts).
+  return state.best.update(state.x_cur, -state.objective, state.success).x
+
+
 def square(norm: str = "linf", *, queries: int = 5000, p_init: float = 0.8,
            loss: str | Callable[..., Array] | None = None, restarts: int = 1,
            targeted: bool = False, rescale_schedule: bool = True,
@@ -655,130 +833,22 @@ def square(norm: str = "linf", *, queries: int = 5000, p_init: float = 0.8,
     raise ValueError(f"square supports norm 'linf' or 'l2', got {norm!r}.")
   queries = check_positive_int("queries", queries)
   restarts = check_positive_int("restarts", restarts)
-  if isinstance(p_init, bool) or not isinstance(p_init, (int, float, np.floating)) \
-      or not 0 < p_init <= 1:
-    raise ValueError(f"p_init must be a number in (0, 1], got {p_init!r}.")
-  p_init = float(p_init)
-  if not isinstance(targeted, bool):
-    raise ValueError(f"targeted must be a bool, got {targeted!r}.")  # noqa: TRY004 (as fmn)
+  p_init = check_number("p_init", p_init, low=0.0, high=1.0, low_open=True)
+  targeted = check_bool("targeted", targeted)
   if not isinstance(layout, str) or layout not in LAYOUTS:
     raise ValueError(f"square: unknown layout {layout!r}; supported: "
                      f"{', '.join(map(repr, LAYOUTS))}.")
   if loss is None:
     loss = "margin"
-  loss_fn = losses_lib.resolve(loss, targeted)
-  period = queries + 1  # a run's iterations plus the step that queries the next run's start
-  num_steps = restarts * period - 1
-  start_fn = _linf_start if norm == "linf" else _l2_start
-
-  def objective(logits_fn, x_new, y, target):
-    logits = logits_fn(x_new)
-    value = loss_fn(logits, y) if target is None else loss_fn(logits, y, target)
-    return -value.astype(jnp.float32), is_success(logits, y, target)
-
-  def view(x: Array) -> tuple[Array, Grid]:
-    """``x`` as ``[B, H, W, C]`` (a reshape) and its :class:`Grid`."""
-    g = grid(x.shape[1:], layout)
-    return x.reshape((x.shape[0],) + g.shape), g
-
-  def draw(x, keys, candidate: bool, start: bool) -> Array:
-    """One ``jax.random.bits`` call per example (each call costs compile time): ``[B, n]``."""
-    g = grid(x.shape[1:], layout)
-    words = (5 + g.channels if candidate else 0) + (_start_words(norm, g) if start else 0)
-    return jax.vmap(lambda k: jax.random.bits(k, (words,), jnp.uint32))(keys)
-
-  def start(x, eps, lower, upper, bits):
-    x4, g = view(x)
-    return start_fn(x4, eps, lower, upper, bits, g).reshape(x.shape)
-
-  def candidate(x, x_cur, eps, lower, upper, bits, j):
-    """The window update of iteration ``j`` of the current run, from ``[B, 5 + C]`` words."""
-    (x4, g), (cur4, _) = view(x), view(x_cur)
-    height, width, channels = g.shape
-    if g.image:
-      sizes, constants = _schedule_tables(norm, queries, p_init, height, width,
-                                          rescale_schedule)
-    else:
-      sizes, constants = _run_tables(norm, queries, p_init, width, rescale_schedule)
-    j = jnp.minimum(j, queries - 1)
-    s = jnp.asarray(sizes)[j]
-
-    # Four window corners (uniform over the H - s + 1 and W - s + 1 positions, up to a modulo
-    # bias of at most (H - s + 1) / 2**32), C signs and one transpose bit. A sequence's windows
-    # start on its only row.
-    span_w = (width - s + 1).astype(jnp.uint32)
-    w1, w2 = (bits[:, 1] % span_w).astype(jnp.int32), (bits[:, 3] % span_w).astype(jnp.int32)
-    if g.image:
-      span_h = (height - s + 1).astype(jnp.uint32)
-      h1, h2 = (bits[:, 0] % span_h).astype(jnp.int32), (bits[:, 2] % span_h).astype(jnp.int32)
-    else:
-      h1 = h2 = jnp.zeros_like(w1)
-    signs = _sign(bits[:, 4:4 + channels], x4.dtype)  # [B, C]
-    flip = (bits[:, 4 + channels] & 1) == 1  # [B]
-    signs = signs[:, None, None, :]  # [B, 1, 1, C]
-    e = expand(eps, 4)
-    first = _window(h1, w1, s, height, width)
-    if norm == "linf":
-      moved = jnp.clip(cur4 + jnp.where(first, 2 * e * signs, 0), x4 - e, x4 + e)
-      return jnp.clip(moved, lower, upper).reshape(x.shape)
-
-    delta = cur4 - x4
-    both = first | _window(h2, w2, s, height, width)
-    if g.image:
-      placed = _eta_window(s, jnp.asarray(constants)[j], h1, w1, flip, height, width, x4.dtype)
-    else:
-      placed = _eta_run_window(s, jnp.asarray(constants)[j], w1, flip, width, x4.dtype)
-    old = jnp.where(first, delta, 0)
-    direction = placed * signs + old / (_channel_norm(old) + 1e-12)
-    spare = jnp.maximum(e * e - _image_norm(delta) ** 2, 0) / channels
-    size = jnp.sqrt(spare + _channel_norm(jnp.where(both, delta, 0)) ** 2)
-    refill = direction / (_channel_norm(direction) + 1e-12) * size
-    delta = jnp.where(both, 0, delta) + jnp.where(first, refill, 0)
-    delta = delta / (_image_norm(delta) + 1e-12) * e
-    return jnp.clip(x4 + delta, lower, upper).reshape(x.shape)
-
-  def init(logits_fn, x, y, budget: Budget, keys, target=None):
-    x, eps, lower, upper = unpack_budget(x, budget)
-    grid(x.shape[1:], layout)  # layout errors at trace time, naming the example shape
-    x0 = start(x, eps, lower, upper, draw(x, fold_in(keys, 0), candidate=False, start=True))
-    value, success = objective(logits_fn, x0, y, target)
-    return SquareState(x0, value, success, Best.empty(x0), keys, jnp.zeros((), jnp.int32))
-
-  def step(logits_fn, state: SquareState, x, y, budget: Budget, target=None):
-    x, eps, lower, upper = unpack_budget(x, budget)
-    j = state.t % period
-    # Step t draws from fold_in(key, t + 1) (init used fold_in(key, 0)); with restarts, one draw
-    # also holds the words of the next run's start.
-    bits = draw(x, fold_in(state.keys, state.t + 1), candidate=True, start=restarts > 1)
-    channels = grid(x.shape[1:], layout).channels
-    proposal = candidate(x, state.x_cur, eps, lower, upper, bits[:, :5 + channels], j)
-    if restarts > 1:
-      restart = j == queries
-      fresh = start(x, eps, lower, upper, bits[:, 5 + channels:])
-      proposal = jnp.where(restart, fresh, proposal)
-    value, success = objective(logits_fn, proposal, y, target)
-    # Only points not yet adversarial move, and only to a lower objective or an adversarial point.
-    active = ~state.success & ~state.best.success
-    accept = active & ((value < state.objective) | success)
-    x_cur = jnp.where(expand(accept, x.ndim), proposal, state.x_cur)
-    new_value = jnp.where(accept, value, state.objective)
-    new_success = state.success | (accept & success)
-    best = state.best
-    if restarts > 1:
-      # Between runs: bank the finished run's point and start the next run from its query.
-      banked = best.update(state.x_cur, -state.objective, state.success)
-      best = jax.tree.map(lambda a, b: jnp.where(restart, a, b), banked, best)
-      x_cur = jnp.where(restart, proposal, x_cur)
-      new_value = jnp.where(restart, value, new_value)
-      new_success = jnp.where(restart, success, new_success)
-    return SquareState(x_cur, new_value, new_success, best, state.keys, state.t + 1)
-
-  def finalize(logits_fn, state: SquareState, x, y, budget: Budget, target=None):
-    del logits_fn, x, y, budget, target
-    return state.best.update(state.x_cur, -state.objective, state.success).x
-
+  runs = Runs(queries, restarts)  # a run's queries, then the query of the next run's start
+  config = _Config(
+      norm=norm, queries=queries, p_init=p_init, rescale_schedule=rescale_schedule,
+      layout=layout, restarts=restarts, runs=runs, loss_fn=losses_lib.resolve(loss, targeted),
+      start=_linf_start if norm == "linf" else _l2_start,
+      candidate=_linf_candidate if norm == "linf" else _l2_candidate)
   name = f"square-{norm}-{queries}x{restarts}-{loss if isinstance(loss, str) else 'custom'}"
   name += "-targeted" if targeted else ""
   name += "" if layout == "auto" else f"-{layout}"
-  return Attack(init=init, step=step, finalize=finalize, num_steps=num_steps, norm=norm,
-                targeted=targeted, minimum_norm=False, name=name)
+  return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
+                finalize=functools.partial(_finalize, config), num_steps=runs.num_steps,
+                norm=norm, targeted=targeted, minimum_norm=False, name=name)
