@@ -75,6 +75,8 @@ class Attack(NamedTuple):
       :func:`jaxrobust.run` calls it instead of the ``init``/``step`` loop, so that points that are
       not ``active`` (``[B]`` bool) cost close to nothing. ``info`` is a dict of arrays that ends up
       in :attr:`AttackResult.info`. ``init``/``step``/``finalize`` still work on their own.
+      A drive function with the attribute ``takes_active = True`` is also given the keyword
+      ``active=`` (``[B]`` bool, the rows that are data rather than padding).
     samples: ``0`` for a deterministic model ``logits_fn(x)``; ``n > 0`` for an attack on a
       randomized model ``logits_fn(x, keys)`` (see :func:`jaxrobust.attacks.eot`), whose
       prediction is judged over ``n`` draws.

@@ -36,7 +36,7 @@ import numpy as np
 
 from jaxrobust import metrics
 from jaxrobust._types import Curve
-from jaxrobust.attacks.auto_attack import SQUARE_THRESHOLD
+from jaxrobust.attacks._auto_attack import SQUARE_THRESHOLD
 
 WORST_CASE = "worst_case"
 """The name of the per-example worst case over all attacks in :meth:`Report.curve`."""

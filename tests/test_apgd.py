@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
-from jaxrobust.attacks.apgd import apgd, checkpoints, l1_checkpoints
+from jaxrobust.attacks._apgd import apgd, checkpoints, l1_checkpoints
 from tests.models import (
   Linear,
   assert_explicit_sharding_matches_one_device,

@@ -120,5 +120,32 @@ def test_no_import_cycle_even_inside_functions():
 
 def test_the_cycle_detector_finds_a_planted_cycle():
   planted = {name: set(deps) for name, deps in GRAPH.items()}
-  planted["jaxrobust.engine.scoring"].add("jaxrobust.attacks.ensemble")  # ensemble -> engine
+  planted["jaxrobust.engine.scoring"].add("jaxrobust.attacks._ensemble")  # ensemble -> engine
   assert "jaxrobust.engine.scoring" in _find_cycle(planted)
+
+
+def test_no_function_is_longer_than_150_lines():
+  long = []
+  for name, path in MODULES.items():
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        length = node.end_lineno - node.lineno + 1
+        if length > MAX_FUNCTION_LINES:
+          long.append(f"{name}.{node.name}: {length} lines")
+  assert not long, "\n".join(long)
+
+
+def _packages() -> list[types.ModuleType]:
+  return [importlib.import_module(name) for name, path in MODULES.items()
+          if path.name == "__init__.py"]
+
+
+def test_module_names_are_not_shadowed_by_functions():
+  """``import jaxrobust.attacks._pgd as m`` must give a module, never the function ``pgd``."""
+  shadowed = []
+  for package in _packages():
+    for info in pkgutil.iter_modules(package.__path__):
+      value = getattr(package, info.name, None)
+      if value is not None and not isinstance(value, types.ModuleType):
+        shadowed.append(f"{package.__name__}.{info.name} is a {type(value).__name__}")
+  assert not shadowed, "\n".join(shadowed)

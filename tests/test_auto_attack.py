@@ -131,7 +131,7 @@ def test_probability_outputs_flagged(masked_problem):
 def test_probability_outputs_flagged_in_every_float_dtype(dtype):
   """Softmax outputs rounded to bfloat16 or float16 sum to 1 only within their precision (the
   flag used to require 1e-5 and missed them); logits of that dtype are not flagged."""
-  auto_attack_lib = importlib.import_module("jaxrobust.attacks.auto_attack")  # not the factory
+  auto_attack_lib = importlib.import_module("jaxrobust.attacks._auto_attack")
   rng = np.random.default_rng(5)
   x = jnp.asarray(rng.uniform(0, 1, size=(64, 8)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(8, 100)) * 3, jnp.float32)
@@ -151,7 +151,7 @@ def test_non_finite_logits_count_real_rows_only():
   """A padded batch (padding marked by ``active``) whose padding rows have NaN logits: only the
   real rows count. A real row with NaN logits counts although it is outside ``todo`` (it is
   never clean-correct, so never attacked): counting ``todo`` rows would never count anything."""
-  auto_attack_lib = importlib.import_module("jaxrobust.attacks.auto_attack")  # not the factory
+  auto_attack_lib = importlib.import_module("jaxrobust.attacks._auto_attack")
   extra_info = auto_attack_lib._flags("linf", "standard", 9, True)
   rng = np.random.default_rng(6)
   w = jnp.asarray(rng.normal(size=(8, 10)), jnp.float32)

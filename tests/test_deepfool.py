@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
-from jaxrobust.attacks.deepfool import deepfool
+from jaxrobust.attacks._deepfool import deepfool
 from tests.models import (assert_explicit_sharding_matches_one_device,
                           Linear, linear_points, random_linear)
 

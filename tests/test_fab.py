@@ -13,7 +13,7 @@ from scipy.optimize import linprog, minimize
 
 import jaxrobust as jr
 from jaxrobust.attacks._fab_projections import project_hyperplane_box
-from jaxrobust.attacks.fab import fab
+from jaxrobust.attacks._fab import fab
 from tests.models import (
   assert_explicit_sharding_matches_one_device,
   linear_points,

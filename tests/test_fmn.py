@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
-from jaxrobust.attacks.fmn import fmn
+from jaxrobust.attacks._fmn import fmn
 from tests.models import (assert_explicit_sharding_matches_one_device,
                           DUAL, Linear, linear_points, random_linear)
 

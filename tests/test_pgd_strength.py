@@ -23,7 +23,7 @@ import pytest
 
 import jaxrobust as jr
 from jaxrobust.attacks._ascent import l1_box_step
-from jaxrobust.attacks.pgd import cosine_step_size
+from jaxrobust.attacks._pgd import cosine_step_size
 from tests.models import DUAL, Linear, assert_explicit_sharding_matches_one_device
 
 DIM = 64

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
-from jaxrobust.attacks.square import (
+from jaxrobust.attacks._square import (
   Grid,
   eta,
   eta_run,
@@ -34,7 +34,7 @@ from tests.models import (
   random_linear,
 )
 
-square_lib = importlib.import_module("jaxrobust.attacks.square")  # the module, not the factory
+square_lib = importlib.import_module("jaxrobust.attacks._square")  # the module, not the factory
 
 # One image shape per norm, odd-sized, two channels; non-square for Linf. [B, H, W] images (one
 # channel) are checked by the targeted test.
@@ -310,7 +310,7 @@ def test_batch_sharded_run_equals_one_device():
 
 def test_unrescaled_schedule_as_in_autoattack():
   """AutoAttack runs Square with ``resc_schedule=False``: thresholds on the raw iteration."""
-  from jaxrobust.attacks.square import p_schedule
+  from jaxrobust.attacks._square import p_schedule
 
   p = p_schedule(5000, 0.8, rescale=False) / 0.8
   halvings = {0: 1, 10: 1, 11: 2, 50: 2, 51: 4, 201: 8, 501: 16, 1001: 32, 2001: 64,

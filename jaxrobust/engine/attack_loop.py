@@ -67,7 +67,11 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
   todo = clean_correct if active is None else clean_correct & active
   info = {}
   if attack.drive is not None:
-    x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, chunk_size)
+    # A drive that says so also learns which rows are data (padding excluded): AutoAttack
+    # counts non-finite logits on those rows only.
+    extra = {"active": jnp.ones_like(todo) if active is None else active} if getattr(
+        attack.drive, "takes_active", False) else {}
+    x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, chunk_size, **extra)
     info = dict(info or {})
   else:
     rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)

@@ -14,6 +14,7 @@ In a multi-process run each process writes its own file and keeps its state one 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import os
 import types
@@ -35,13 +36,23 @@ VERSION = 3  # 2: model fingerprint, reliability counts; 3: the state is EvalSum
 _PRIMITIVE = (bool, int, float, str, bytes, type(None))
 
 
+_MAX_DEPTH = 8
+
+
 def _config_of(fn: Any, depth: int = 0) -> Any:
   """The static configuration captured by an attack's closures, as JSON-ready values."""
   if isinstance(fn, _PRIMITIVE):
     return fn if not isinstance(fn, (float, bytes)) else repr(fn)
-  if isinstance(fn, (tuple, list)) and depth < 4:
+  if depth >= _MAX_DEPTH:
+    return type(fn).__qualname__
+  if isinstance(fn, (tuple, list)):  # NamedTuple configurations included
     return [_config_of(v, depth + 1) for v in fn]
-  if isinstance(fn, types.FunctionType) and depth < 4:
+  if isinstance(fn, dict):
+    return [[str(k), _config_of(v, depth + 1)] for k, v in sorted(fn.items(), key=str)]
+  if isinstance(fn, functools.partial):  # factories bind module-level pieces to their config
+    return ["partial", _config_of(fn.func, depth + 1), _config_of(fn.args, depth + 1),
+            _config_of(fn.keywords, depth + 1)]
+  if isinstance(fn, types.FunctionType):
     cells = [c.cell_contents for c in (fn.__closure__ or ()) if _has_contents(c)]
     return [fn.__qualname__, [_config_of(c, depth + 1) for c in cells]]
   return type(fn).__qualname__

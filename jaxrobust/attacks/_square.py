@@ -812,7 +812,7 @@ def square(norm: str = "linf", *, queries: int = 5000, p_init: float = 0.8,
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> import jaxrobust as jr
-    >>> from jaxrobust.attacks.square import square
+    >>> from jaxrobust.attacks._square import square
     >>> def logits_fn(x):  # rounded inputs: the input gradient is zero everywhere
     ...   total = jnp.sum(jnp.round(x * 8) / 8, axis=(1, 2, 3))
     ...   return jnp.stack([jnp.full_like(total, 0.5), total], axis=1)

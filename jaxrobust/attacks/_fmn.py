@@ -209,7 +209,7 @@ def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
   (capped at the largest norm the box allows; :math:`\delta^*` is the smallest adversarial
   perturbation seen, :math:`q` the dual exponent; :math:`\epsilon_0 = \infty`; the floor
   :math:`(1 + \gamma_k)\,\epsilon_k` keeps an iterate on the boundary, or one the box holds back,
-  from stalling, see :mod:`jaxrobust.attacks.fmn`), steps along the normalised gradient (its sign
+  from stalling, see :mod:`jaxrobust.attacks._fmn`), steps along the normalised gradient (its sign
   for Linf), then projects exactly onto the ball of radius :math:`\epsilon_{k+1}` and onto the
   box:
 
@@ -251,7 +251,7 @@ def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> import jaxrobust as jr
-    >>> from jaxrobust.attacks.fmn import fmn
+    >>> from jaxrobust.attacks._fmn import fmn
     >>> logits_fn = lambda x: x @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
     >>> x, y = jnp.array([[0.6, 0.4]]), jnp.array([0])  # L2 distance to the boundary: 0.1414
     >>> attack = fmn("l2", steps=100)

@@ -228,7 +228,7 @@ def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
   updates, each round restarting from the clean point and judged by its last iterate: :math:`c`
   moves to the midpoint between the largest value that failed and the smallest that succeeded,
   grows by 10 while no round has succeeded and shrinks by 10 while none has failed (see
-  :mod:`jaxrobust.attacks.carlini_wagner` for why these differ from the reference). The whole
+  :mod:`jaxrobust.attacks._carlini_wagner` for why these differ from the reference). The whole
   search is one fixed-length scan of ``binary_search_steps * steps`` iterations (one forward and
   backward pass each), so it compiles into one program. Arithmetic runs in the input's float
   dtype (float32 at least; float64 under ``jax_enable_x64``).

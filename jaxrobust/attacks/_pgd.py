@@ -44,7 +44,7 @@ def cosine_step_size(steps: int, initial: float = INITIAL_STEP) -> Callable[[jax
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> from jaxrobust.attacks.pgd import cosine_step_size
+    >>> from jaxrobust.attacks._pgd import cosine_step_size
     >>> schedule = cosine_step_size(4)
     >>> [round(float(schedule(jnp.int32(t))), 3) for t in range(4)]
     [2.0, 1.707, 1.0, 0.293]

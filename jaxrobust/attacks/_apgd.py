@@ -492,7 +492,7 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> import jaxrobust as jr
-    >>> from jaxrobust.attacks.apgd import apgd
+    >>> from jaxrobust.attacks._apgd import apgd
     >>> w = jnp.array([[1.0, -1.0, 0.0], [-1.0, 1.0, 0.0]])  # three classes, logits z = x @ w
     >>> logits_fn = lambda x: x @ w
     >>> x, y = jnp.array([[0.6, 0.4]]), jnp.array([0])  # z = (0.2, -0.2, 0): Linf distance 0.1

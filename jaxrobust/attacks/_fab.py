@@ -360,7 +360,7 @@ def fab(norm: str = "linf", *, targeted: bool = False, n_target_classes: int | N
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> import jaxrobust as jr
-    >>> from jaxrobust.attacks.fab import fab
+    >>> from jaxrobust.attacks._fab import fab
     >>> logits_fn = lambda x: x @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
     >>> x, y = jnp.array([[0.6, 0.4]]), jnp.array([0])  # L2 distance to the boundary: 0.1414
     >>> attack = fab("l2", steps=20)

@@ -48,11 +48,11 @@ from jaxrobust import losses as losses_lib
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_positive_int
 from jaxrobust.attacks._common import loss_grad_logits
-from jaxrobust.attacks.apgd import apgd
-from jaxrobust.attacks.ensemble import build as build_ensemble
-from jaxrobust.attacks.eot import eot
-from jaxrobust.attacks.fab import fab
-from jaxrobust.attacks.square import LAYOUTS, grid, square
+from jaxrobust.attacks._apgd import apgd
+from jaxrobust.attacks._ensemble import build as build_ensemble
+from jaxrobust.attacks._eot import eot
+from jaxrobust.attacks._fab import fab
+from jaxrobust.attacks._square import LAYOUTS, grid, square
 from jaxrobust.projections import check_norm
 
 Array = jax.Array
@@ -205,7 +205,7 @@ def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_class
 
   Inputs of any shape work: APGD and FAB are shape-agnostic, and Square reads ``x`` according to
   ``layout`` (images ``[B, H, W, C]``, sequences ``[B, T, C]``, flat features ``[B, D]``; see
-  :mod:`jaxrobust.attacks.square`). Inputs may be float64 (under ``jax_enable_x64``); the
+  :mod:`jaxrobust.attacks._square`). Inputs may be float64 (under ``jax_enable_x64``); the
   attacks then run in float64.
 
   Args:

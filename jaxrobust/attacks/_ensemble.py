@@ -65,13 +65,14 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
           check_input: Callable[[Array], None] | None = None) -> Attack:
   """The :class:`~jaxrobust.Attack` of an ensemble whose members may depend on the class count.
 
-  ``extra_info(logits_fn, x, y, budget, keys, target, todo, robust_after, members)`` may add
-  entries (e.g. reliability flags) to ``AttackResult.info``. ``check_input(x)`` may raise for
+  ``extra_info(logits_fn, x, y, budget, keys, target, todo, robust_after, members, active=)``
+  may add entries (e.g. reliability flags) to ``AttackResult.info``; ``active`` is the rows of
+  the batch that are data (not padding), as the driver passes them. ``check_input(x)`` may raise for
   inputs a member cannot take, before any member is traced (so that the error speaks about the
   user's whole batch, not a chunk of it, and comes before minutes of tracing).
   """
 
-  def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size):
+  def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size, *, active=None):
     if check_input is not None:
       check_input(x)
     num_classes = logits_shape(logits_fn, x, samples)[-1]
@@ -82,8 +83,10 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
     info = {"robust_after": robust_after}
     if extra_info is not None:
       info.update(extra_info(logits_fn, x, y, Budget(*budget), keys, target, todo, robust_after,
-                             members))
+                             members, active=active))
     return x_adv, info
+
+  drive.takes_active = True  # the engine passes active= (the rows that are data) to this drive
 
   def init(logits_fn, x, y, budget, keys, target=None):
     x = x.astype(work_dtype(x))
