@@ -17,7 +17,7 @@ import numpy as np
 from jaxrobust import metrics
 from jaxrobust._batch import as_keys, like_batch
 from jaxrobust._types import Attack, Budget, Curve
-from jaxrobust._validation import check_chunk_size, check_eps, check_inputs
+from jaxrobust._validation import check_eps, check_inputs
 from jaxrobust.engine.curve_kernel import check_options, robust_flags
 from jaxrobust.engine.scoring import clean_diagnosis
 
@@ -116,7 +116,6 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
     Array([1. , 1. , 0.5, 0. ], dtype=float32)
   """
   check_options(attack, eps_batch_size, chunk_size)
-  check_chunk_size(chunk_size)
   epsilons = jnp.asarray(epsilons, jnp.float32)
   if epsilons.ndim != 1 or epsilons.shape[0] == 0:
     raise ValueError(f"epsilons must be a non-empty 1-D array [K], got shape {epsilons.shape}.")

@@ -186,11 +186,9 @@ class Report:
       return metrics.CurveCounts(np.int64(n), np.int64(clean_correct),
                                  np.asarray(robust_count, np.int64)).compute(epsilons)
 
-    clean = curve(np.zeros(len(epsilons)))["clean_accuracy"]
-
     def summary(name, robust_count, description, norm, minimum_norm, attack_flags,
-                attack_counts):
-      computed = curve(robust_count)
+                attack_counts, computed=None):
+      computed = curve(robust_count) if computed is None else computed
       attack_counts = {str(k): np.asarray(v, np.int64) for k, v in attack_counts.items()}
       return AttackSummary(name=name, description=description, norm=norm,
                            minimum_norm=bool(minimum_norm),
@@ -206,9 +204,11 @@ class Report:
     norms = sorted({s.norm for s in attacks.values()})
     any_flags = {f"{name}/{k}": v for name, s in attacks.items() for k, v in s.flags.items()}
     any_counts = {f"{name}/{k}": v for name, s in attacks.items() for k, v in s.counts.items()}
+    worst_curve = curve(worst_case)
     worst = summary(WORST_CASE, worst_case, " + ".join(s.description for s in attacks.values()),
                     "+".join(norms), all(s.minimum_norm for s in attacks.values()), any_flags,
-                    any_counts)
+                    any_counts, worst_curve)
+    clean = worst_curve["clean_accuracy"]
     return cls(epsilons=epsilons, num_examples=int(n), clean_correct=int(clean_correct),
                clean_accuracy=float(clean), attacks=attacks, worst_case=worst,
                per_example=None if per_example is None else dict(per_example),

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 
 from jaxrobust._batch import fold_in, rows_like
 from jaxrobust._types import Attack, Budget
+from jaxrobust._validation import check_chunk_size
 from jaxrobust.engine.attack_loop import run_attack
 
 Array = jax.Array
@@ -45,6 +46,7 @@ class CurveFlags(NamedTuple):
 
 def check_options(attack: Attack, eps_batch_size: int | None, chunk_size: int | None) -> None:
   """The option combinations every curve front door accepts (static, checked on the host)."""
+  check_chunk_size(chunk_size)
   if eps_batch_size is not None and (isinstance(eps_batch_size, bool)
                                      or not isinstance(eps_batch_size, int) or eps_batch_size < 0):
     raise ValueError(f"eps_batch_size must be None, 0 or a positive int, got {eps_batch_size!r}.")
@@ -110,7 +112,7 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
 
   indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)
   if chunk_size is not None:
-    broken, per_eps = _skipping(run_at, indexed, correct, active)
+    broken, per_eps = _skipping(run_at, epsilons, correct, active)
   elif eps_batch_size == 0:
     broken, per_eps = jax.vmap(lambda ie: run_at(*ie, active))(indexed)
   else:
@@ -142,12 +144,11 @@ def _with_gradient_count(info: dict, correct: Array, bad_gradient: Array | None,
   return info
 
 
-def _skipping(run_at, indexed, correct: Array, active: Array) -> tuple[Array, dict]:
+def _skipping(run_at, epsilons: Array, correct: Array, active: Array) -> tuple[Array, dict]:
   """``broken [K, B]`` and per-eps checks, eps in increasing order, each eps attacking only the
   rows not broken at a smaller one (a skipped row reads "not broken" at that eps: it was broken
   before, which the worst case over smaller eps accounts for, so the flags equal the dense
   ones). Each eps keeps its own folded key (its index in the caller's grid)."""
-  index, epsilons = indexed
   order = jnp.argsort(epsilons, stable=True).astype(jnp.uint32)
 
   def body(broken_before, index_and_eps):
@@ -157,7 +158,6 @@ def _skipping(run_at, indexed, correct: Array, active: Array) -> tuple[Array, di
     return broken_before | broken, (broken, checks)
 
   _, in_order = jax.lax.scan(body, jnp.zeros_like(correct), (order, jnp.sort(epsilons)))
-  del index
   # Back to the caller's eps order by a one-hot contraction (no gather on a sharded array).
   back = order[None, :] == jnp.arange(epsilons.shape[0], dtype=jnp.uint32)[:, None]  # [K, J]
 

@@ -21,7 +21,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxrobust._types import Attack
-from jaxrobust._validation import check_batch, check_bounds, check_chunk_size
+from jaxrobust._validation import check_batch, check_bounds
 from jaxrobust.engine.curve_kernel import check_options
 
 Array = jax.Array
@@ -84,7 +84,6 @@ def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, 
     raise ValueError(f"epsilons must be a non-empty 1-D array [K], got shape {epsilons.shape}.")
   if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
     raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
-  check_chunk_size(chunk_size)
   for attack in attacks.values():
     check_options(attack, eps_batch_size, chunk_size)
   check_bounds(lower, upper)

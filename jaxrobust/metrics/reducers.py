@@ -19,6 +19,7 @@ curves from them; :class:`NormHistogram` is the same counts built from minimal a
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple, Optional
 
 import jax
@@ -424,15 +425,11 @@ class CurveCounts(_CurveSums, Reducer):
             "auc": curve_auc(jnp.asarray(epsilons, jnp.float32), robust, clean)}
 
 
-_JITTED_AUC: list = []
-
-
+@functools.cache
 def _jitted_auc():
   """:func:`curve_auc` jitted, for host-side reports (one small program instead of a dozen
   eagerly dispatched ops; drivers may jit, library code does not)."""
-  if not _JITTED_AUC:
-    _JITTED_AUC.append(jax.jit(curve_auc))
-  return _JITTED_AUC[0]
+  return jax.jit(curve_auc)
 
 
 class NormHistogram(CurveCounts):
