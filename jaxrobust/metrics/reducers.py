@@ -313,7 +313,7 @@ class Counts(_CountsSums, Reducer):
     }
 
 
-def psum(reducer, axis_name: str):
+def psum(counts, axis_name: str):
   """Sums a reducer (:class:`Counts`, :class:`CurveCounts`, :class:`Rate`, ...) over a named
   mapped axis: ``jax.lax.psum`` on every field, the same as ``reducer.psum(axis_name)``.
 
@@ -321,7 +321,7 @@ def psum(reducer, axis_name: str):
   ``jax.shard_map`` (or ``jax.vmap(..., axis_name=...)``) to combine per-shard counts.
 
   Args:
-    reducer: the per-shard reducer (any pytree of arrays).
+    counts: the per-shard reducer (any pytree of arrays; the name is API.md's).
     axis_name: the mapped axis to reduce over.
 
   Returns:
@@ -335,7 +335,7 @@ def psum(reducer, axis_name: str):
     >>> jax.vmap(per_row, axis_name="rows")(pred, y).clean_correct.tolist()
     [3, 3]
   """
-  return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), reducer)
+  return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), counts)
 
 
 class _CurveSums(NamedTuple):
