@@ -12,7 +12,7 @@ Examples:
   Array([ True], dtype=bool)
 """
 
-from jaxrobust import attacks, losses, metrics, projections
+from jaxrobust import attacks, losses, metrics, plotting, projections
 from jaxrobust._types import Attack, AttackResult, Budget, Curve
 from jaxrobust._validation import check_inputs
 from jaxrobust._batch import predict
@@ -27,5 +27,5 @@ __version__ = "0.1.0"
 __all__ = [
     "Attack", "AttackResult", "Budget", "Curve", "CurveConsistency", "Report", "attacks",
     "check_inputs", "curve_consistency", "curve_from_norms", "evaluate",
-    "losses", "metrics", "predict", "projections", "robustness_curve", "run",
+    "losses", "metrics", "plotting", "predict", "projections", "robustness_curve", "run",
 ]

@@ -80,6 +80,10 @@ class Attack(NamedTuple):
     samples: ``0`` for a deterministic model ``logits_fn(x)``; ``n > 0`` for an attack on a
       randomized model ``logits_fn(x, keys)`` (see :func:`jaxrobust.attacks.eot`), whose
       prediction is judged over ``n`` draws.
+    config: the factory call that built the attack, as a JSON string (``None`` for attacks built
+      by hand): ``{"factory": "pgd", "norm": "linf", "steps": 20, ...}`` with every default
+      filled in (see :mod:`jaxrobust.attacks._config`); reports record it as the attack's full
+      configuration.
   """
 
   init: Callable[..., Any]
@@ -92,6 +96,7 @@ class Attack(NamedTuple):
   name: str = "attack"
   drive: Optional[Callable[..., Any]] = None
   samples: int = 0
+  config: Optional[str] = None
 
 
 class AttackResult(NamedTuple):

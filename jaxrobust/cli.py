@@ -1,4 +1,8 @@
-"""The ``jaxrobust`` command line: ``jaxrobust demo`` (also ``python -m jaxrobust demo``).
+"""The ``jaxrobust`` command line: ``demo``, ``evaluate`` and ``compare`` (also ``python -m jaxrobust``).
+
+``jaxrobust evaluate MODULE:FUNCTION --data FILE.npz --eps 8/255`` evaluates a user's own model and
+``jaxrobust compare DIR ...`` overlays saved reports: see :mod:`jaxrobust.cli_evaluate`. The rest of
+this docstring describes the demo.
 
 ``jaxrobust demo`` trains (or loads from the cache) two `SmallCNN` models on scikit-learn's 8x8
 digits, one plainly and one adversarially (Linf PGD-7, eps 0.2), then measures both with the same
@@ -26,7 +30,13 @@ It writes a JSON report (``--out``, default ``./report.json``) with the keys:
   behind the flags: one per eps, or one number for a count made once such as
   ``non_finite_gradient_points``), ``train_seconds``, ``eval_seconds``;
 * ``timings``: ``train_seconds``, ``compile_seconds``, ``eval_seconds`` (both models, without
-  the compilation), ``total_seconds``.
+  the compilation), ``total_seconds``;
+* ``confidence``: the level (0.95) of the exact binomial intervals that come with every accuracy
+  (``clean_accuracy_interval``, ``robust_accuracy_interval`` of each model).
+
+``attack.config`` is the attack's full factory configuration (:attr:`jaxrobust.Attack.config`).
+Beside the report it draws both models' curves, with their confidence bands, in ``curves.png``
+(when matplotlib is installed; it is part of the ``demo`` extra).
 
 Both models are measured by :func:`jaxrobust.evaluate` (padded, masked batches of
 ``eval_batch_size``; exact integer counts), given ``functools.partial(SmallCNN().apply,
@@ -48,6 +58,8 @@ import platform
 import sys
 import time
 from typing import Any, NamedTuple, Optional, Sequence
+
+from jaxrobust import cli_evaluate
 
 EVAL_BATCH_SIZE = 128
 MODEL_NAMES = ("plain", "adversarial")
@@ -118,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seed of training and of the attacks' random starts (default: 0)")
   demo.add_argument("--quiet", action="store_true",
                     help="no progress bars or status messages; only the table and the report path")
+  cli_evaluate.add_evaluate_parser(commands)
+  cli_evaluate.add_compare_parser(commands)
   return parser
 
 
@@ -128,7 +142,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv: the arguments after the program name; ``None`` means ``sys.argv[1:]``.
 
   Returns:
-    0 on success, 1 if the demo failed, 2 for bad command-line options.
+    0 on success, 1 if the command failed, 2 for bad command-line options (and, for
+    ``evaluate``/``compare``, mistakes in the user's module or data), 130 when interrupted.
 
   Examples:
     >>> main(["demo", "--epochs", "1", "--test-size", "32", "--num-eps", "2", "--steps", "2",
@@ -143,8 +158,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
   if args.command is None:
     parser.print_help(sys.stderr)
     return 2
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if args.command == "evaluate":
+    return cli_evaluate.evaluate_main(args, argv)
+  if args.command == "compare":
+    return cli_evaluate.compare_main(args)
   try:
-    run_demo(args, argv=list(sys.argv[1:] if argv is None else argv))
+    run_demo(args, argv=argv)
   except (ImportError, OSError, ValueError) as error:  # missing extra, unwritable path, bad size
     print(f"jaxrobust demo: error: {error}", file=sys.stderr)
     return 1
@@ -276,7 +296,9 @@ def model_results(report: Any) -> dict[str, Any]:
   """A model's evaluation entries of the demo's JSON report, from its :class:`jaxrobust.Report`.
 
   The accuracies are the exact ratios of the report's integer counts (Python floats, so 55 of 64
-  prints as 0.859375); ``auc`` is the report's. ``flags`` are the reliability flags of the attack
+  prints as 0.859375), each with its exact two-sided 95% binomial interval
+  (``clean_accuracy_interval``, ``robust_accuracy_interval``: ``[lower, upper]`` per eps);
+  ``auc`` is the report's. ``flags`` are the reliability flags of the attack
   over the whole test set and ``flag_counts`` the counts behind them, one per eps or counted once
   (e.g. ``non_finite_gradient_points``: clean-correct points whose input gradient was NaN or
   infinite).
@@ -290,10 +312,11 @@ def model_results(report: Any) -> dict[str, Any]:
     ...   info={ATTACK_KEY: ("pgd-linf", "linf", False)},
     ...   flags={ATTACK_KEY: {"non_finite_gradients": False}},
     ...   counts={ATTACK_KEY: {"non_finite_gradient_points": np.array(0)}})
-    >>> model_results(report)  # doctest: +NORMALIZE_WHITESPACE
-    {'clean_accuracy': 0.75, 'robust_accuracy': [0.75, 0.25], 'auc': 0.5,
-     'flags': {'non_finite_gradients': False},
-     'flag_counts': {'non_finite_gradient_points': 0}}
+    >>> results = model_results(report)
+    >>> results["clean_accuracy"], results["robust_accuracy"], results["auc"], results["flags"]
+    (0.75, [0.75, 0.25], 0.5, {'non_finite_gradients': False})
+    >>> [[round(b, 4) for b in ci] for ci in results["robust_accuracy_interval"]]
+    [[0.1941, 0.9937], [0.0063, 0.8059]]
   """
   import numpy as np
 
@@ -301,7 +324,9 @@ def model_results(report: Any) -> dict[str, Any]:
   attack = report.attacks[ATTACK_KEY]
   return {
     "clean_accuracy": report.clean_correct / n,
+    "clean_accuracy_interval": list(report.clean_interval),
     "robust_accuracy": [int(count) / n for count in attack.robust_count],
+    "robust_accuracy_interval": attack.robust_interval.tolist(),
     "auc": float(attack.auc),
     "flags": {name: bool(up) for name, up in sorted(attack.flags.items())},
     "flag_counts": {name: np.asarray(count).tolist()
@@ -313,6 +338,7 @@ class _Evaluation(NamedTuple):
   """Both models' evaluation: the shared settings and each model's report entries."""
 
   results: dict[str, dict[str, Any]]  # model name -> `model_results` + eval_seconds
+  reports: dict[str, Any]  # model name -> its jr.Report
   attack: Any  # the jr.Attack
   eps_grid: Any  # [K] float64, the grid as asked for (evaluated in float32)
   batch_size: int
@@ -339,6 +365,7 @@ def _evaluate_models(args: argparse.Namespace, params_of: dict[str, Any], x: Any
   key = jax.random.key(args.seed + 1)
   batch_size = min(EVAL_BATCH_SIZE, int(x.shape[0]))
   results: dict[str, dict[str, Any]] = {}
+  reports: dict[str, Any] = {}
   first_steps = []
   for name in MODEL_NAMES:
     _status(args, f"evaluating {name} ({attack.name}, {args.num_eps} eps)")
@@ -347,11 +374,12 @@ def _evaluate_models(args: argparse.Namespace, params_of: dict[str, Any], x: Any
                              epsilons=eps_grid.astype(np.float32), key=key,
                              batch_size=batch_size, progress=not args.quiet)
     results[name] = {**model_results(report), "eval_seconds": time.perf_counter() - t0}
+    reports[name] = report
     first_steps.append(report.timing["compile_and_first_step_s"])
   compile_seconds = max(first_steps[0] - min(first_steps[1:]), 0.0)
   results[MODEL_NAMES[0]]["eval_seconds"] -= compile_seconds
   _status(args, f"compiled the evaluation step once for both models in {compile_seconds:.1f} s")
-  return _Evaluation(results, attack, eps_grid, batch_size, compile_seconds)
+  return _Evaluation(results, reports, attack, eps_grid, batch_size, compile_seconds)
 
 
 def _dataset_info(available: int) -> dict[str, Any]:
@@ -397,7 +425,9 @@ def _build_report(args: argparse.Namespace, argv: Optional[list[str]],
       "step_size": "cosine schedule from 2 to 0", "step_size_units": "fraction of eps",
       "random_start": True, "restarts": args.restarts,
       "loss": "ce", "lower": 0.0, "upper": 1.0,
+      "config": json.loads(evaluation.attack.config),
     },
+    "confidence": 0.95,
     "epsilons": [round(float(e), 10) for e in evaluation.eps_grid],
     "num_test_examples": num_test,
     "eval_batch_size": evaluation.batch_size,
@@ -442,4 +472,19 @@ def run_demo(args: argparse.Namespace, argv: Optional[list[str]] = None) -> dict
   report = _build_report(args, argv, models, evaluation, int(x_test.shape[0]), available, t_start)
   print(format_table(report))
   print(f"Report written to {_write_report(report, args.out)}")
+  plot = _write_plot(evaluation.reports, pathlib.Path(args.out).with_name("curves.png"))
+  if plot is not None:
+    print(f"Curves drawn in {plot}")
   return report
+
+
+def _write_plot(reports: dict[str, Any], path: pathlib.Path) -> Optional[pathlib.Path]:
+  """Both models' curves with their confidence bands in one PNG (``None`` without matplotlib)."""
+  from jaxrobust import plotting
+
+  try:
+    plotting.plot_reports(reports, path, title="Linf PGD on the digits (bands: 95% exact CI)")
+  except ImportError as error:
+    print(f"curves.png not written: {error}", file=sys.stderr)
+    return None
+  return path.resolve()

@@ -20,6 +20,17 @@ here, once, from the global count and :math:`N` (AutoAttack's ``square_beats_whi
 :math:`\#\{\text{points only Square broke}\} > 0.002\,N` at some eps), so it does not depend on
 the batch size; a flag that means "the count is positive" is the OR over batches, which is the
 same thing.
+
+Every accuracy carries its exact two-sided Clopper--Pearson interval at ``confidence`` (95% by
+default; :func:`jaxrobust.metrics.binomial_interval`): the examples are treated as a sample from
+the data distribution, so the interval says how far the accuracy on that distribution may be
+from the one measured on these :math:`N` examples. It says nothing about the attack's strength:
+an empirical robust accuracy is an upper bound on the true one whatever :math:`N`.
+
+A report also keeps its *provenance* (the attacks' full configurations, the eps units and box, the
+key, the library, JAX and Python versions, the devices; see :func:`provenance`) and, next to the
+empirical curves (upper bounds), *certified* curves (lower bounds; :meth:`Report.with_certified`),
+so one report can bracket the true robust accuracy from both sides.
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ import dataclasses
 import json
 import os
 import pathlib
+import platform
 from collections.abc import Mapping
 from typing import Any
 
@@ -35,7 +47,7 @@ import jax
 import numpy as np
 
 from jaxrobust import metrics
-from jaxrobust._types import Curve
+from jaxrobust._types import Attack, Curve
 from jaxrobust.attacks._auto_attack import SQUARE_THRESHOLD
 
 WORST_CASE = "worst_case"
@@ -89,6 +101,8 @@ class AttackSummary:
     minimum_norm: whether the curve comes from per-example minimal norms :math:`\\epsilon^*`.
     robust_count: ``[K]`` int64, examples robust at each eps.
     robust_accuracy: ``[K]`` float32, ``robust_count / N``; non-increasing along sorted eps.
+    robust_interval: ``[K, 2]`` float64, the exact two-sided binomial interval of each robust
+      accuracy at the report's ``confidence`` (lower, upper).
     auc: area under the curve from ``(0, clean accuracy)``, divided by the largest eps.
     flags: reliability flags of the attack over the whole data set, e.g. zero gradients (see
       :func:`decide_flags`).
@@ -106,14 +120,69 @@ class AttackSummary:
   auc: float
   flags: Mapping[str, bool]
   counts: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+  robust_interval: np.ndarray = dataclasses.field(
+      default_factory=lambda: np.zeros((0, 2), np.float64))
 
   def to_dict(self) -> dict[str, Any]:
     return {"name": self.name, "description": self.description, "norm": self.norm,
             "minimum_norm": self.minimum_norm,
             "robust_count": [int(c) for c in self.robust_count],
             "robust_accuracy": [float(a) for a in self.robust_accuracy],
+            "robust_accuracy_interval": [[float(lo), float(hi)]
+                                         for lo, hi in self.robust_interval],
             "auc": self.auc, "flags": {k: bool(v) for k, v in sorted(self.flags.items())},
             "counts": {k: np.asarray(v).tolist() for k, v in sorted(self.counts.items())}}
+
+
+def provenance(attacks: Mapping[str, Attack], *, epsilons: Any, lower: float, upper: float,
+               key_data: Any = None, key_impl: Any = None,
+               **extra: Any) -> dict[str, Any]:
+  """What a report's numbers mean: the threat model, the attacks' full configurations, the key
+  and the software that produced them.
+
+  Keys: ``jaxrobust_version``, ``jax_version``, ``jaxlib_version``, ``numpy_version``,
+  ``python_version``, ``backend``, ``device_kind``, ``threat_model`` (``norm``, ``epsilons``,
+  ``eps_units``, ``box``), ``attacks`` (name -> ``description``, ``norm``, ``minimum_norm``,
+  ``targeted``, ``num_steps``, ``config``: the factory call of :attr:`jaxrobust.Attack.config`,
+  or ``None`` for a hand-built attack), ``key`` (``impl``, ``data``), and every keyword of
+  ``extra`` (e.g. ``batch_size``, ``devices``, ``command``).
+
+  Examples:
+    >>> import jaxrobust as jr
+    >>> p = provenance({"pgd": jr.attacks.pgd("l2", steps=5)}, epsilons=[0.5, 1.0], lower=0.0,
+    ...                upper=1.0)
+    >>> p["threat_model"]["norm"], p["threat_model"]["box"], p["attacks"]["pgd"]["config"]["steps"]
+    ('l2', [0.0, 1.0], 5)
+  """
+  import jaxlib  # noqa: PLC0415 - only for its version
+
+  norms = sorted({a.norm for a in attacks.values()})
+  devices = jax.devices()
+  return {
+      "jaxrobust_version": _version(), "jax_version": jax.__version__,
+      "jaxlib_version": getattr(jaxlib, "__version__", "unknown"),
+      "numpy_version": np.__version__, "python_version": platform.python_version(),
+      "backend": jax.default_backend(), "device_kind": devices[0].device_kind,
+      "threat_model": {
+          "norm": "+".join(norms),
+          "epsilons": [float(e) for e in np.asarray(epsilons, np.float32).ravel()],
+          "eps_units": (f"the {'/'.join(norms)} norm of x_adv - x, in the units of x "
+                        f"(inputs in [{float(lower)}, {float(upper)}])"),
+          "box": [float(lower), float(upper)]},
+      "attacks": {name: {"description": a.name, "norm": a.norm,
+                         "minimum_norm": bool(a.minimum_norm), "targeted": bool(a.targeted),
+                         "num_steps": int(a.num_steps), "samples": int(a.samples),
+                         "config": None if a.config is None else json.loads(a.config)}
+                  for name, a in attacks.items()},
+      "key": None if key_data is None else {
+          "impl": str(key_impl), "data": np.asarray(key_data).astype(np.uint32).ravel().tolist()},
+      **extra}
+
+
+def _version() -> str:
+  from jaxrobust import __version__  # noqa: PLC0415 - the package imports this module
+
+  return str(__version__)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -132,8 +201,15 @@ class Report:
       ``correct [N]``, ``robust [A, K, N]`` (attacks in the order of ``attacks``),
       ``worst_case [K, N]`` and ``eps_star/<name> [N]`` for each minimum-norm attack.
     timing: wall-clock statistics of the run (not part of equality or of :meth:`to_json`).
+    confidence: the level of every interval (default 0.95).
+    clean_interval: ``(lower, upper)``, the exact binomial interval of ``clean_accuracy``.
+    certified: name -> :class:`AttackSummary` of a *certified* curve (a lower bound on the robust
+      accuracy at each eps: the examples proven robust; see :meth:`with_certified`), empty when
+      there is none.
+    provenance: what the numbers mean (see :func:`provenance`): threat model, the attacks' full
+      configurations, key, versions, devices. Not part of equality.
 
-  Two reports compare equal when every field but ``timing`` is bitwise equal.
+  Two reports compare equal when every field but ``timing`` and ``provenance`` is bitwise equal.
 
   Examples:
     >>> import numpy as np
@@ -142,6 +218,8 @@ class Report:
     ...                        info={"pgd": ("pgd-linf", "linf", False)}, flags={"pgd": {}})
     >>> r.clean_accuracy, r.attacks["pgd"].robust_accuracy.tolist(), r.worst_case.auc
     (0.75, [0.5, 0.25], 0.5)
+    >>> [round(b, 4) for b in r.clean_interval]  # 3 of 4: a wide interval
+    [0.1941, 0.9937]
   """
 
   epsilons: np.ndarray
@@ -152,6 +230,10 @@ class Report:
   worst_case: AttackSummary
   per_example: Mapping[str, np.ndarray] | None = None
   timing: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  confidence: float = 0.95
+  clean_interval: tuple[float, float] = (0.0, 1.0)
+  certified: Mapping[str, AttackSummary] = dataclasses.field(default_factory=dict)
+  provenance: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   @classmethod
   def from_counts(cls, *, epsilons: np.ndarray, n: int, clean_correct: int,
@@ -160,7 +242,9 @@ class Report:
                   flags: Mapping[str, Mapping[str, bool]],
                   counts: Mapping[str, Mapping[str, Any]] | None = None,
                   per_example: Mapping[str, np.ndarray] | None = None,
-                  timing: Mapping[str, float] | None = None) -> Report:
+                  timing: Mapping[str, float] | None = None, confidence: float = 0.95,
+                  certified: Mapping[str, tuple[str, str, np.ndarray]] | None = None,
+                  provenance: Mapping[str, Any] | None = None) -> Report:
     """Builds a report from integer counts.
 
     Args:
@@ -175,19 +259,32 @@ class Report:
         over the data set; flags of :data:`FRACTION_FLAGS` are decided from them.
       per_example: optional per-example arrays (see the class attributes).
       timing: optional wall-clock statistics.
+      confidence: the level of the binomial intervals, in ``(0, 1)``.
+      certified: optional name -> ``(description, norm, [K] certified counts)``.
+      provenance: optional description of the run (see :func:`provenance`).
 
     Returns:
       A :class:`Report`.
     """
     epsilons = np.asarray(epsilons, np.float32)
     counts = counts or {}
+    certified = certified or {}
+    if not 0.0 < float(confidence) < 1.0:
+      raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
+    curves = {name: np.asarray(c, np.int64) for name, c in robust.items()}
+    every = [np.array([clean_correct], np.int64), *curves.values(),
+             np.asarray(worst_case, np.int64),
+             *(np.asarray(c[2], np.int64) for c in certified.values())]
+    bounds = metrics.binomial_interval_table(np.concatenate(every), int(n), confidence)
+    starts = np.cumsum([0] + [len(c) for c in every])
+    interval_of = lambda i: bounds[starts[i]:starts[i + 1]]
 
     def curve(robust_count):  # the reducer every curve of the library is computed from
       return metrics.CurveCounts(np.int64(n), np.int64(clean_correct),
                                  np.asarray(robust_count, np.int64)).compute(epsilons)
 
     def summary(name, robust_count, description, norm, minimum_norm, attack_flags,
-                attack_counts, computed=None):
+                attack_counts, interval, computed=None):
       computed = curve(robust_count) if computed is None else computed
       attack_counts = {str(k): np.asarray(v, np.int64) for k, v in attack_counts.items()}
       return AttackSummary(name=name, description=description, norm=norm,
@@ -196,23 +293,100 @@ class Report:
                            robust_accuracy=computed["robust_accuracy"],
                            auc=float(computed["auc"]),
                            flags=decide_flags(attack_flags, attack_counts, int(n)),
-                           counts=attack_counts)
+                           counts=attack_counts, robust_interval=interval)
 
-    attacks = {name: summary(name, robust[name], *info[name], flags.get(name, {}),
-                             counts.get(name, {}))
-               for name in robust}
+    attacks = {name: summary(name, curves[name], *info[name], flags.get(name, {}),
+                             counts.get(name, {}), interval_of(1 + a))
+               for a, name in enumerate(curves)}
     norms = sorted({s.norm for s in attacks.values()})
     any_flags = {f"{name}/{k}": v for name, s in attacks.items() for k, v in s.flags.items()}
     any_counts = {f"{name}/{k}": v for name, s in attacks.items() for k, v in s.counts.items()}
     worst_curve = curve(worst_case)
     worst = summary(WORST_CASE, worst_case, " + ".join(s.description for s in attacks.values()),
                     "+".join(norms), all(s.minimum_norm for s in attacks.values()), any_flags,
-                    any_counts, worst_curve)
+                    any_counts, interval_of(1 + len(curves)), worst_curve)
+    proven = {name: summary(name, c, description, norm, False, {}, {},
+                            interval_of(2 + len(curves) + i))
+              for i, (name, (description, norm, c)) in enumerate(certified.items())}
     clean = worst_curve["clean_accuracy"]
     return cls(epsilons=epsilons, num_examples=int(n), clean_correct=int(clean_correct),
                clean_accuracy=float(clean), attacks=attacks, worst_case=worst,
                per_example=None if per_example is None else dict(per_example),
-               timing=dict(timing or {}))
+               timing=dict(timing or {}), confidence=float(confidence),
+               clean_interval=tuple(float(b) for b in interval_of(0)[0]), certified=proven,
+               provenance=dict(provenance or {}))
+
+  def with_certified(self, name: str, certified: Curve | Any, *, description: str = "",
+                     norm: str | None = None) -> Report:
+    r"""This report with a certified curve added under ``name`` (a new report; this one is kept).
+
+    A certified curve counts the examples *proven* robust at each eps of :attr:`epsilons` (e.g.
+    by randomized smoothing or bound propagation), so it is a lower bound on the true robust
+    accuracy, as the empirical curves are upper bounds:
+    :math:`\mathrm{certified}(\epsilon) \le \mathrm{true}(\epsilon) \le
+    \mathrm{worst\ case}(\epsilon)`. A certified count above the empirical worst case means one
+    of the two is wrong (for instance different data, or a norm mismatch): it raises.
+
+    Args:
+      name: the curve's name (e.g. ``"smoothing sigma=0.25"``); not an attack's name.
+      certified: a :class:`jaxrobust.Curve` over the same eps grid whose ``robust`` holds the
+        per-example certified flags ``[K, N]`` of the same ``N`` examples, or ``[K]`` integer
+        counts of certified examples.
+      description: how the curve was obtained (the certifier's configuration).
+      norm: the norm of the certified radii (default: the report's norm).
+
+    Returns:
+      A :class:`Report`.
+
+    Examples:
+      >>> import numpy as np
+      >>> r = Report.from_counts(epsilons=np.array([0.1, 0.2], np.float32), n=4,
+      ...                        clean_correct=3, robust={"pgd": np.array([2, 1])},
+      ...                        worst_case=np.array([2, 1]),
+      ...                        info={"pgd": ("pgd-linf", "linf", False)}, flags={"pgd": {}})
+      >>> r.with_certified("ibp", np.array([1, 0])).certified["ibp"].robust_accuracy.tolist()
+      [0.25, 0.0]
+    """
+    if name in self.certified:
+      raise ValueError(f"The report already has a certified curve {name!r}.")
+    if isinstance(certified, Curve):
+      if not np.array_equal(np.asarray(certified.epsilons, np.float32), self.epsilons):
+        raise ValueError(f"The certified curve's eps grid {np.asarray(certified.epsilons)} is "
+                         f"not the report's {self.epsilons}.")
+      flags = np.asarray(certified.robust, bool)
+      if flags.ndim != 2 or flags.shape[1] != self.num_examples:
+        raise ValueError(f"The certified curve's robust flags have shape {flags.shape}; expected "
+                         f"[{len(self.epsilons)}, {self.num_examples}] (the report's examples).")
+      counts = flags.sum(axis=1, dtype=np.int64)
+    else:
+      counts = np.asarray(certified)
+      if counts.shape != self.epsilons.shape or counts.dtype.kind not in "iu":
+        raise ValueError(f"Certified counts must be {len(self.epsilons)} integers (one per eps), "
+                         f"got shape {counts.shape} and dtype {counts.dtype}.")
+    above = counts > self.worst_case.robust_count
+    if np.any(above) or np.any(counts < 0):
+      raise ValueError(f"Certified counts {counts.tolist()} exceed the empirical worst case "
+                       f"{self.worst_case.robust_count.tolist()} (or are negative): a lower "
+                       "bound above an upper bound means the curves do not describe the same "
+                       "examples, eps grid and norm.")
+    existing = {k: (s.description, s.norm, s.robust_count) for k, s in self.certified.items()}
+    existing[name] = (description, norm or self.worst_case.norm, counts.astype(np.int64))
+    return self._rebuild(certified=existing)
+
+  def _rebuild(self, **changes: Any) -> Report:
+    attacks = self.attacks
+    arguments = dict(
+        epsilons=self.epsilons, n=self.num_examples, clean_correct=self.clean_correct,
+        robust={n: s.robust_count for n, s in attacks.items()},
+        worst_case=self.worst_case.robust_count,
+        info={n: (s.description, s.norm, s.minimum_norm) for n, s in attacks.items()},
+        flags={n: s.flags for n, s in attacks.items()},
+        counts={n: s.counts for n, s in attacks.items()}, per_example=self.per_example,
+        timing=self.timing, confidence=self.confidence,
+        certified={k: (s.description, s.norm, s.robust_count) for k, s in self.certified.items()},
+        provenance=self.provenance)
+    arguments.update(changes)
+    return Report.from_counts(**arguments)
 
   @property
   def flags(self) -> dict[str, dict[str, bool]]:
@@ -225,13 +399,13 @@ class Report:
     return not any(v for fl in self.flags.values() for v in fl.values())
 
   def curve(self, name: str = WORST_CASE) -> Curve:
-    """The :class:`jaxrobust.Curve` of one attack (or of the worst case).
+    """The :class:`jaxrobust.Curve` of one attack, of the worst case or of a certified curve.
 
     ``Curve.robust`` holds the per-example flags ``[K, N]`` when the run kept them, else an
-    empty ``[K, 0]`` array.
+    empty ``[K, 0]`` array (always for certified curves).
 
     Args:
-      name: an attack name, or ``"worst_case"``.
+      name: an attack name, ``"worst_case"`` or a certified curve's name.
 
     Returns:
       A :class:`jaxrobust.Curve` of NumPy arrays.
@@ -240,11 +414,13 @@ class Report:
       summary = self.worst_case
     elif name in self.attacks:
       summary = self.attacks[name]
+    elif name in self.certified:
+      summary = self.certified[name]
     else:
-      raise ValueError(f"Unknown attack {name!r}; the report has {sorted(self.attacks)} and "
-                       f"{WORST_CASE!r}.")
+      raise ValueError(f"Unknown attack {name!r}; the report has {sorted(self.attacks)}, "
+                       f"{WORST_CASE!r} and certified {sorted(self.certified)}.")
     robust = np.zeros((len(self.epsilons), 0), bool)
-    if self.per_example is not None:
+    if self.per_example is not None and name not in self.certified:
       if name == WORST_CASE:
         robust = self.per_example["worst_case"]
       else:
@@ -253,25 +429,46 @@ class Report:
                  robust_accuracy=summary.robust_accuracy, robust=robust,
                  auc=np.float32(summary.auc))
 
-  def to_dict(self) -> dict[str, Any]:
-    """Everything but the per-example arrays and the timing, as JSON-ready Python values."""
-    return {"epsilons": [float(e) for e in self.epsilons], "num_examples": self.num_examples,
-            "clean_correct": self.clean_correct, "clean_accuracy": self.clean_accuracy,
-            "attacks": {name: s.to_dict() for name, s in self.attacks.items()},
-            "worst_case": self.worst_case.to_dict(),
-            "per_example": None if self.per_example is None else sorted(self.per_example)}
+  def plot(self, path: os.PathLike | str | None = None, **options: Any) -> Any:
+    """Draws the report with matplotlib (extra ``plot``); see :func:`jaxrobust.plotting.plot_report`.
 
-  def to_json(self, *, include_timing: bool = False, indent: int | None = 2) -> str:
+    Args:
+      path: where to write the figure (PNG, SVG or PDF by its suffix); ``None`` only returns it.
+      **options: passed to :func:`jaxrobust.plotting.plot_report`.
+
+    Returns:
+      The ``matplotlib.figure.Figure``.
+    """
+    from jaxrobust import plotting  # noqa: PLC0415 - matplotlib is an optional extra
+
+    return plotting.plot_report(self, path, **options)
+
+  def to_dict(self, *, include_provenance: bool = True) -> dict[str, Any]:
+    """Everything but the per-example arrays and the timing, as JSON-ready Python values."""
+    out = {"epsilons": [float(e) for e in self.epsilons], "num_examples": self.num_examples,
+           "clean_correct": self.clean_correct, "clean_accuracy": self.clean_accuracy,
+           "clean_accuracy_interval": list(self.clean_interval), "confidence": self.confidence,
+           "attacks": {name: s.to_dict() for name, s in self.attacks.items()},
+           "worst_case": self.worst_case.to_dict(),
+           "certified": {name: s.to_dict() for name, s in self.certified.items()},
+           "per_example": None if self.per_example is None else sorted(self.per_example)}
+    if include_provenance:
+      out["provenance"] = dict(self.provenance)
+    return out
+
+  def to_json(self, *, include_timing: bool = False, include_provenance: bool = True,
+              indent: int | None = 2) -> str:
     """The report as JSON (floats printed exactly, so equal reports give equal text).
 
     Args:
       include_timing: add the wall-clock statistics (which differ from run to run).
+      include_provenance: add :attr:`provenance`.
       indent: passed to :func:`json.dumps`.
 
     Returns:
       A JSON string.
     """
-    out = self.to_dict()
+    out = self.to_dict(include_provenance=include_provenance)
     if include_timing:
       out["timing"] = dict(self.timing)
     return json.dumps(out, indent=indent, allow_nan=True)
@@ -299,6 +496,8 @@ class Report:
       with np.load(directory / "per_example.npz") as f:
         per_example = {k: f[k] for k in f.files}
     info = {n: (s["description"], s["norm"], s["minimum_norm"]) for n, s in d["attacks"].items()}
+    certified = {n: (s["description"], s["norm"], np.asarray(s["robust_count"], np.int64))
+                 for n, s in d.get("certified", {}).items()}
     return cls.from_counts(
         epsilons=np.asarray(d["epsilons"], np.float32), n=d["num_examples"],
         clean_correct=d["clean_correct"],
@@ -306,12 +505,14 @@ class Report:
         worst_case=np.asarray(d["worst_case"]["robust_count"], np.int64), info=info,
         flags={n: s["flags"] for n, s in d["attacks"].items()},
         counts={n: s.get("counts", {}) for n, s in d["attacks"].items()}, per_example=per_example,
-        timing=d.get("timing"))
+        timing=d.get("timing"), confidence=d.get("confidence", 0.95), certified=certified,
+        provenance=d.get("provenance"))
 
   def __eq__(self, other: object) -> bool:
     if not isinstance(other, Report):
       return NotImplemented
-    if self.to_json() != other.to_json():
+    if (self.to_json(include_provenance=False)
+        != other.to_json(include_provenance=False)):
       return False
     if (self.per_example is None) != (other.per_example is None):
       return False
@@ -324,11 +525,14 @@ class Report:
   __hash__ = None  # mutable NumPy fields: not hashable
 
   def __str__(self) -> str:
-    lines = [f"jr.Report: {self.num_examples} examples, clean accuracy {self.clean_accuracy:.4f}",
+    percent = round(100 * self.confidence)
+    lines = [f"jr.Report: {self.num_examples} examples, clean accuracy {self.clean_accuracy:.4f} "
+             f"({percent}% CI {self.clean_interval[0]:.4f}-{self.clean_interval[1]:.4f})",
              "eps:        " + " ".join(f"{e:8.4g}" for e in self.epsilons)]
-    for s in [*self.attacks.values(), self.worst_case]:
+    for s in [*self.attacks.values(), self.worst_case, *self.certified.values()]:
       flagged = [k for k, v in s.flags.items() if v]
-      lines.append(f"{s.name[:11]:<11} " + " ".join(f"{a:8.4f}" for a in s.robust_accuracy)
+      label = s.name if s.name not in self.certified else f"cert:{s.name}"
+      lines.append(f"{label[:11]:<11} " + " ".join(f"{a:8.4f}" for a in s.robust_accuracy)
                    + f"   AUC {s.auc:.4f}" + (f"   FLAGS: {', '.join(flagged)}" if flagged
                                                else ""))
     return "\n".join(lines)

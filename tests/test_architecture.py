@@ -23,8 +23,9 @@ LAYERS = (
     ("engine", ("jaxrobust.engine",)),
     ("attacks", ("jaxrobust.attacks",)),
     ("front doors", ("jaxrobust._run", "jaxrobust.curves", "jaxrobust.report",
-                     "jaxrobust.evaluation")),
-    ("applications", ("jaxrobust.cli", "jaxrobust.demo", "jaxrobust.__main__", "jaxrobust")),
+                     "jaxrobust.evaluation", "jaxrobust.plotting", "jaxrobust.certify")),
+    ("applications", ("jaxrobust.cli", "jaxrobust.cli_evaluate", "jaxrobust.demo",
+                      "jaxrobust.__main__", "jaxrobust")),
 )
 MAX_FUNCTION_LINES = 150  # including the docstring
 

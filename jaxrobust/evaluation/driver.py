@@ -20,7 +20,7 @@ from jaxrobust.evaluation import host
 from jaxrobust.evaluation.checkpointing import (Checkpoint, EvalState, fingerprint,
                                                model_fingerprint)
 from jaxrobust.evaluation.device_step import _jitted_step, _split_model, _trace_model
-from jaxrobust.report import Report
+from jaxrobust.report import Report, provenance
 
 Array = jax.Array
 
@@ -153,9 +153,13 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   if position < resume_at:
     raise ValueError(f"Checkpoint {ckpt.path} records {resume_at} batches done but the data has "
                      f"only {position}. Pass the same data, or delete the checkpoint.")
-  return _report(plan, state, host.timing(start_time, time.perf_counter(), clock["after_first"],
-                                          clock["compile"], clock["step"], clock["evaluated"],
-                                          clock["first_n"]))
+  timing = host.timing(start_time, time.perf_counter(), clock["after_first"], clock["compile"],
+                       clock["step"], clock["evaluated"], clock["first_n"])
+  run = {"batch_size": batch_size, "keep_per_example": keep_per_example,
+         "eps_batch_size": eps_batch_size, "unroll": unroll, "chunk_size": chunk_size,
+         "use_shard_map": use_shard_map, "devices": 1 if mesh is None else int(mesh.size),
+         "processes": plan.num_processes}
+  return _report(plan, state, timing, run)
 
 
 def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, options: tuple,
@@ -218,13 +222,17 @@ def _show(bar, n: int, state: EvalState, plan: host.Plan) -> None:
   bar.update(n)
 
 
-def _report(plan: host.Plan, state: EvalState, timing: Mapping[str, float]) -> Report:
+def _report(plan: host.Plan, state: EvalState, timing: Mapping[str, float],
+            run: Mapping[str, Any]) -> Report:
   sums = state.sums
   names = tuple(plan.attacks)
+  described = provenance(plan.attacks, epsilons=plan.epsilons, lower=plan.lower,
+                         upper=plan.upper, key_data=plan.key_data,
+                         key_impl=jax.random.key_impl(plan.key), evaluate=dict(run))
   return Report.from_counts(
       epsilons=plan.epsilons, n=int(sums.worst_case.n), clean_correct=int(sums.worst_case.correct),
       robust={name: sums.curves[a].robust for a, name in enumerate(names)},
       worst_case=sums.worst_case.robust,
       info={n: (a.name, a.norm, a.minimum_norm) for n, a in plan.attacks.items()},
       flags=dict(zip(names, sums.flags())), counts=dict(zip(names, sums.counts)),
-      per_example=state.report_per_example(), timing=timing)
+      per_example=state.report_per_example(), timing=timing, provenance=described)

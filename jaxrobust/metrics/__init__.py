@@ -26,7 +26,8 @@ from jaxrobust.metrics.formulas import (accuracy, adversarial_accuracy, attack_s
                                         robust_accuracy)
 from jaxrobust.metrics.reducers import Counts, CurveCounts, NormHistogram, Reducer, psum
 from jaxrobust.metrics.rates import (Rate, attack_success_rate_generative, binomial_interval,
-                                     paraphrase_consistency, prompt_injection_rate)
+                                     binomial_interval_table, paraphrase_consistency,
+                                     prompt_injection_rate)
 
 __all__ = [
     "Counts", "CurveCounts", "NormHistogram", "Reducer", "accuracy", "adversarial_accuracy",
@@ -34,6 +35,6 @@ __all__ = [
     "empirical_robustness", "mean_perturbation", "median_perturbation", "perturbation_quantiles",
     "psum", "robust_accuracy",
     # Rates with exact binomial intervals (jaxrobust.metrics.rates).
-    "Rate", "attack_success_rate_generative", "binomial_interval", "paraphrase_consistency",
-    "prompt_injection_rate",
+    "Rate", "attack_success_rate_generative", "binomial_interval", "binomial_interval_table",
+    "paraphrase_consistency", "prompt_injection_rate",
 ]

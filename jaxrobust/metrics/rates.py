@@ -44,6 +44,7 @@ random intervals).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -678,3 +679,41 @@ def paraphrase_consistency(answers: ArrayLike, mask: Optional[ArrayLike] = None)
     raise ValueError("answers needs at least one paraphrase per question (P >= 1).")
   consistent = jnp.all(answers == answers[:, :1], axis=1)
   return Rate.from_flags(consistent, mask)
+
+
+@functools.cache
+def _jitted_binomial_interval():
+  """:func:`binomial_interval` jitted, for host-side tables (its bisection dispatched op by op
+  takes seconds; drivers may jit, library code does not)."""
+  return jax.jit(binomial_interval, static_argnames="sided")
+
+
+def binomial_interval_table(successes: ArrayLike, trials: ArrayLike,
+                            confidence: float = 0.95) -> np.ndarray:
+  """Host-side :func:`binomial_interval` (two-sided): ``[..., 2]`` float64 ``(lower, upper)``.
+
+  For reports and plots, which hold NumPy counts: one small compiled program per power-of-two
+  size (at least 16; the counts are padded), instead of an eagerly dispatched bisection. Not for
+  use under ``jit`` (call :func:`binomial_interval` there).
+
+  Args:
+    successes: integer counts, any shape.
+    trials: integer counts broadcastable to ``successes``.
+    confidence: the level in ``(0, 1)``.
+
+  Returns:
+    A NumPy array of shape ``successes.shape + (2,)``.
+
+  Examples:
+    >>> binomial_interval_table([0, 5, 10], 10).round(4).tolist()
+    [[0.0, 0.3085], [0.1871, 0.8129], [0.6915, 1.0]]
+  """
+  successes = np.asarray(successes, np.int64)
+  trials = np.broadcast_to(np.asarray(trials, np.int64), successes.shape)
+  size = max(16, 1 << max(successes.size - 1, 0).bit_length())
+  padded = np.zeros((2, size), np.int64)
+  padded[0, :successes.size] = successes.ravel()
+  padded[1, :successes.size] = trials.ravel()
+  lower, upper = _jitted_binomial_interval()(padded[0], padded[1], np.float32(confidence))
+  out = np.stack([np.asarray(lower, np.float64), np.asarray(upper, np.float64)], -1)
+  return out[:successes.size].reshape(successes.shape + (2,))

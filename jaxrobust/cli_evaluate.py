@@ -1,0 +1,487 @@
+r"""``jaxrobust evaluate`` and ``jaxrobust compare``: the command line for a user's own model.
+
+``jaxrobust evaluate MODULE:FUNCTION --data FILE.npz --eps 8/255`` imports ``MODULE`` (a path to a
+``.py`` file, or a dotted module name importable from the working directory), calls
+``FUNCTION()`` with no arguments, and evaluates what it returns — a ``logits_fn``
+``x [B, ...] -> logits [B, C]``, or a ``flax.nnx.Module`` — with :func:`jaxrobust.evaluate` on the
+arrays ``x`` (any shape ``[N, ...]``, e.g. NHWC images, with values in ``[--lower, --upper]``) and
+``y`` (``[N]`` integer labels) of ``FILE.npz``. It writes into ``--out``:
+
+* ``report.json``: the :class:`jaxrobust.Report` (accuracies with their exact binomial intervals,
+  reliability flags, provenance: attacks' full configurations, eps units, box, key, versions, the
+  command, the data file's SHA-256), and ``per_example.npz`` (per-example flags and
+  :math:`\epsilon^*`);
+* ``summary.md``: the same numbers as a Markdown table;
+* ``curves.png``: :meth:`jaxrobust.Report.plot`.
+
+With ``--checkpoint FILE`` an interrupted run resumes where it stopped and gives the identical
+report. Mistakes in the user's module, the data's shapes or its value range end the command with
+exit status 2 and one line saying what is wrong (``--traceback`` shows the Python traceback).
+
+``jaxrobust compare DIR1 DIR2 ...`` prints the worst-case robust accuracies of saved reports side
+by side and overlays their curves in one PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import pathlib
+import sys
+import time
+from collections.abc import Callable, Sequence
+from fractions import Fraction
+from typing import Any
+
+ATTACKS = ("pgd", "fgsm", "apgd", "apgd_t", "auto_attack", "square", "fab", "fab_t", "fmn",
+           "deepfool", "cw")
+"""The attack names ``--attack`` accepts (comma-separated for several)."""
+
+
+class UserError(Exception):
+  """A mistake in the user's module, data or options: reported in one line, exit status 2."""
+
+
+def parse_eps(text: str) -> tuple[list[float], list[str]]:
+  """``"0.01,0.02"`` or ``"2/255,8/255"`` -> the budgets and their text as given.
+
+  Examples:
+    >>> parse_eps("2/255, 8/255")[1], round(parse_eps("8/255")[0][0], 6)
+    (['2/255', '8/255'], 0.031373)
+  """
+  values, texts = [], []
+  for part in text.split(","):
+    part = part.strip()
+    try:
+      value = float(Fraction(part))
+    except (ValueError, ZeroDivisionError):
+      raise argparse.ArgumentTypeError(
+          f"expected numbers or fractions separated by commas (0.01,0.02 or 8/255), got "
+          f"{part!r}") from None
+    if not value > 0 or value == float("inf"):
+      raise argparse.ArgumentTypeError(f"every eps must be positive and finite, got {part}")
+    values.append(value)
+    texts.append(part)
+  return values, texts
+
+
+def parse_attacks(text: str) -> list[str]:
+  """Comma-separated attack names, each one of :data:`ATTACKS`."""
+  names = [t.strip().replace("-", "_") for t in text.split(",") if t.strip()]
+  unknown = [n for n in names if n not in ATTACKS]
+  if unknown or not names:
+    raise argparse.ArgumentTypeError(f"unknown attack {', '.join(unknown) or text!r}; choose "
+                                     f"from {', '.join(ATTACKS)}")
+  if len(set(names)) != len(names):
+    raise argparse.ArgumentTypeError(f"an attack is named twice in {text!r}")
+  return names
+
+
+def _positive_int(text: str) -> int:
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+  return value
+
+
+def add_evaluate_parser(commands: Any) -> None:
+  """Adds the ``evaluate`` sub-command to ``commands`` (an argparse sub-parser group)."""
+  p = commands.add_parser(
+      "evaluate", help="evaluate your own model on your own data (.npz with x and y)",
+      description="Evaluate the robustness of your model: MODULE:FUNCTION names a function "
+      "(in a .py file or an importable module) that takes no arguments and returns a logits "
+      "function x [B, ...] -> logits [B, C] or a flax.nnx.Module. Writes report.json, "
+      "per_example.npz, summary.md and curves.png into --out.")
+  p.add_argument("model", metavar="MODULE:FUNCTION",
+                 help="e.g. mymodel.py:make_model or mypackage.models:load")
+  p.add_argument("--data", required=True, type=pathlib.Path, metavar="FILE.npz",
+                 help="an .npz file with arrays x [N, ...] (floats in [--lower, --upper]) and "
+                 "y [N] (integer labels)")
+  p.add_argument("--eps", required=True, type=parse_eps, metavar="EPS[,EPS...]",
+                 help="budgets in the units of x, numbers or fractions: 0.01,0.02 or 8/255")
+  p.add_argument("--attack", type=parse_attacks, default=["pgd"], metavar="NAME[,NAME...]",
+                 help=f"attacks, worst case taken per example: {', '.join(ATTACKS)} "
+                 "(default: pgd)")
+  p.add_argument("--norm", choices=("linf", "l2", "l1"), default="linf",
+                 help="the threat model's norm (default: linf)")
+  p.add_argument("--steps", type=_positive_int, default=None,
+                 help="iterations of every attack that has steps (default: each attack's own)")
+  p.add_argument("--lower", type=float, default=0.0, help="smallest valid input (default: 0)")
+  p.add_argument("--upper", type=float, default=1.0, help="largest valid input (default: 1)")
+  p.add_argument("--batch-size", type=_positive_int, default=256,
+                 help="examples per step, all devices together (default: 256)")
+  p.add_argument("--limit", type=_positive_int, default=None,
+                 help="evaluate only the first N examples")
+  p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("jaxrobust-report"),
+                 help="output directory (default: ./jaxrobust-report)")
+  p.add_argument("--checkpoint", type=pathlib.Path, default=None,
+                 help="checkpoint file: written after every batch, resumed from if present")
+  p.add_argument("--devices", type=_positive_int, default=None,
+                 help="shard every batch over this many devices (on CPU they are simulated)")
+  p.add_argument("--seed", type=int, default=0, help="seed of the attacks' randomness (default 0)")
+  p.add_argument("--quiet", action="store_true", help="no progress bar")
+  p.add_argument("--traceback", action="store_true", help="show Python tracebacks of errors")
+
+
+def add_compare_parser(commands: Any) -> None:
+  """Adds the ``compare`` sub-command to ``commands``."""
+  p = commands.add_parser(
+      "compare", help="compare saved reports (directories written by jaxrobust evaluate)",
+      description="Print the worst-case robust accuracies of saved reports side by side and "
+      "overlay their curves in one PNG.")
+  p.add_argument("reports", nargs="+", type=pathlib.Path, metavar="DIR",
+                 help="directories holding report.json")
+  p.add_argument("--labels", default=None, help="comma-separated labels (default: the "
+                 "directory names)")
+  p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("compare.png"),
+                 help="where to write the overlay (default: ./compare.png)")
+  p.add_argument("--traceback", action="store_true", help="show Python tracebacks of errors")
+
+
+def load_model(spec: str) -> tuple[Any, Any]:
+  """``MODULE:FUNCTION`` -> ``(FUNCTION(), FUNCTION)``; every failure is a :class:`UserError`."""
+  module_name, sep, function_name = spec.rpartition(":")
+  if not sep or not module_name or not function_name:
+    raise UserError(f"expected MODULE:FUNCTION (e.g. mymodel.py:make_model), got {spec!r}")
+  try:
+    if module_name.endswith(".py") or os.sep in module_name:
+      path = pathlib.Path(module_name)
+      if not path.is_file():
+        raise UserError(f"no such file: {module_name}")
+      module_spec = importlib.util.spec_from_file_location(f"_jaxrobust_user_{path.stem}", path)
+      module = importlib.util.module_from_spec(module_spec)
+      sys.path.insert(0, str(path.resolve().parent))  # its sibling imports work as in python
+      module_spec.loader.exec_module(module)
+    else:
+      sys.path.insert(0, os.getcwd())
+      module = importlib.import_module(module_name)
+  except UserError:
+    raise
+  except BaseException as error:  # noqa: BLE001 - the user's code: any failure is theirs
+    if isinstance(error, KeyboardInterrupt):
+      raise
+    raise UserError(f"importing {module_name} failed: {_one_line(error)}") from error
+  function = getattr(module, function_name, None)
+  if function is None:
+    raise UserError(f"{module_name} has no attribute {function_name!r}")
+  if not callable(function):
+    raise UserError(f"{module_name}:{function_name} is not callable")
+  try:
+    model = function()
+  except Exception as error:  # noqa: BLE001 - the user's code
+    raise UserError(f"{function_name}() raised {_one_line(error)}") from error
+  if not callable(model):
+    raise UserError(f"{function_name}() must return a logits function or an nnx.Module, got "
+                    f"{type(model).__name__}")
+  return model, function
+
+
+def _one_line(error: BaseException) -> str:
+  text = " ".join(str(error).split())
+  return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def load_data(path: pathlib.Path, *, lower: float, upper: float,
+              limit: int | None) -> tuple[Any, Any, str]:
+  """``(x, y, sha256)`` from an ``.npz`` file, checked; every problem is a :class:`UserError`."""
+  import numpy as np  # noqa: PLC0415
+
+  if not path.is_file():
+    raise UserError(f"no such data file: {path}")
+  digest = hashlib.sha256(path.read_bytes()).hexdigest()
+  try:
+    with np.load(path, allow_pickle=False) as f:
+      files = list(f.files) if hasattr(f, "files") else None
+      if files is None:
+        raise UserError(f"{path} is a single array, not an .npz archive with x and y")
+      missing = [k for k in ("x", "y") if k not in files]
+      if missing:
+        raise UserError(f"{path} has no array {' or '.join(map(repr, missing))} (it has: "
+                        f"{', '.join(files) or 'nothing'}); save it with np.savez(file, x=x, y=y)")
+      x, y = f["x"], f["y"]
+  except UserError:
+    raise
+  except Exception as error:  # noqa: BLE001 - not a readable archive
+    raise UserError(f"cannot read {path} as .npz: {_one_line(error)}") from error
+  if limit is not None:
+    x, y = x[:limit], y[:limit]
+  if x.ndim < 2:
+    raise UserError(f"x must be [N, ...] with at least one feature dimension, got shape {x.shape}")
+  if y.ndim != 1:
+    hint = " (one-hot? save y.argmax(-1))" if y.ndim == 2 else ""
+    raise UserError(f"y must be [N] integer labels, got shape {y.shape}{hint}")
+  if x.shape[0] != y.shape[0]:
+    raise UserError(f"x has {x.shape[0]} examples but y has {y.shape[0]}")
+  if x.shape[0] == 0:
+    raise UserError("the data set is empty")
+  if not np.issubdtype(y.dtype, np.integer):
+    raise UserError(f"y must hold integer labels, got dtype {y.dtype}")
+  if not np.issubdtype(x.dtype, np.floating):
+    raise UserError(f"x must be floating point, got {x.dtype}; e.g. for 8-bit images save "
+                    "x.astype('float32') / 255 (values in [0, 1])")
+  if x.dtype == np.float64:
+    x = x.astype(np.float32)  # np.savez keeps NumPy's float64 default; JAX computes in float32
+  finite = np.isfinite(x)
+  if not finite.all():
+    raise UserError(f"x has {int(np.sum(~finite))} NaN or infinite values")
+  low, high = float(x.min()), float(x.max())
+  if low < lower or high > upper:
+    hint = (" (8-bit pixel values? save x / 255, or pass --upper 255)"
+            if high > 1.5 and high <= 255 and upper <= 1 else "")
+    raise UserError(f"x has values in [{low:g}, {high:g}], outside the box [{lower:g}, "
+                    f"{upper:g}] given by --lower/--upper{hint}")
+  return x, y.astype(np.int32), digest
+
+
+def build_attacks(names: Sequence[str], norm: str, steps: int | None) -> dict[str, Any]:
+  """``--attack`` names -> ``{name: jr.Attack}`` for ``norm``; raises :class:`UserError` for a
+  norm an attack does not support."""
+  import jaxrobust as jr  # noqa: PLC0415
+
+  a = jr.attacks
+  with_steps = {} if steps is None else {"steps": steps}
+  factories: dict[str, Callable[[], Any]] = {
+      "pgd": lambda: a.pgd(norm, **with_steps),
+      "fgsm": lambda: a.fgsm(norm),
+      "apgd": lambda: a.apgd(norm, **with_steps),
+      "apgd_t": lambda: a.apgd(norm, targeted=True, **with_steps),
+      "auto_attack": lambda: a.auto_attack(norm, **with_steps),
+      "square": lambda: a.square(norm),
+      "fab": lambda: a.fab(norm, **with_steps),
+      "fab_t": lambda: a.fab(norm, targeted=True, **with_steps),
+      "fmn": lambda: a.fmn(norm, **with_steps),
+      "deepfool": lambda: a.deepfool(norm, **with_steps),
+      "cw": lambda: _carlini_wagner(norm, with_steps),
+  }
+  out = {}
+  for name in names:
+    try:
+      out[name] = factories[name]()
+    except ValueError as error:
+      raise UserError(f"--attack {name} with --norm {norm}: {_one_line(error)}") from error
+  return out
+
+
+def _carlini_wagner(norm: str, with_steps: dict[str, int]) -> Any:
+  import jaxrobust as jr  # noqa: PLC0415
+
+  if norm != "l2":
+    raise ValueError("Carlini-Wagner is an L2 attack; pass --norm l2")
+  return jr.attacks.carlini_wagner_l2(**with_steps)
+
+
+def _check_model(model: Any, x: Any) -> None:
+  """Runs the model abstractly on two examples: a failure there is the user's, in one line."""
+  import jax  # noqa: PLC0415
+
+  spec = jax.ShapeDtypeStruct((min(2, x.shape[0]),) + x.shape[1:], x.dtype)
+  try:
+    out = jax.eval_shape(lambda inputs: model(inputs), spec)
+  except Exception as error:  # noqa: BLE001 - the user's model
+    raise UserError(f"the model failed on inputs of shape {tuple(spec.shape)} and dtype "
+                    f"{spec.dtype}: {_one_line(error)}") from error
+  if getattr(out, "ndim", None) != 2 or out.shape[0] != spec.shape[0]:
+    raise UserError(f"the model must return logits [B, C]; on inputs of shape "
+                    f"{tuple(spec.shape)} it returned {getattr(out, 'shape', type(out).__name__)}")
+
+
+def _use_devices(count: int | None) -> Any:
+  """A 1-D mesh over the first ``count`` devices (``None``: no mesh). On CPU, asks JAX for
+  ``count`` simulated devices if no JAX operation ran yet."""
+  if count is None:
+    return None
+  import jax  # noqa: PLC0415
+
+  try:
+    if count > 1:
+      jax.config.update("jax_num_cpu_devices", count)
+  except RuntimeError:  # the backend is already up: use the devices it has
+    pass
+  devices = jax.devices()
+  if count > len(devices):
+    raise UserError(f"--devices {count} but JAX sees {len(devices)} {devices[0].platform} "
+                    "device(s)")
+  return jax.make_mesh((count,), ("batch",), devices=devices[:count])
+
+
+def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
+  """Loads the model and data, runs :func:`jaxrobust.evaluate`, writes the outputs; returns the
+  :class:`jaxrobust.Report`. Raises :class:`UserError` for the user's mistakes."""
+  import dataclasses  # noqa: PLC0415
+
+  import jax  # noqa: PLC0415
+
+  import jaxrobust as jr  # noqa: PLC0415
+
+  if not args.lower < args.upper:
+    raise UserError(f"--lower {args.lower} must be below --upper {args.upper}")
+  mesh = _use_devices(args.devices)
+  epsilons, eps_text = args.eps
+  attacks = build_attacks(args.attack, args.norm, args.steps)
+  model, _ = load_model(args.model)
+  x, y, digest = load_data(args.data, lower=args.lower, upper=args.upper, limit=args.limit)
+  _check_model(model, x)
+  try:
+    report = jr.evaluate(model, (x, y), attacks=attacks, epsilons=epsilons,
+                         key=jax.random.key(args.seed), batch_size=min(args.batch_size, len(x)),
+                         mesh=mesh, checkpoint=args.checkpoint, progress=not args.quiet,
+                         lower=args.lower, upper=args.upper, keep_per_example=True)
+  except ValueError as error:  # bad eps, labels out of range, a checkpoint of another run
+    raise UserError(_one_line(error).removeprefix("ValueError: ")) from error
+  provenance = dict(report.provenance, command=["jaxrobust", *argv], model=args.model,
+                    seed=args.seed, eps_text=eps_text,
+                    data={"path": str(args.data), "sha256": digest, "num_examples": int(len(x)),
+                          "x_shape": list(x.shape[1:]), "x_dtype": str(x.dtype)})
+  report = dataclasses.replace(report, provenance=provenance)
+  write_outputs(report, args.out)
+  return report
+
+
+def write_outputs(report: Any, out: pathlib.Path) -> list[pathlib.Path]:
+  """``report.json`` and ``per_example.npz`` (:meth:`jaxrobust.Report.save`), ``summary.md`` and,
+  if matplotlib is installed, ``curves.png``; returns the paths written."""
+  report.save(out)
+  written = [out / "report.json"]
+  if report.per_example is not None:
+    written.append(out / "per_example.npz")
+  (out / "summary.md").write_text(summary_markdown(report), encoding="utf-8")
+  written.append(out / "summary.md")
+  try:
+    report.plot(out / "curves.png")
+    written.append(out / "curves.png")
+  except ImportError as error:
+    print(f"jaxrobust: curves.png not written: {error}", file=sys.stderr)
+  return written
+
+
+def _fmt(value: float, interval: Sequence[float]) -> str:
+  return f"{value:.4f} [{interval[0]:.4f}, {interval[1]:.4f}]"
+
+
+def summary_markdown(report: Any) -> str:
+  """The report as Markdown: threat model, clean accuracy and a table of robust accuracies with
+  their intervals (one row per eps), flags and provenance.
+
+  Examples:
+    >>> import numpy as np
+    >>> import jaxrobust as jr
+    >>> r = jr.Report.from_counts(epsilons=np.array([0.5], np.float32), n=4, clean_correct=4,
+    ...                           robust={"pgd": np.array([2])}, worst_case=np.array([2]),
+    ...                           info={"pgd": ("pgd-linf", "linf", False)}, flags={"pgd": {}})
+    >>> print(summary_markdown(r).splitlines()[-4])
+    | 0.5 | 0.5000 [0.0676, 0.9324] | 0.5000 [0.0676, 0.9324] |
+  """
+  p = report.provenance or {}
+  percent = round(100 * report.confidence)
+  eps_text = p.get("eps_text") or [f"{e:g}" for e in report.epsilons]
+  names = list(report.attacks)
+  lines = ["# Robustness report", ""]
+  if "model" in p:
+    data = p.get("data", {})
+    lines.append(f"Model `{p['model']}` on `{data.get('path', '?')}` ({report.num_examples} "
+                 f"examples of shape {data.get('x_shape')}, {data.get('x_dtype')}).")
+  threat = p.get("threat_model", {})
+  lines += [f"Threat model: {threat.get('eps_units', report.worst_case.norm + ' norm')}; the "
+            "worst case is taken per example over the attacks.", "",
+            f"Clean accuracy: {_fmt(report.clean_accuracy, report.clean_interval)} "
+            f"({report.num_examples} examples; brackets: exact {percent}% binomial interval).",
+            ""]
+  headers = ["eps", *names, "worst case", *(f"certified: {c}" for c in report.certified)]
+  lines += ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+  summaries = [*report.attacks.values(), report.worst_case, *report.certified.values()]
+  for k, text in enumerate(eps_text):
+    cells = [_fmt(s.robust_accuracy[k], s.robust_interval[k]) for s in summaries]
+    lines.append("| " + " | ".join([text, *cells]) + " |")
+  lines.append("")
+  raised = [f"{n}: {f}" for n, fl in report.flags.items() for f, up in sorted(fl.items()) if up]
+  lines.append("Reliability flags: " + (", ".join(raised) + " (the robust accuracy may be "
+                                        "overestimated)" if raised else "none raised."))
+  lines.append("")
+  for name, attack in p.get("attacks", {}).items():
+    lines.append(f"- `{name}`: `{json.dumps(attack.get('config') or attack.get('description'))}`")
+  if p:
+    lines.append(f"- jaxrobust {p.get('jaxrobust_version')}, JAX {p.get('jax_version')} "
+                 f"({p.get('backend')}), key {p.get('key')}")
+  return "\n".join(lines) + "\n"
+
+
+def run_compare(args: argparse.Namespace) -> dict[str, Any]:
+  """Loads the saved reports, prints their worst-case curves side by side, writes the overlay."""
+  import jaxrobust as jr  # noqa: PLC0415
+
+  labels = ([s.strip() for s in args.labels.split(",")] if args.labels
+            else [d.resolve().name for d in args.reports])
+  if len(labels) != len(args.reports):
+    raise UserError(f"{len(labels)} labels for {len(args.reports)} reports")
+  if len(set(labels)) != len(labels):
+    raise UserError(f"labels must differ, got {labels} (pass --labels)")
+  reports = {}
+  for label, directory in zip(labels, args.reports):
+    if not (directory / "report.json").is_file():
+      raise UserError(f"{directory} has no report.json")
+    try:
+      reports[label] = jr.Report.load(directory)
+    except (KeyError, ValueError, OSError) as error:
+      raise UserError(f"cannot read {directory / 'report.json'}: {_one_line(error)}") from error
+  print(compare_table(reports))
+  jr.plotting.plot_reports(reports, args.out)
+  print(f"Overlay written to {args.out.resolve()}")
+  return reports
+
+
+def compare_table(reports: dict[str, Any]) -> str:
+  """One line per report: examples, clean accuracy, worst-case robust accuracy at each eps."""
+  lines = []
+  for label, r in reports.items():
+    cells = ", ".join(f"{e:g}: {a:.4f}" for e, a in zip(r.epsilons, r.worst_case.robust_accuracy))
+    lines.append(f"{label}: {r.num_examples} examples ({r.worst_case.norm}), clean "
+                 f"{r.clean_accuracy:.4f}; worst case {cells}")
+  return "\n".join(lines)
+
+
+def main_command(name: str, run: Callable[[], Any], args: argparse.Namespace) -> int:
+  """Runs a command, turning errors into one line and an exit status: 2 for the user's mistakes
+  (and ``ValueError``/``TypeError`` from the library about the inputs), 1 for anything else,
+  130 when interrupted."""
+  try:
+    run()
+  except KeyboardInterrupt:
+    where = getattr(args, "checkpoint", None)
+    again = f"; run the same command to resume from {where}" if where else ""
+    print(f"jaxrobust {name}: interrupted{again}", file=sys.stderr)
+    return 130
+  except (UserError, ValueError, TypeError) as error:
+    if args.traceback:
+      raise
+    message = str(error) if isinstance(error, UserError) else _one_line(error)
+    print(f"jaxrobust {name}: error: {message}", file=sys.stderr)
+    return 2
+  except Exception as error:  # noqa: BLE001 - one line; --traceback for the rest
+    if args.traceback:
+      raise
+    print(f"jaxrobust {name}: internal error: {_one_line(error)} (rerun with --traceback and "
+          "report it)", file=sys.stderr)
+    return 1
+  return 0
+
+
+def evaluate_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
+  """``jaxrobust evaluate``: the exit status."""
+  def run():
+    start = time.perf_counter()
+    report = run_evaluate(args, argv)
+    print(report)
+    print(f"Report written to {args.out.resolve()} ({time.perf_counter() - start:.1f} s)")
+  return main_command("evaluate", run, args)
+
+
+def compare_main(args: argparse.Namespace) -> int:
+  """``jaxrobust compare``: the exit status."""
+  return main_command("compare", lambda: run_compare(args), args)
