@@ -1,0 +1,222 @@
+"""``jaxrobust evaluate`` and ``jaxrobust compare`` end to end, run in-process as a user would.
+
+The model is a user module written to a temporary directory: a two-class linear model on 4x4x1
+NHWC images whose exact minimal Linf distances d* are known (tests/ground_truth.py); with two
+classes the cross-entropy ascent of PGD is the margin's, so the default PGD must be exact (on more
+classes untargeted CE-PGD may stall short of the nearest class: tests/test_ground_truth.py only
+requires that of attacks that try every class). The data keep only points
+whose d* is at least 5% away from every eps of the grid, so the robust count at each eps is
+exactly #{d* > eps} for any attack at least as strong as the ground-truth rule demands.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import textwrap
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from jaxrobust import cli
+from jaxrobust.evaluation import driver
+from tests.ground_truth import linear_problem
+
+EPS_TEXT = "4/255,8/255,16/255"
+EPS = np.array([4 / 255, 8 / 255, 16 / 255])
+
+MODULE = textwrap.dedent('''
+    import pathlib
+    import jax.numpy as jnp
+    import numpy as np
+
+    HERE = pathlib.Path(__file__).parent
+
+    def make_model():
+      weights = np.load(HERE / "weights.npz")
+      w = jnp.asarray(weights["w"], jnp.float32)
+      b = jnp.asarray(weights["b"], jnp.float32)
+      return lambda x: x.reshape(x.shape[0], -1) @ w + b[None, :]
+
+    def make_nnx_model():
+      from flax import nnx
+      weights = np.load(HERE / "weights.npz")
+      layer = nnx.Linear(16, 2, rngs=nnx.Rngs(0))
+      layer.kernel.value = jnp.asarray(weights["w"], jnp.float32)
+      layer.bias.value = jnp.asarray(weights["b"], jnp.float32)
+
+      class Flat(nnx.Module):
+        def __init__(self, layer):
+          self.layer = layer
+
+        def __call__(self, x):
+          return self.layer(x.reshape(x.shape[0], -1))
+
+      return Flat(layer)
+
+    def broken():
+      raise RuntimeError("the weights are not where I left them")
+''')
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+  """The user's directory: ``mymodel.py``, ``weights.npz``, ``data.npz`` and bad data files;
+  and the ground-truth robust count per eps."""
+  root = tmp_path_factory.mktemp("user")
+  problem = linear_problem(shape=(4, 4, 1), classes=2, norm="linf", n=160, seed=3, candidates=16)
+  d = problem.distance
+  clear = np.all((d[:, None] > 1.05 * EPS[None, :]) | (d[:, None] < EPS[None, :] / 1.05), axis=1)
+  x, y, d = problem.x[clear], problem.y[clear], d[clear]
+  y = y.copy()
+  y[:5] = 1 - y[:5]  # five clean-misclassified points: never robust
+  robust = (d[:, None] > EPS[None, :]) & (np.arange(len(y)) >= 5)[:, None]
+  (root / "mymodel.py").write_text(MODULE)
+  np.savez(root / "weights.npz", w=problem.model.w, b=problem.model.b)
+  np.savez(root / "data.npz", x=x.astype(np.float64), y=y)  # float64, as NumPy saves by default
+  np.savez(root / "no_y.npz", x=x)
+  np.savez(root / "bytes.npz", x=np.round(x * 255).astype(np.float32), y=y)
+  return root, robust.sum(axis=0), len(y)
+
+
+def evaluate(root: pathlib.Path, out: str, *extra: str, model: str = "make_model") -> int:
+  return cli.main(["evaluate", f"{root / 'mymodel.py'}:{model}", "--data",
+                   str(root / "data.npz"), "--eps", EPS_TEXT, "--attack", "pgd,fgsm",
+                   "--batch-size", "32", "--quiet", "--out", str(root / out), *extra])
+
+
+@pytest.fixture(scope="module")
+def reference(workspace):
+  root, *_ = workspace
+  assert evaluate(root, "reference", "--devices", "2") == 0
+  return json.loads((root / "reference" / "report.json").read_text())
+
+
+def test_report_matches_ground_truth_with_intervals_and_provenance(workspace, reference):
+  root, truth, n = workspace
+  assert reference["num_examples"] == n and reference["clean_correct"] == n - 5
+  worst = reference["worst_case"]
+  assert worst["robust_count"] == truth.tolist()  # exact: PGD finds every breakable point
+  accuracy = np.array(worst["robust_accuracy"])
+  assert len(accuracy) == len(EPS) and np.all(np.diff(accuracy) <= 0)
+  fgsm = reference["attacks"]["fgsm"]["robust_count"]
+  assert all(f >= w for f, w in zip(fgsm, worst["robust_count"]))  # the worst case is per example
+  # Every accuracy carries the exact two-sided 95% Clopper-Pearson interval (SciPy reference).
+  for counts, bounds in [([reference["clean_correct"]], [reference["clean_accuracy_interval"]]),
+                         (worst["robust_count"], worst["robust_accuracy_interval"])]:
+    k = np.array(counts)
+    want_lo = np.where(k == 0, 0.0, stats.beta.ppf(0.025, np.maximum(k, 1), n - k + 1))
+    want_hi = np.where(k == n, 1.0, stats.beta.ppf(0.975, k + 1, np.maximum(n - k, 1)))
+    np.testing.assert_allclose(np.array(bounds), np.stack([want_lo, want_hi], -1), atol=2e-6)
+  p = reference["provenance"]
+  assert p["threat_model"]["norm"] == "linf" and p["threat_model"]["box"] == [0.0, 1.0]
+  np.testing.assert_allclose(p["threat_model"]["epsilons"], EPS, rtol=1e-6)
+  assert p["eps_text"] == EPS_TEXT.split(",")
+  assert p["attacks"]["pgd"]["config"] == {
+      "factory": "pgd", "norm": "linf", "steps": 10, "step_size": None, "random_start": True,
+      "restarts": 1, "loss": "ce", "targeted": False, "l1_sparsity": None}
+  assert p["key"] == {"impl": "threefry2x32", "data": [0, 0]} and p["seed"] == 0
+  assert p["evaluate"]["devices"] == 2 and p["evaluate"]["batch_size"] == 32
+  assert p["data"]["num_examples"] == n and p["data"]["x_shape"] == [4, 4, 1]
+  assert p["data"]["x_dtype"] == "float32" and len(p["data"]["sha256"]) == 64
+  assert p["command"][:2] == ["jaxrobust", "evaluate"] and p["jax_version"]
+
+
+def test_outputs_png_per_example_and_markdown(workspace, reference):
+  root, truth, n = workspace
+  out = root / "reference"
+  png = (out / "curves.png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n"
+  import matplotlib.image  # noqa: PLC0415
+
+  pixels = matplotlib.image.imread(out / "curves.png")
+  assert pixels.ndim == 3 and pixels.shape[0] > 200 and pixels[..., :3].std() > 0.05
+  with np.load(out / "per_example.npz") as per:
+    assert per["index"].tolist() == list(range(n))
+    assert per["worst_case"].shape == (len(EPS), n)
+    np.testing.assert_array_equal(per["worst_case"].sum(axis=1), truth)
+  summary = (out / "summary.md").read_text()
+  rows = [line for line in summary.splitlines() if line.startswith("| ")]
+  assert len(rows) == 1 + len(EPS)  # header + one row per eps
+  assert rows[1].startswith("| 4/255 |") and f"{truth[0] / n:.4f}" in rows[1]
+
+
+def test_interrupted_run_resumes_to_the_identical_report(workspace, reference, monkeypatch):
+  root, *_ = workspace
+  checkpoint = root / "run.ckpt"
+  calls = []
+  original = driver._evaluate_batch
+
+  def interrupt_second_batch(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+      raise KeyboardInterrupt
+    return original(*args, **kwargs)
+
+  monkeypatch.setattr(driver, "_evaluate_batch", interrupt_second_batch)
+  assert evaluate(root, "resumed", "--devices", "2", "--checkpoint", str(checkpoint)) == 130
+  assert checkpoint.exists() and not (root / "resumed" / "report.json").exists()
+  monkeypatch.setattr(driver, "_evaluate_batch", original)
+  assert evaluate(root, "resumed", "--devices", "2", "--checkpoint", str(checkpoint)) == 0
+  resumed = json.loads((root / "resumed" / "report.json").read_text())
+  assert resumed["timing"]["examples_evaluated"] == resumed["num_examples"] - 32  # did resume
+  for report in (resumed, reference):
+    del report["timing"]
+    report["provenance"]["command"] = None  # the output directory differs
+  reference_copy = json.loads(json.dumps(reference))
+  assert resumed == reference_copy
+
+
+@pytest.fixture(scope="module")
+def nnx_report(workspace):
+  root, *_ = workspace
+  assert evaluate(root, "nnx", "--devices", "2", model="make_nnx_model") == 0
+  return json.loads((root / "nnx" / "report.json").read_text())
+
+
+def test_nnx_module_gives_the_same_report(nnx_report, reference):
+  got = nnx_report
+  assert got["worst_case"] == reference["worst_case"]
+  assert got["attacks"] == reference["attacks"]
+
+
+@pytest.mark.parametrize("case, match", [
+    ("module raises", "broken() raised RuntimeError: the weights are not where I left them"),
+    ("missing y", "has no array 'y' (it has: x)"),
+    ("0-255 data", "outside the box [0, 1] given by --lower/--upper (8-bit pixel values?"),
+    ("no such function", "has no attribute 'nope'"),
+    ("norm the attack lacks", "Carlini-Wagner is an L2 attack"),
+])
+def test_user_mistakes_exit_2_with_one_clear_line(workspace, capsys, case, match):
+  root, *_ = workspace
+  model, data, extra = f"{root / 'mymodel.py'}:make_model", root / "data.npz", []
+  if case == "module raises":
+    model = f"{root / 'mymodel.py'}:broken"
+  elif case == "missing y":
+    data = root / "no_y.npz"
+  elif case == "0-255 data":
+    data = root / "bytes.npz"
+  elif case == "no such function":
+    model = f"{root / 'mymodel.py'}:nope"
+  else:
+    extra = ["--attack", "cw"]
+  code = cli.main(["evaluate", model, "--data", str(data), "--eps", "0.1", "--quiet",
+                   "--out", str(root / "never"), *extra])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert err.count("\n") == 1 and err.startswith("jaxrobust evaluate: error: "), err
+  assert match in err
+  assert "Traceback" not in err and not (root / "never").exists()
+
+
+def test_compare_overlays_saved_reports(workspace, reference, nnx_report, capsys):
+  root, *_ = workspace
+  out = root / "compare.png"
+  code = cli.main(["compare", str(root / "reference"), str(root / "nnx"), "--labels",
+                   "linear,nnx", "--out", str(out)])
+  text = capsys.readouterr().out
+  assert code == 0 and out.read_bytes()[:4] == b"\x89PNG"
+  assert text.startswith("linear: ") and "\nnnx: " in text
+  assert f"clean {reference['clean_accuracy']:.4f}" in text
+  assert cli.main(["compare", str(root / "reference"), str(root / "missing")]) == 2

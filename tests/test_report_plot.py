@@ -1,0 +1,218 @@
+"""``jr.Report`` intervals, provenance and certified curves; ``Report.plot`` and ``jr.plotting``.
+
+The plots are checked through the data they draw (line and band coordinates read back from the
+matplotlib artists), not only through the file's existence.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import matplotlib.image
+import numpy as np
+import pytest
+from matplotlib.collections import PolyCollection
+from scipy import stats
+
+import jaxrobust as jr
+
+EPS = np.array([0.3, 0.1, 0.2], np.float32)  # unsorted on purpose: plots sort by eps
+N = 50
+
+
+def clopper_pearson(k, n, confidence=0.95):
+  k = np.asarray(k)
+  alpha = 1 - confidence
+  lo = np.where(k == 0, 0.0, stats.beta.ppf(alpha / 2, np.maximum(k, 1), n - k + 1))
+  hi = np.where(k == n, 1.0, stats.beta.ppf(1 - alpha / 2, k + 1, np.maximum(n - k, 1)))
+  return np.stack([lo, hi], -1)
+
+
+def make_report(*, per_example=False, min_norm=False):
+  rng = np.random.default_rng(0)
+  correct = np.arange(N) >= 5  # 45 clean-correct
+  eps_star = np.where(rng.uniform(size=N) < 0.9, rng.uniform(0.0, 0.4, size=N), np.inf)
+  robust_fmn = correct[None, :] & (eps_star[None, :] > EPS[:, None])
+  robust_pgd = robust_fmn & (rng.uniform(size=(len(EPS), N)) < 0.9)
+  robust_pgd = np.stack([robust_pgd[k] & np.all(  # monotone in eps: robust at larger => smaller
+      robust_pgd[EPS <= EPS[k]], axis=0) for k in range(len(EPS))])
+  worst = robust_pgd & robust_fmn
+  per = None
+  if per_example:
+    per = {"index": np.arange(N), "correct": correct,
+           "robust": np.stack([robust_pgd, robust_fmn]), "worst_case": worst,
+           "eps_star/fmn": eps_star.astype(np.float32)}
+  return jr.Report.from_counts(
+      epsilons=EPS, n=N, clean_correct=int(correct.sum()),
+      robust={"pgd": robust_pgd.sum(1), "fmn": robust_fmn.sum(1)}, worst_case=worst.sum(1),
+      info={"pgd": ("pgd-linf", "linf", False), "fmn": ("fmn-linf", "linf", min_norm)},
+      flags={"pgd": {}, "fmn": {}}, per_example=per,
+      provenance={"threat_model": {"norm": "linf", "box": [0.0, 1.0]}})
+
+
+def test_every_accuracy_has_its_exact_interval():
+  r = make_report()
+  np.testing.assert_allclose(r.clean_interval, clopper_pearson(45, N), atol=2e-6)
+  for s in [*r.attacks.values(), r.worst_case]:
+    np.testing.assert_allclose(s.robust_interval, clopper_pearson(s.robust_count, N), atol=2e-6)
+    assert np.all(s.robust_interval[:, 0] <= s.robust_accuracy)
+    assert np.all(s.robust_accuracy <= s.robust_interval[:, 1])
+  narrow = jr.Report.from_counts(epsilons=EPS, n=N, clean_correct=45, robust={"a": np.array(
+      [10, 20, 30])}, worst_case=np.array([10, 20, 30]), info={"a": ("a", "linf", False)},
+      flags={}, confidence=0.5)
+  np.testing.assert_allclose(narrow.worst_case.robust_interval,
+                             clopper_pearson([10, 20, 30], N, 0.5), atol=2e-6)
+  with pytest.raises(ValueError, match="confidence"):
+    jr.Report.from_counts(epsilons=EPS, n=N, clean_correct=45, robust={}, worst_case=np.zeros(3),
+                          info={}, flags={}, confidence=1.0)
+
+
+def test_binomial_interval_table_is_exact_at_any_size():
+  rng = np.random.default_rng(1)
+  for size in (1, 16, 17, 40):  # padded to 16, 16, 32, 64
+    n = rng.integers(1, 10_000, size=size)
+    k = rng.integers(0, n + 1)
+    got = jr.metrics.binomial_interval_table(k, n, 0.9)
+    np.testing.assert_allclose(got, clopper_pearson(k, n, 0.9), rtol=3e-6, atol=1e-7)
+  assert jr.metrics.binomial_interval_table(np.zeros((2, 3), int), 4).shape == (2, 3, 2)
+
+
+def test_with_certified_save_load_and_refusals(tmp_path):
+  r = make_report()
+  certified = np.minimum(r.worst_case.robust_count, [3, 30, 12])
+  c = r.with_certified("ibp", certified, description="IBP, eps bisection")
+  assert "ibp" not in r.certified  # r is unchanged
+  assert c == r.with_certified("ibp", certified, description="IBP, eps bisection")
+  assert c != r.with_certified("ibp", certified)  # the description is part of the result
+  s = c.certified["ibp"]
+  np.testing.assert_array_equal(s.robust_count, certified)
+  np.testing.assert_allclose(s.robust_accuracy, certified / N)
+  np.testing.assert_allclose(s.robust_interval, clopper_pearson(certified, N), atol=2e-6)
+  again = jr.Report.load(c.save(tmp_path))
+  assert again == c and again.certified["ibp"].description == "IBP, eps bisection"
+  assert again.provenance == c.provenance and again != r
+  curve = c.curve("ibp")
+  np.testing.assert_array_equal(curve.robust_accuracy, s.robust_accuracy)
+  flags = np.zeros((len(EPS), N), bool)
+  flags[0, :2] = True
+  from_curve = r.with_certified("flags", jr.Curve(EPS, np.float32(0.9), flags.mean(1), flags,
+                                                   np.float32(0)))
+  assert from_curve.certified["flags"].robust_count.tolist() == [2, 0, 0]
+  with pytest.raises(ValueError, match="exceed the empirical worst case"):
+    r.with_certified("too good", r.worst_case.robust_count + np.array([0, 1, 0]))
+  with pytest.raises(ValueError, match="already has"):
+    c.with_certified("ibp", certified)
+  with pytest.raises(ValueError, match="robust flags have shape"):
+    r.with_certified("x", jr.Curve(EPS, np.float32(0.9), flags.mean(1), flags[:, :3],
+                                   np.float32(0)))
+  with pytest.raises(ValueError, match="eps grid"):
+    r.with_certified("x", jr.Curve(EPS + 1, np.float32(0.9), flags.mean(1), flags,
+                                   np.float32(0)))
+
+
+def _line(ax, gid):
+  lines = [line for line in ax.lines if line.get_gid() == gid]
+  assert len(lines) == 1, [line.get_gid() for line in ax.lines]
+  return lines[0]
+
+
+def _band(ax, gid):
+  bands = [c for c in ax.collections if isinstance(c, PolyCollection) and c.get_gid() == gid]
+  assert len(bands) == 1, [c.get_gid() for c in ax.collections]
+  return bands[0].get_paths()[0].vertices
+
+
+@pytest.mark.parametrize("certified", [False, True])
+def test_plot_draws_the_report(tmp_path, certified):
+  r = make_report(per_example=True, min_norm=True)
+  if certified:
+    r = r.with_certified("ibp", np.minimum(r.worst_case.robust_count, [3, 30, 12]))
+  path = tmp_path / "curves.png"
+  figure = r.plot(path)
+  order = np.argsort(EPS)
+  ax = figure.axes[0]
+  # The worst case starts at (0, clean accuracy) and follows the sorted grid, with its band.
+  worst = _line(ax, "worst case")
+  np.testing.assert_allclose(worst.get_xdata(), np.r_[0.0, EPS[order]], rtol=1e-6)
+  np.testing.assert_allclose(worst.get_ydata(),
+                             np.r_[r.clean_accuracy, r.worst_case.robust_accuracy[order]])
+  band = _band(ax, "band:worst case")
+  want = np.r_[[r.clean_interval], r.worst_case.robust_interval[order]]
+  for x, (lo, hi) in zip(np.r_[0.0, EPS[order]], want):  # both edges are vertices of the band
+    at = band[np.isclose(band[:, 0], x, rtol=1e-6)]
+    assert np.isclose(at[:, 1], lo, atol=1e-9).any() and np.isclose(at[:, 1], hi, atol=1e-9).any()
+  for name in ("pgd", "fmn"):  # the per-attack breakdown
+    np.testing.assert_allclose(_line(ax, name).get_ydata()[1:],
+                               r.attacks[name].robust_accuracy[order])
+  gids = {c.get_gid() for c in ax.collections}
+  if certified:
+    cert = _line(ax, "certified: ibp")
+    np.testing.assert_allclose(cert.get_xdata(), EPS[order], rtol=1e-6)
+    np.testing.assert_allclose(cert.get_ydata(), r.certified["ibp"].robust_accuracy[order])
+    assert cert.get_linestyle() == ":" and "bracket" in gids
+    bracket = _band(ax, "bracket")
+    assert bracket[:, 1].min() == pytest.approx(r.certified["ibp"].robust_accuracy.min())
+  else:
+    assert "bracket" not in gids and not any("certified" in str(l.get_gid()) for l in ax.lines)
+  assert "eps" in ax.get_xlabel() and "L∞" in ax.get_xlabel() and "[0, 1]" in ax.get_xlabel()
+  assert ax.get_ylabel() == "accuracy" and ax.get_legend() is not None
+  # The eps* histogram of the minimum-norm attack: clean-correct points, found ones only.
+  assert len(figure.axes) == 2
+  heights = sum(p.get_height() for p in figure.axes[1].patches)
+  eps_star = r.per_example["eps_star/fmn"][r.per_example["correct"]]
+  assert heights == np.isfinite(eps_star).sum()
+  pixels = matplotlib.image.imread(path)
+  assert pixels.shape[:2] == (576, 1536) and pixels[..., :3].std() > 0.05
+
+
+def test_plot_without_per_example_has_one_panel_and_plot_curves_bands():
+  r = make_report()
+  assert len(r.plot().axes) == 1
+  flags = np.zeros((2, 40), bool)
+  flags[0, :30], flags[1, :10] = True, True
+  curve = jr.Curve(np.array([0.1, 0.2], np.float32), np.float32(0.9), flags.mean(1), flags,
+                   np.float32(0.5))
+  ax = jr.plotting.plot_curves({"pgd": curve}, xlabel="eps (Linf)").axes[0]
+  np.testing.assert_allclose(_line(ax, "pgd").get_ydata(), [0.9, 0.75, 0.25])
+  band = _band(ax, "band:pgd")
+  assert np.isclose(band[:, 1], clopper_pearson(10, 40)[0]).any()
+
+
+def test_plot_reports_overlays_worst_cases():
+  a, b = make_report(), make_report().with_certified("ibp", np.array([1, 1, 1]))
+  ax = jr.plotting.plot_reports({"a": a, "b": b}).axes[0]
+  np.testing.assert_allclose(_line(ax, "a").get_ydata()[1:],
+                             a.worst_case.robust_accuracy[np.argsort(EPS)])
+  assert _line(ax, "b certified: ibp").get_ydata().tolist() == pytest.approx([0.02] * 3)
+
+
+def test_every_factory_records_its_full_configuration():
+  configs = {
+      "pgd": jr.attacks.pgd("l2", steps=7), "fgsm": jr.attacks.fgsm(),
+      "apgd": jr.attacks.apgd("l1", targeted=True), "square": jr.attacks.square(queries=50),
+      "fab": jr.attacks.fab(), "fmn": jr.attacks.fmn("l2"), "deepfool": jr.attacks.deepfool(),
+      "carlini_wagner_l2": jr.attacks.carlini_wagner_l2(steps=3),
+      "auto_attack": jr.attacks.auto_attack("l2", version="plus"),
+      "eot": jr.attacks.eot(jr.attacks.pgd(), samples=4),
+      "ensemble": jr.attacks.ensemble(jr.attacks.pgd(), jr.attacks.fgsm(), name="two"),
+  }
+  assert set(configs) == set(jr.attacks.__all__)
+  for factory, attack in configs.items():
+    config = json.loads(attack.config)
+    assert config["factory"] == factory
+  assert json.loads(configs["pgd"].config)["steps"] == 7
+  assert json.loads(configs["apgd"].config) == {
+      "factory": "apgd", "norm": "l1", "loss": None, "targeted": True, "n_target_classes": 9,
+      "steps": 100, "restarts": 1, "rho": 0.75, "momentum": 0.75}
+  assert json.loads(configs["eot"].config)["attack"]["factory"] == "pgd"
+  assert [m["factory"] for m in json.loads(configs["ensemble"].config)["attacks"]] == [
+      "pgd", "fgsm"]
+  attack = configs["pgd"]
+  assert isinstance(hash(attack), int)  # still hashable (the evaluate step cache keys on it)
+  provenance = jr.report.provenance({"p": attack}, epsilons=[0.5], lower=-1.0, upper=1.0,
+                                    key_data=jax.random.key_data(jax.random.key(3)),
+                                    key_impl="threefry2x32")
+  assert provenance["attacks"]["p"]["config"]["steps"] == 7
+  assert provenance["threat_model"]["box"] == [-1.0, 1.0]
+  assert provenance["key"]["data"] == [0, 3]
