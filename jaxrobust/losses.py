@@ -22,6 +22,7 @@ LossFn = Callable[..., Array]
 
 def _label_mask(logits: Array, labels: Array) -> Array:
   """``[B, C]`` bool mask, True at each example's label column."""
+  labels = jnp.asarray(labels)  # NumPy's int64 labels become JAX's default integer (no warning)
   classes = jnp.arange(logits.shape[-1], dtype=labels.dtype)
   return labels[:, None] == classes[None, :]
 

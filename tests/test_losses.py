@@ -87,3 +87,19 @@ def test_label_lookups_work_on_batch_sharded_arrays(axis_type):
     assert all(len(g.sharding.device_set) == 8 for g in got)
   for g, e in zip(got, expected):
     np.testing.assert_allclose(np.asarray(g), np.asarray(e), rtol=1e-6)
+
+
+def test_numpy_int64_labels_need_no_conversion():
+  """NumPy's default int64 labels, given eagerly, used to make JAX warn (an error under this
+  suite's filterwarnings) that it truncates an int64 ``arange``; labels are converted first."""
+  import warnings
+
+  import jaxrobust as jr
+
+  x = np.array([[0.2, 0.5, 0.3], [0.6, 0.3, 0.1]], np.float32)
+  y = np.array([1, 0])  # int64
+  assert y.dtype == np.int64
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    logits = jnp.asarray(x)
+    np.testing.assert_allclose(jr.losses.margin(logits, y), [-0.2, -0.3], rtol=1e-6)  # z_j - z_y
