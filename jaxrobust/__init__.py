@@ -12,8 +12,8 @@ Examples:
   Array([ True], dtype=bool)
 """
 
-from jaxrobust import attacks, losses, metrics, plotting, projections
-from jaxrobust._types import Attack, AttackResult, Budget, Curve
+from jaxrobust import attacks, certify, losses, metrics, plotting, projections
+from jaxrobust._types import Attack, AttackResult, Budget, Certificate, Curve
 from jaxrobust._validation import check_inputs
 from jaxrobust._batch import predict
 from jaxrobust.curves import (CurveConsistency, curve_consistency, curve_from_norms,
@@ -25,7 +25,8 @@ from jaxrobust._run import run
 __version__ = "0.1.0"
 
 __all__ = [
-    "Attack", "AttackResult", "Budget", "Curve", "CurveConsistency", "Report", "attacks",
+    "Attack", "AttackResult", "Budget", "Certificate", "Curve", "CurveConsistency", "Report",
+    "attacks", "certify",
     "check_inputs", "curve_consistency", "curve_from_norms", "evaluate",
     "losses", "metrics", "plotting", "predict", "projections", "robustness_curve", "run",
 ]

@@ -150,3 +150,27 @@ class Curve(NamedTuple):
 
 
 Target = Optional[Array]
+
+
+class Certificate(NamedTuple):
+  r"""A certified prediction per example: the model's (or smoothed model's) prediction provably
+  does not change on the ball of ``radius`` around the input.
+
+  Produced by :func:`jaxrobust.certify.smoothing` (L2 radii of the Gaussian-smoothed classifier,
+  valid with probability at least :math:`1 - \alpha` over the noise draws) and
+  :func:`jaxrobust.certify.certify_bounds` (deterministic radii in the attack norm, from bound
+  propagation). :func:`jaxrobust.certify.certified_curve` turns one into a certified robustness
+  curve, a lower bound on the true robust accuracy.
+
+  Attributes:
+    prediction: ``[B]`` int32 class, or ``-1`` where the certifier abstains (radius 0).
+    radius: ``[B]`` float32, in the units of ``x``; 0 where nothing is certified.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> Certificate(jnp.array([3, -1]), jnp.array([0.25, 0.0])).prediction.tolist()
+    [3, -1]
+  """
+
+  prediction: Array
+  radius: Array

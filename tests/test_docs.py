@@ -125,6 +125,7 @@ def test_api_covers_every_public_name():
   public = [f"jr.{n}" for n in jr.__all__ if not inspect.ismodule(getattr(jr, n))]
   public += [f"jr.attacks.{n}" for n in jr.attacks.__all__]
   public += [f"jr.metrics.{n}" for n in jr.metrics.__all__ if n[0].islower()]
+  public += [f"jr.certify.{n}" for n in jr.certify.__all__]
   public += [f"jr.projections.{n}" for n in ("norm", "project", "project_box", "project_l1_box",
                                             "sample_ball", "dual_norm")]
   public += [f"jr.losses.{n}" for n in jr.losses.LOSSES[1:]] + [

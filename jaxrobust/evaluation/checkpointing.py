@@ -69,7 +69,8 @@ def _has_contents(cell: Any) -> bool:
 def fingerprint(attacks: Mapping[str, Attack], epsilons: np.ndarray, key_data: np.ndarray,
                  key_impl: Any, batch_size: int, lower: float, upper: float,
                  keep_per_example: bool, eps_batch_size: int | None, unroll: Any,
-                 process: tuple[int, int]) -> dict[str, Any]:
+                 process: tuple[int, int],
+                 certifiers: Mapping[str, Any] | None = None) -> dict[str, Any]:
   """What must match for a checkpoint to be resumed: everything that changes the result."""
   described = []
   for name, a in attacks.items():
@@ -80,7 +81,9 @@ def fingerprint(attacks: Mapping[str, Attack], epsilons: np.ndarray, key_data: n
           "key": [str(key_impl), key_data.astype(np.uint32).ravel().tolist()],
           "batch_size": batch_size, "box": [repr(float(lower)), repr(float(upper))],
           "keep_per_example": keep_per_example, "eps_batch_size": eps_batch_size,
-          "unroll": unroll, "process": list(process)}
+          "unroll": unroll, "process": list(process),
+          **({"certifiers": [[name, c.name, c.norm, c.config] for name, c in certifiers.items()]}
+             if certifiers else {})}
 
 
 def model_fingerprint(model: _Model, trace: _Trace) -> dict[str, str]:
@@ -97,7 +100,8 @@ def _sums_to_json(sums: EvalSums) -> dict[str, Any]:
   curve = lambda c: [int(c.n), int(c.correct), np.asarray(c.robust).tolist()]
   return {"curves": [curve(c) for c in sums.curves], "worst_case": curve(sums.worst_case),
           "raised": [{k: int(v) for k, v in r.items()} for r in sums.raised],
-          "counts": [{k: np.asarray(v).tolist() for k, v in c.items()} for c in sums.counts]}
+          "counts": [{k: np.asarray(v).tolist() for k, v in c.items()} for c in sums.counts],
+          "certified": [curve(c) for c in sums.certified]}
 
 
 def _sums_from_json(d: Mapping[str, Any]) -> EvalSums:
@@ -105,7 +109,8 @@ def _sums_from_json(d: Mapping[str, Any]) -> EvalSums:
   return EvalSums(curves=tuple(curve(c) for c in d["curves"]), worst_case=curve(d["worst_case"]),
                   raised=tuple({k: np.int64(v) for k, v in r.items()} for r in d["raised"]),
                   counts=tuple({k: np.asarray(v, np.int64) for k, v in c.items()}
-                               for c in d["counts"]))
+                               for c in d["counts"]),
+                  certified=tuple(curve(c) for c in d.get("certified", [])))
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
 
-from jaxrobust._batch import rows_like
+from jaxrobust._batch import fold_in, rows_like
 from jaxrobust._types import Attack
 from jaxrobust.engine.curve_kernel import CurveFlags, robust_flags
 from jaxrobust.engine.scoring import clean_diagnosis
@@ -31,12 +31,17 @@ from jaxrobust.metrics import CurveCounts, Reducer
 
 Array = jax.Array
 
+CERTIFIER_STREAM = 1 << 30
+"""Certifier ``c`` draws from ``fold_in(key_i, CERTIFIER_STREAM + c)``: never an attack's stream
+(attacks fold in the eps index, far below it)."""
+
 
 class _EvalSumsFields(NamedTuple):
   curves: tuple  # one jr.metrics.CurveCounts per attack, in the order of the attacks mapping
   worst_case: Any  # jr.metrics.CurveCounts of the per-example worst case over attacks
   raised: tuple  # per attack: flag name -> [] int32, 1 where raised (summed: batches raising it)
   counts: tuple  # per attack: count name -> int32 sums ([K] per eps, [] once, [K, M] members)
+  certified: tuple = ()  # one jr.metrics.CurveCounts per certifier (correct = certified class)
 
 
 class EvalSums(_EvalSumsFields, Reducer):
@@ -79,9 +84,9 @@ def _attack_sums(flags: CurveFlags, correct: Array, mask: Array) -> tuple:
 def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack], *,
                key_impl: Any = None, keep_per_example: bool = False,
                eps_batch_size: int | None = None, unroll: int | bool = 1,
-               chunk_size: int | None = None,
-               axis_name: str | None = None) -> Callable[..., tuple]:
-  r"""The per-batch evaluation step (not jitted): every attack on one padded batch.
+               chunk_size: int | None = None, axis_name: str | None = None,
+               certifiers: Mapping[str, Any] | None = None) -> Callable[..., tuple]:
+  r"""The per-batch evaluation step (not jitted): every attack (and certifier) on one padded batch.
 
   ``step(x, y, mask, index, epsilons, key_data, lower, upper) -> (EvalSums, PerExample | None)``
   with ``x [B, ...]``, ``y [B]`` int32, ``mask [B]`` bool, ``index [B]`` uint32 global indices,
@@ -102,6 +107,8 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
     unroll: as in :func:`jaxrobust.run`.
     chunk_size: as in :func:`jaxrobust.robustness_curve`.
     axis_name: the mapped batch axis to reduce over, or ``None`` under plain ``jit``.
+    certifiers: optional name -> :class:`jaxrobust.certify.Certifier`; certifier ``c`` draws from
+      ``fold_in(key_i, CERTIFIER_STREAM + c)`` and its counts are ``EvalSums.certified[c]``.
 
   Returns:
     The step function.
@@ -121,17 +128,20 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
   """
   inner = _build_step(lambda _: logits_fn, attacks, key_impl=key_impl,
                       keep_per_example=keep_per_example, eps_batch_size=eps_batch_size,
-                      unroll=unroll, chunk_size=chunk_size, axis_name=axis_name)
+                      unroll=unroll, chunk_size=chunk_size, axis_name=axis_name,
+                      certifiers=certifiers)
   return functools.partial(inner, ())
 
 
 def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
                 attacks: Mapping[str, Attack], *, key_impl: Any, keep_per_example: bool,
                 eps_batch_size: int | None, unroll: int | bool, chunk_size: int | None,
-                axis_name: str | None) -> Callable[..., tuple]:
+                axis_name: str | None,
+                certifiers: Mapping[str, Any] | None = None) -> Callable[..., tuple]:
   """:func:`build_step` whose step takes the model's arrays first: ``step(model_arrays, x, ...)``
   with ``logits_fn = rebuild(model_arrays)``."""
   items = tuple(attacks.values())
+  certify = tuple((certifiers or {}).values())
   options = dict(eps_batch_size=eps_batch_size, unroll=unroll, chunk_size=chunk_size)
 
   def step(model_arrays, x, y, mask, index, epsilons, key_data, lower, upper):
@@ -149,8 +159,13 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
     robust = jnp.stack([r.robust for r in results])  # [A, K, B]
     worst = jnp.all(robust, axis=0)  # [K, B]: robust under every attack
     curves, raised, counts = zip(*(_attack_sums(r, correct, mask) for r in results))
+    certified = []
+    for c, certifier in enumerate(certify):
+      certified_correct, proven = certifier.certify(
+          logits_fn, x, y, fold_in(keys, CERTIFIER_STREAM + c), epsilons, lower, upper)
+      certified.append(CurveCounts.from_flags(proven, certified_correct, mask))
     sums = EvalSums(curves=curves, worst_case=CurveCounts.from_flags(worst, correct, mask),
-                    raised=raised, counts=counts)
+                    raised=raised, counts=counts, certified=tuple(certified))
     if axis_name is not None:
       sums = sums.psum(axis_name)
     if not keep_per_example:
@@ -283,7 +298,7 @@ _STEP_CACHE_SIZE = 8
 
 
 def _jitted_step(model: _Model, trace: _Trace, attacks, key_impl, keep_per_example,
-                 eps_batch_size, unroll, chunk_size, mesh, axis, use_shard_map):
+                 eps_batch_size, unroll, chunk_size, mesh, axis, use_shard_map, certifiers=None):
   """The ``jax.jit``-ed step, reused only where it computes what a fresh one would.
 
   A compiled step depends on its arguments (data, eps, key and the model's arrays in
@@ -295,7 +310,8 @@ def _jitted_step(model: _Model, trace: _Trace, attacks, key_impl, keep_per_examp
   steps of the same model with other captured arrays are dropped (they can only be stale).
   """
   base = (model.identity, trace.program, tuple(attacks.items()), str(key_impl), keep_per_example,
-          eps_batch_size, unroll, chunk_size, mesh, axis, use_shard_map)
+          eps_batch_size, unroll, chunk_size, mesh, axis, use_shard_map,
+          tuple((certifiers or {}).items()))
   cache_key = (base, tuple(_constant_key(c) for c in trace.constants))
   try:
     cached = _STEP_CACHE.get(cache_key)
@@ -306,7 +322,7 @@ def _jitted_step(model: _Model, trace: _Trace, attacks, key_impl, keep_per_examp
   step_fn = _build_step(model.rebuild, attacks, key_impl=key_impl,
                         keep_per_example=keep_per_example, eps_batch_size=eps_batch_size,
                         unroll=unroll, chunk_size=chunk_size,
-                        axis_name=axis if use_shard_map else None)
+                        axis_name=axis if use_shard_map else None, certifiers=certifiers)
   if use_shard_map:  # data parallel: the model's arrays are replicated on every device
     batch_spec = P(axis)
     step_fn = jax.shard_map(

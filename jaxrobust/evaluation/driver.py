@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -32,7 +33,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
              lower: float = 0.0, upper: float = 1.0, batch_axis: str | None = None,
              use_shard_map: bool = False, keep_per_example: bool = False,
              eps_batch_size: int | None = None, unroll: int | bool = 1,
-             chunk_size: int | None = None, allow_large_eps: bool = False) -> Report:
+             chunk_size: int | None = None, allow_large_eps: bool = False,
+             certifiers: Mapping[str, Any] | None = None) -> Report:
   r"""Evaluates ``logits_fn`` against ``attacks`` over a whole data set, batch by batch.
 
   For each batch and attack this computes the robustness curve of
@@ -76,9 +78,15 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       evaluations fewer); needs ``eps_batch_size=None``. With a ``mesh`` this selects the
       ``shard_map`` path, so the compaction stays per device.
     allow_large_eps: accept budgets that cover the whole box.
+    certifiers: optional name -> :class:`jaxrobust.certify.Certifier` (e.g.
+      ``{"ibp": jr.certify.bounds_certifier()}``), run on every batch beside the attacks; their
+      certified curves (lower bounds) are ``Report.certified``. A certifier's norm must be the
+      attacks'. Certifier ``c`` draws its randomness from ``fold_in(fold_in(key, g_i), 2**30 + c)``.
+      With a ``mesh`` they select the ``shard_map`` path (each device certifies its own rows).
 
   Returns:
-    A :class:`jaxrobust.Report`.
+    A :class:`jaxrobust.Report`, every accuracy with its exact binomial interval, and its
+    provenance (attacks' full configurations, threat model, key, versions, devices).
 
   Raises:
     ValueError: bad configuration or data, or a checkpoint that does not match this run.
@@ -103,11 +111,14 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   plan = host.plan_run(attacks, epsilons, key, batch_size, mesh, batch_axis, use_shard_map, lower,
                        upper, eps_batch_size, chunk_size)
   options = (keep_per_example, eps_batch_size, unroll, chunk_size)
+  certifiers = _check_certifiers(certifiers, plan.attacks)
+  if certifiers and plan.mesh is not None:  # bounds trace the model per example: keep it local
+    plan = plan._replace(use_shard_map=True)
   state = EvalState(tuple(plan.attacks), plan.min_norm, keep_per_example)
   ckpt = None if checkpoint is None else Checkpoint(checkpoint, fingerprint(
       plan.attacks, plan.epsilons, plan.key_data, jax.random.key_impl(plan.key), batch_size,
       plan.lower, plan.upper, keep_per_example, eps_batch_size, unroll,
-      (plan.process_index, plan.num_processes)), state)
+      (plan.process_index, plan.num_processes), certifiers), state)
   resume_at = 0 if ckpt is None else ckpt.resume_at
   model = _split_model(logits_fn)  # the arrays as they are now, at call time
   stream, total = host.batches(data, plan.local_batch)
@@ -128,7 +139,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       if ckpt is not None:  # the data fingerprint is only needed to resume
         host.hash_batch(hasher, x, y, index)
       if step_fn is None:  # the first batch: the model as it is now, at the step's shapes
-        step_fn, num_classes = _compile(model, logits_fn, plan, x, options, ckpt)
+        step_fn, num_classes = _compile(model, logits_fn, plan, x, options, ckpt, certifiers)
       position += 1
       if position <= resume_at:  # done before the interruption: only advance and hash
         ckpt.check_data(position, hasher.hexdigest())
@@ -159,11 +170,32 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
          "eps_batch_size": eps_batch_size, "unroll": unroll, "chunk_size": chunk_size,
          "use_shard_map": use_shard_map, "devices": 1 if mesh is None else int(mesh.size),
          "processes": plan.num_processes}
-  return _report(plan, state, timing, run)
+  return _report(plan, state, timing, run, certifiers)
+
+
+def _check_certifiers(certifiers: Mapping[str, Any] | None,
+                      attacks: Mapping[str, Attack]) -> dict[str, Any]:
+  """The certifiers as a dict, each with the attacks' norm."""
+  if certifiers is None:
+    return {}
+  if not isinstance(certifiers, Mapping):
+    raise ValueError("certifiers must be a mapping name -> jr.certify.Certifier, e.g. "
+                     "{'ibp': jr.certify.bounds_certifier()}.")
+  norms = {a.norm for a in attacks.values()}
+  for name, certifier in certifiers.items():
+    if not all(hasattr(certifier, f) for f in ("certify", "norm", "name")):
+      raise ValueError(f"certifiers[{name!r}] is not a jr.certify.Certifier (build one with "
+                       "jr.certify.bounds_certifier or jr.certify.smoothing_certifier).")
+    if {certifier.norm} != norms:
+      raise ValueError(f"certifiers[{name!r}] certifies {certifier.norm} radii but the attacks "
+                       f"use {sorted(norms)}: a certified curve brackets an empirical one only "
+                       "in the same norm.")
+  return dict(certifiers)
 
 
 def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, options: tuple,
-             ckpt: Checkpoint | None) -> tuple[Callable[..., Any], int]:
+             ckpt: Checkpoint | None, certifiers: Mapping[str, Any]) -> tuple[Callable[..., Any],
+                                                                              int]:
   """The compiled step for the model as it is now (traced at the step's batch shape), and the
   number of classes; records and checks the model's fingerprint in the checkpoint."""
   spec = jax.ShapeDtypeStruct((plan.local_batch,) + x.shape[1:], x.dtype)
@@ -177,7 +209,7 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, options: tuple,
   if ckpt is not None:
     ckpt.check_model(model_fingerprint(model, trace))
   return _jitted_step(model, trace, plan.attacks, jax.random.key_impl(plan.key), *options,
-                      plan.mesh, plan.axis, plan.use_shard_map), num_classes
+                      plan.mesh, plan.axis, plan.use_shard_map, certifiers), num_classes
 
 
 def _constants(plan: host.Plan, x: np.ndarray, allow_large_eps: bool) -> tuple:
@@ -223,16 +255,22 @@ def _show(bar, n: int, state: EvalState, plan: host.Plan) -> None:
 
 
 def _report(plan: host.Plan, state: EvalState, timing: Mapping[str, float],
-            run: Mapping[str, Any]) -> Report:
+            run: Mapping[str, Any], certifiers: Mapping[str, Any]) -> Report:
   sums = state.sums
   names = tuple(plan.attacks)
+  certifier_configs = {name: {"description": c.name, "norm": c.norm,
+                              "config": None if c.config is None else json.loads(c.config)}
+                       for name, c in certifiers.items()}
   described = provenance(plan.attacks, epsilons=plan.epsilons, lower=plan.lower,
                          upper=plan.upper, key_data=plan.key_data,
-                         key_impl=jax.random.key_impl(plan.key), evaluate=dict(run))
+                         key_impl=jax.random.key_impl(plan.key), evaluate=dict(run),
+                         **({"certifiers": certifier_configs} if certifiers else {}))
   return Report.from_counts(
       epsilons=plan.epsilons, n=int(sums.worst_case.n), clean_correct=int(sums.worst_case.correct),
       robust={name: sums.curves[a].robust for a, name in enumerate(names)},
       worst_case=sums.worst_case.robust,
       info={n: (a.name, a.norm, a.minimum_norm) for n, a in plan.attacks.items()},
       flags=dict(zip(names, sums.flags())), counts=dict(zip(names, sums.counts)),
-      per_example=state.report_per_example(), timing=timing, provenance=described)
+      per_example=state.report_per_example(), timing=timing, provenance=described,
+      certified={name: (c.name, c.norm, sums.certified[i].robust)
+                 for i, (name, c) in enumerate(certifiers.items())})

@@ -228,8 +228,9 @@ def _beta_quantile(a: Array, b: Array, level: Array, level_complement: Array) ->
                                                                                       Array]:
   """The two adjacent float32 values ``(lo, hi)`` around the solution of ``I_x(a, b) = level``
   (bisection on float32 bit patterns; ``a, b >= 1``, ``0 < level < 1``)."""
-  lo = jnp.zeros(a.shape, jnp.int32)
-  hi = jnp.full(a.shape, _ONE_BITS, jnp.int32)
+  # *_like: under an Explicit mesh the bracket is sharded like the (batch-sharded) counts.
+  lo = jnp.zeros_like(a, jnp.int32)
+  hi = jnp.full_like(a, _ONE_BITS, jnp.int32)
   state = (lo, hi, a, b, _log_beta_constant(a, b), level, level_complement)
   lo, hi = lax.fori_loop(0, _BISECTION_STEPS, _bisection_step, state)[:2]
   return lax.bitcast_convert_type(lo, jnp.float32), lax.bitcast_convert_type(hi, jnp.float32)
@@ -407,9 +408,9 @@ def binomial_interval(successes: ArrayLike, trials: ArrayLike, confidence: Array
   a, b = (jnp.stack(v) for v in zip(*params))
   level, level_complement = (jnp.stack(v) for v in zip(*levels))
   lo, hi = _beta_quantile(a, b, level, level_complement)
-  nan = jnp.full(shape, jnp.nan, jnp.float32)
-  lower = jnp.zeros(shape, jnp.float32)
-  upper = jnp.ones(shape, jnp.float32)
+  nan = jnp.full_like(k, jnp.nan, jnp.float32)
+  lower = jnp.zeros_like(k, jnp.float32)
+  upper = jnp.ones_like(k, jnp.float32)
   if lower_needed:
     lower = jnp.where(k == 0.0, 0.0, lo[0])  # the neighbour below the computed root
   if upper_needed:

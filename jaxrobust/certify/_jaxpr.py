@@ -1,0 +1,176 @@
+"""A function as a flat graph of primitives, ready for bound propagation.
+
+``fn`` is traced once to a jaxpr at the shape and dtype of its input (``jax.make_jaxpr``); the
+jaxpr is then flattened: call-like equations (``jit``/``pjit``, ``closed_call``,
+``custom_jvp_call``, ``custom_vjp_call``, ``checkpoint``) are inlined recursively, so
+``jax.nn.relu`` (a custom JVP around ``max(x, 0)``) and Flax modules (``jit``-wrapped helpers) are
+seen as the primitives they are made of. Every value is classified on the way:
+
+* **constant**: it depends only on literals and the jaxpr's constants (weights, BatchNorm
+  statistics, ``rsqrt(var + eps) * scale``): it is evaluated on the spot, with the primitive's own
+  ``bind``, and never reaches a bound rule;
+* **input-dependent**: it is a numbered node of the graph, produced by exactly one equation, and
+  its bounds are what the rules propagate.
+
+Bound rules (:mod:`jaxrobust.certify._interval`, :mod:`jaxrobust.certify._linear`) therefore see
+equations whose operands are node ids (``int``) or :class:`Const`, in topological order.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Union
+
+import jax
+import jax.extend as jex
+import jax.numpy as jnp
+import numpy as np
+
+Array = jax.Array
+
+# Primitives whose sub-jaxpr is the whole computation: they are inlined, not interpreted.
+CALL_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
+                             "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "remat2",
+                             "checkpoint"})
+_SUBJAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
+
+
+class Const(NamedTuple):
+  """An operand that does not depend on the input: its value (an array)."""
+
+  value: Array
+
+
+Operand = Union[int, Const]
+
+
+class Equation(NamedTuple):
+  """One primitive application on input-dependent nodes.
+
+  Attributes:
+    primitive: the JAX primitive (``primitive.name`` is what rules dispatch on).
+    params: its parameters, as in the jaxpr.
+    inputs: node ids (``int``) or :class:`Const` operands, in the primitive's order.
+    outputs: node ids of its results.
+  """
+
+  primitive: Any
+  params: dict
+  inputs: tuple
+  outputs: tuple
+
+
+class Graph(NamedTuple):
+  """``fn`` as a flat list of equations on nodes; node ``0`` is the input.
+
+  Attributes:
+    equations: in topological order.
+    avals: ``avals[i]`` is node ``i``'s ``jax.ShapeDtypeStruct`` (as traced).
+    output: the output's node id, or a :class:`Const` when it does not depend on the input.
+  """
+
+  equations: tuple
+  avals: tuple
+  output: Operand
+
+  def producer_index(self, node: int) -> int:
+    """Index in :attr:`equations` of the equation producing ``node`` (``-1`` for the input)."""
+    for index, eqn in enumerate(self.equations):
+      if node in eqn.outputs:
+        return index
+    return -1
+
+
+def compute_dtype(dtype) -> np.dtype:
+  """The float dtype bounds are computed in: at least float32 (bfloat16 inputs get float32)."""
+  if not jnp.issubdtype(dtype, jnp.floating):
+    raise TypeError(f"bounds need a floating-point input, got dtype {np.dtype(dtype)}")
+  dtype = np.dtype(dtype)
+  return dtype if jnp.finfo(dtype).bits >= 32 else np.dtype(jnp.float32)
+
+
+def trace(fn: Callable[[Array], Array], like: Array) -> Graph:
+  """Traces ``fn`` at ``like``'s shape and dtype and flattens it into a :class:`Graph`.
+
+  Args:
+    fn: a function of one array returning one array.
+    like: an array (or tracer, or ``jax.ShapeDtypeStruct``) with the input's shape and dtype.
+
+  Returns:
+    The graph; constants inside it are already evaluated.
+
+  Raises:
+    TypeError: when ``fn`` does not return exactly one array.
+    NotImplementedError: for a loop or conditional (``scan``, ``while``, ``cond``) whose operands
+      depend on the input.
+  """
+  closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(like.shape, like.dtype))
+  if len(closed.jaxpr.outvars) != 1:
+    raise TypeError(f"fn must return a single array, got {len(closed.jaxpr.outvars)} outputs")
+  builder = _Builder([jax.ShapeDtypeStruct(like.shape, like.dtype)])
+  (output,) = builder.inline(closed.jaxpr, list(closed.consts), [0])
+  return Graph(_live(builder.equations, output), tuple(builder.avals), output)
+
+
+def _live(equations: list, output: Operand) -> tuple:
+  """The equations the output depends on (unused branches are never bounded, so an unsupported
+  primitive there does not matter)."""
+  needed, kept = {output} if isinstance(output, int) else set(), []
+  for eqn in reversed(equations):
+    if needed.intersection(eqn.outputs):
+      kept.append(eqn)
+      needed.update(op for op in eqn.inputs if isinstance(op, int))
+  return tuple(reversed(kept))
+
+
+class _Builder:
+  """Accumulates the flat equations while walking (possibly nested) jaxprs."""
+
+  def __init__(self, avals):
+    self.avals = list(avals)
+    self.equations = []
+
+  def new_node(self, aval) -> int:
+    self.avals.append(jax.ShapeDtypeStruct(aval.shape, aval.dtype))
+    return len(self.avals) - 1
+
+  def inline(self, jaxpr, consts: list, args: list) -> list:
+    """Walks ``jaxpr`` with its constvars bound to ``consts`` and its invars to ``args``
+    (node ids or constant arrays); returns its outputs as operands."""
+    env = {}
+    for var, value in zip(jaxpr.constvars, consts):
+      env[var] = Const(value)
+    for var, value in zip(jaxpr.invars, args):
+      env[var] = value if isinstance(value, (int, Const)) else Const(value)
+
+    def read(atom):
+      if isinstance(atom, jex.core.Literal):
+        return Const(atom.val)
+      return env[atom]
+
+    for eqn in jaxpr.eqns:
+      operands = [read(atom) for atom in eqn.invars]
+      results = self.equation(eqn, operands)
+      for var, result in zip(eqn.outvars, results):
+        env[var] = result
+    return [read(atom) for atom in jaxpr.outvars]
+
+  def equation(self, eqn, operands: list) -> list:
+    name = eqn.primitive.name
+    if name in CALL_PRIMITIVES:
+      sub = next(eqn.params[p] for p in _SUBJAXPR_PARAMS if p in eqn.params)
+      if isinstance(sub, jex.core.ClosedJaxpr):
+        return self.inline(sub.jaxpr, list(sub.consts), operands)
+      return self.inline(sub, [], operands)
+    if all(isinstance(op, Const) for op in operands):
+      params = eqn.primitive.get_bind_params(eqn.params)
+      subfuns, params = params if isinstance(params, tuple) else ((), params)  # older JAX: a pair
+      values = eqn.primitive.bind(*subfuns, *[op.value for op in operands], **params)
+      values = values if eqn.primitive.multiple_results else [values]
+      return [Const(value) for value in values]
+    if list(jex.core.jaxprs_in_params(eqn.params)):
+      raise NotImplementedError(
+          f"primitive '{name}' (a loop or conditional) on input-dependent values is not "
+          "supported by bound propagation; write fn without control flow over its input")
+    outputs = tuple(self.new_node(var.aval) for var in eqn.outvars)
+    self.equations.append(Equation(eqn.primitive, dict(eqn.params), tuple(operands), outputs))
+    return list(outputs)

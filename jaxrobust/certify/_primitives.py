@@ -1,0 +1,103 @@
+"""Which primitives bound propagation understands, and how to re-bind them in the bound dtype.
+
+Three families, by the property every rule relies on (with the constant operands fixed):
+
+* :data:`NONDECREASING`: nondecreasing in every input-dependent operand, so an interval maps to
+  ``[f(lower), f(upper)]`` exactly (reshapes, slices, sums, pads, ``max``/``min``, max pooling,
+  ``tanh``, ``exp``, ...);
+* :data:`AFFINE`: affine in the input-dependent operands jointly, so the backward (CROWN) step is
+  the primitive's vector-Jacobian product and its offset is ``f(0)`` (the nondecreasing linear
+  ones, plus ``sub``, ``neg``, products and quotients by constants, ``dot_general``,
+  ``conv_general_dilated``);
+* special cases handled by the interval rules: ``sub``/``neg``/``rsqrt`` (decreasing in an
+  operand), ``mul``/``div`` by constants (sign of the constant), ``dot_general``/convolutions
+  (centre-radius form with ``|W|``), ``integer_pow``/``square``.
+
+Anything else raises ``NotImplementedError`` naming the primitive.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jaxrobust.certify._jaxpr import Const, Equation
+
+NONNEGATIVE_LINEAR = frozenset({
+    "add", "add_any", "reshape", "transpose", "broadcast_in_dim", "squeeze", "expand_dims",
+    "slice", "dynamic_slice", "gather", "concatenate", "pad", "reduce_sum", "reduce_window_sum",
+    "convert_element_type", "copy", "copy_p", "select_n", "rev"})
+NONDECREASING = NONNEGATIVE_LINEAR | frozenset({
+    "max", "min", "clamp", "reduce_max", "reduce_min", "reduce_window_max", "reduce_window_min",
+    "tanh", "logistic", "exp", "exp2", "log", "log1p", "expm1", "sqrt", "cbrt", "erf"})
+NONINCREASING = frozenset({"neg", "rsqrt"})
+WEIGHTED = frozenset({"mul", "div", "dot_general", "conv_general_dilated"})
+AFFINE = NONNEGATIVE_LINEAR | WEIGHTED | frozenset({"sub", "neg"})
+EVEN_POWERS = frozenset({"integer_pow", "square"})
+SUPPORTED = NONDECREASING | NONINCREASING | WEIGHTED | EVEN_POWERS | frozenset({"sub"})
+
+_HINT = ("bound propagation supports affine layers (dot_general, convolutions, products by "
+         "constants), ReLU (max with a constant), pooling, reshapes/slices/concatenation/padding, "
+         "reductions and monotone elementwise functions; rewrite fn with these, or keep the "
+         "unsupported part outside the bounded function")
+
+
+def unsupported(eqn: Equation, why: str = "") -> NotImplementedError:
+  """The error for an equation no rule handles, naming its primitive."""
+  detail = f" ({why})" if why else ""
+  return NotImplementedError(
+      f"primitive '{eqn.primitive.name}' is not supported{detail}: {_HINT}")
+
+
+def variable_positions(eqn: Equation) -> list:
+  """Positions of the input-dependent operands of ``eqn``."""
+  return [i for i, op in enumerate(eqn.inputs) if not isinstance(op, Const)]
+
+
+def check_supported(eqn: Equation) -> None:
+  """Raises ``NotImplementedError`` unless some rule handles ``eqn`` exactly as it stands."""
+  name, positions = eqn.primitive.name, variable_positions(eqn)
+  if name not in SUPPORTED:
+    raise unsupported(eqn)
+  if name in ("mul", "dot_general", "conv_general_dilated") and len(positions) != 1:
+    raise unsupported(eqn, "a product of two input-dependent values is not affine")
+  if name == "div" and positions != [0]:
+    raise unsupported(eqn, "only division of an input-dependent value by a constant")
+  if name == "integer_pow" and eqn.params["y"] < 1:
+    raise unsupported(eqn, "only positive integer powers")
+  if name == "convert_element_type" and not jnp.issubdtype(eqn.params["new_dtype"],
+                                                           jnp.floating):
+    raise unsupported(eqn, "only conversions between floating-point types")
+
+
+def is_affine(eqn: Equation, dtype) -> bool:
+  """Whether ``eqn`` is affine in its input-dependent operands (constants fixed) when computed in
+  ``dtype``; a conversion to a narrower float type rounds, so it is monotone but not affine."""
+  if eqn.primitive.name == "convert_element_type":
+    return jnp.finfo(eqn.params["new_dtype"]).bits >= jnp.finfo(dtype).bits
+  return eqn.primitive.name in AFFINE
+
+
+def bind(eqn: Equation, values: list, dtype):
+  """Applies ``eqn``'s primitive to ``values`` (one per operand) computing in ``dtype``.
+
+  Floating-point constants are cast to ``dtype`` (the bound dtype, at least float32), and so is
+  the accumulation type of products, so a bfloat16 model is bounded in float32. An explicit
+  conversion to a narrower float type is kept (its rounding is monotone, so rounding the bounds
+  is exact) and its result is widened back to ``dtype``.
+  """
+  operands = [cast(v, dtype) for v in values]
+  params = dict(eqn.params)
+  if params.get("preferred_element_type") is not None and jnp.issubdtype(
+      params["preferred_element_type"], jnp.floating):
+    params["preferred_element_type"] = dtype
+  return cast(eqn.primitive.bind(*operands, **params), dtype)
+
+
+def cast(value, dtype) -> jax.Array:
+  """``value`` (an array or :class:`Const`) as an array, floating point cast to ``dtype``."""
+  value = value.value if isinstance(value, Const) else value
+  value = jnp.asarray(value)
+  if jnp.issubdtype(value.dtype, jnp.floating) and value.dtype != dtype:
+    return value.astype(dtype)
+  return value

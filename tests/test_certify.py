@@ -1,0 +1,242 @@
+"""Certificates: randomized smoothing against closed forms and SciPy, bound-propagation radii
+against exact linear distances and attacks, certified curves, and the bracket with empirical ones.
+
+Smoothing of a linear binary classifier has a closed form (Cohen et al., 2019): the smoothed
+classifier is the linear one, the top class has probability ``p_A = Φ(d / σ)`` with ``d`` the L2
+distance to the boundary, and the count of CERTIFY's estimation draws is ``Bin(n, p_A)``. So the
+certified radius must lie between ``R(k_lo)`` and ``R(k_hi)``, the radii of the 1e-7 and 1 - 1e-7
+quantiles of that binomial, ``R(k) = σ Φ⁻¹(CP_lower(k, n, α))``, computed here with SciPy.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+from scipy import stats
+
+import jaxrobust as jr
+from jaxrobust.certify import _smoothing
+from tests.ground_truth import linear_problem
+
+SIGMA = 0.25
+N_DRAWS = 20_000
+ALPHA = 0.001
+W = np.array([[0.8, -0.8], [-0.6, 0.6], [0.0, 0.0]], np.float32)  # class 0 iff 0.8 x0 > 0.6 x1
+
+
+def linear(v):
+  return v @ jnp.asarray(W)
+
+
+def cp_lower(k, n, alpha):
+  k = np.asarray(k)
+  return np.where(k == 0, 0.0, stats.beta.ppf(alpha, np.maximum(k, 1), n - k + 1))
+
+
+def radius_of_count(k, n, sigma, alpha):
+  p = cp_lower(k, n, alpha)
+  return np.where(p > 0.5, sigma * stats.norm.ppf(np.maximum(p, 0.5)), 0.0)
+
+
+@pytest.fixture(scope="module")
+def points():
+  """Inputs at L2 distances 0.01 ... 1.5 from the boundary of ``linear`` (both sides)."""
+  rng = np.random.default_rng(0)
+  normal = np.array([1.6, -1.2, 0.0]) / 2.0  # w_0 - w_1 = (1.6, -1.2, 0), norm 2
+  distance = np.concatenate([np.linspace(0.01, 1.5, 24), np.linspace(0.01, 1.5, 24)])
+  side = np.repeat([1.0, -1.0], 24)
+  base = rng.uniform(0.3, 0.7, size=(48, 3))
+  base -= np.outer(base @ normal, normal)  # onto the boundary (through the origin)
+  x = (base + (side * distance)[:, None] * normal[None, :]).astype(np.float32)
+  y = np.where(side > 0, 0, 1).astype(np.int32)
+  keys = jax.random.split(jax.random.key(7), len(x))
+  return x, y, distance, keys
+
+
+@functools.lru_cache(maxsize=None)
+def certify_fn(batch_size):
+  return jax.jit(lambda x, keys, sigma: jr.certify.smoothing(
+      linear, x, keys, sigma=sigma, n=N_DRAWS, alpha=ALPHA, batch_size=batch_size))
+
+
+@pytest.fixture(scope="module")
+def certificate(points):
+  x, _, _, keys = points
+  return certify_fn(2_000)(x, keys, SIGMA)
+
+
+def test_smoothing_matches_the_closed_form_of_a_linear_classifier(points, certificate):
+  _, y, distance, _ = points
+  radius = np.asarray(certificate.radius)
+  prediction = np.asarray(certificate.prediction)
+  p_a = stats.norm.cdf(distance / SIGMA)
+  k_lo = stats.binom.ppf(1e-7, N_DRAWS, p_a)
+  k_hi = stats.binom.ppf(1 - 1e-7, N_DRAWS, p_a)
+  lo = radius_of_count(k_lo, N_DRAWS, SIGMA, ALPHA) - 1e-4
+  hi = radius_of_count(k_hi, N_DRAWS, SIGMA, ALPHA) + 1e-4
+  assert np.all((lo <= radius) & (radius <= hi)), np.c_[distance, lo, radius, hi]
+  assert np.all(radius <= distance)  # sound: never beyond the true distance
+  certified = prediction >= 0
+  assert np.all(prediction[certified] == y[certified])
+  assert np.all(radius[~certified] == 0) and np.all(radius[certified] > 0)
+  # Near the boundary p_A is close to 1/2: abstain; far away every point is certified.
+  assert not certified[distance < 0.005].any() and certified[distance > 0.1].all()
+
+
+def test_certify_from_counts_and_the_binomial_test_match_scipy():
+  k = np.array([0, 1, 500, 501, 520, 900, 999, 1000])
+  c = jax.jit(_smoothing.certify_from_counts, static_argnums=2)(
+      jnp.full(8, 3), jnp.asarray(k), 1000, 0.5, 0.01)
+  want = radius_of_count(k, 1000, 0.5, 0.01)
+  np.testing.assert_allclose(c.radius, want, rtol=2e-4, atol=1e-6)
+  np.testing.assert_array_equal(c.prediction, np.where(want > 0, 3, -1))
+  # PREDICT's test decides exactly as SciPy's two-sided binomial test, also right at the level
+  # (every m from 1 to 60, every split, and splits of 10^3 and 10^5 trials around the critical one).
+  n_a, n_b = [], []
+  for m in range(1, 61):
+    n_a += list(range((m + 1) // 2, m + 1))
+    n_b += [m - a for a in range((m + 1) // 2, m + 1)]
+  for m, critical in ((1000, 553), (100_000, 50_521)):
+    n_a += list(range(critical - 3, critical + 4))
+    n_b += [m - a for a in range(critical - 3, critical + 4)]
+  n_a, n_b = np.array(n_a), np.array(n_b)
+  got = jax.jit(_smoothing.significant)(jnp.asarray(n_a), jnp.asarray(n_b), 0.001)
+  want = [a > b and stats.binomtest(int(a), int(a + b), 0.5).pvalue <= 0.001
+          for a, b in zip(n_a, n_b)]
+  np.testing.assert_array_equal(got, want)
+
+
+def test_smoothing_is_independent_of_batch_order_and_chunk_size(points, certificate):
+  x, _, _, keys = points
+  order = np.random.default_rng(1).permutation(len(x))
+  shuffled = certify_fn(2_000)(x[order], keys[order], SIGMA)
+  np.testing.assert_array_equal(shuffled.prediction, np.asarray(certificate.prediction)[order])
+  np.testing.assert_array_equal(shuffled.radius, np.asarray(certificate.radius)[order])
+  chunked = certify_fn(777)(x, keys, SIGMA)  # 26 chunks, the last one masked
+  np.testing.assert_array_equal(chunked.radius, certificate.radius)
+
+
+@pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto])
+def test_smoothing_sharded_equals_one_device_without_collectives(points, certificate, axis_type):
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices")
+  x, _, _, keys = points
+  mesh = jax.make_mesh((8,), ("batch",), axis_types=(axis_type,))
+  sharding = NamedSharding(mesh, P("batch"))
+  xs, ks = jax.device_put(x, sharding), jax.device_put(keys, sharding)
+  sampling = jax.jit(lambda x, keys: _smoothing.class_counts(linear, x, keys, SIGMA, 500, 128))
+  with jax.set_mesh(mesh):
+    sharded = certify_fn(2_000)(xs, ks, SIGMA)
+    hlo = sampling.lower(xs, ks).compile().as_text()
+    counts = sampling(xs, ks)
+  np.testing.assert_array_equal(sharded.radius, certificate.radius)
+  np.testing.assert_array_equal(sharded.prediction, certificate.prediction)
+  np.testing.assert_array_equal(counts, sampling(x, keys))
+  assert counts.sharding.spec[0] == "batch" or axis_type == AxisType.Auto
+  # The sampling loop is per example: no device talks to another while drawing.
+  for collective in ("all-reduce", "all-gather", "all-to-all", "collective-permute"):
+    assert collective not in hlo, collective
+
+
+def test_smoothed_predict_and_bad_options(points):
+  x, y, distance, keys = points
+  predict = jax.jit(lambda x, keys: jr.certify.smoothed_predict(linear, x, keys, sigma=SIGMA,
+                                                                n=2_000))(x, keys)
+  predict = np.asarray(predict)
+  assert np.all(predict[distance > 0.3] == y[distance > 0.3])  # p_A > 0.88: never abstains
+  assert np.all((predict == y) | (predict == -1))  # never the wrong class here
+  assert np.all(predict[distance < 0.005] == -1)
+  nan_model = lambda v: jnp.full((v.shape[0], 2), jnp.nan)
+  dead = jr.certify.smoothing(nan_model, x[:2], keys[:2], sigma=SIGMA, n0=10, n=50)
+  assert dead.prediction.tolist() == [-1, -1] and dead.radius.tolist() == [0.0, 0.0]
+  for bad, match in [({"sigma": 0.0}, "sigma"), ({"sigma": 0.1, "alpha": 1.0}, "alpha"),
+                     ({"sigma": 0.1, "n0": 0}, "n0")]:
+    with pytest.raises(ValueError, match=match):
+      jr.certify.smoothing(linear, x[:2], keys[:2], **bad)
+
+
+@pytest.fixture(scope="module")
+def linear_problem_linf():
+  return linear_problem(shape=(12,), classes=4, norm="linf", n=24, seed=5)
+
+
+def test_bound_radius_is_the_exact_linf_distance_on_linear_models(linear_problem_linf):
+  p = linear_problem_linf
+  x, y = jnp.asarray(p.x), jnp.asarray(p.y)
+  budget = jr.Budget(0.5, p.lower, p.upper)
+  for method in ("ibp", "crown"):
+    c = jax.jit(lambda x, y: jr.certify.certify_bounds(p.model.logits_fn, x, y, budget,
+                                                       method=method))(x, y)
+    np.testing.assert_array_equal(c.prediction, p.y)
+    radius = np.asarray(c.radius, np.float64)
+    assert np.all(radius <= p.distance * (1 + 1e-5)), method  # sound
+    np.testing.assert_allclose(radius, p.distance, rtol=2e-4, atol=1e-4 * 0.5)  # and exact
+  # L2: the ball is enclosed in its Linf box: sound, and exactly the Linf distance here.
+  c = jr.certify.certify_bounds(p.model.logits_fn, x, y, budget, norm="l2")
+  l2 = p.model.min_distance(p.x, p.y, "l2")
+  assert np.all(np.asarray(c.radius) <= l2 * (1 + 1e-5))
+  np.testing.assert_allclose(c.radius, p.distance, rtol=2e-4, atol=1e-4)
+
+
+def tiny_mlp(seed):
+  rng = np.random.default_rng(seed)
+  w1 = jnp.asarray(rng.normal(size=(10, 16)) / 3, jnp.float32)
+  w2 = jnp.asarray(rng.normal(size=(16, 3)) / 4, jnp.float32)
+  return lambda v: jax.nn.relu(v @ w1) @ w2
+
+
+def test_bound_radius_is_never_beaten_by_an_attack_and_crown_is_tighter():
+  model = tiny_mlp(0)
+  rng = np.random.default_rng(1)
+  x = jnp.asarray(rng.uniform(0.3, 0.7, size=(32, 10)), jnp.float32)
+  y = jr.predict(model(x))
+  y = y.at[:3].set((y[:3] + 1) % 3)  # three misclassified points
+  budget = jr.Budget(0.3)
+  run = jax.jit(lambda x, y: (jr.certify.certify_bounds(model, x, y, budget),
+                              jr.certify.certify_bounds(model, x, y, budget, method="crown")))
+  ibp, crown = run(x, y)
+  assert np.all(np.asarray(ibp.radius)[:3] == 0) and np.all(np.asarray(crown.radius)[:3] == 0)
+  assert np.all(crown.radius >= ibp.radius - 1e-4 * 0.3)
+  assert np.sum(crown.radius > ibp.radius + 1e-3) >= 5  # strictly tighter on several points
+  # No attack finds an adversarial point inside a certified radius (PGD at exactly that radius).
+  attack = jr.attacks.pgd("linf", steps=50, restarts=2)
+  certified = np.asarray(crown.radius) > 0
+  result = jax.jit(lambda x, y, eps: jr.run(attack, model, x, y, jr.Budget(eps), jax.random.key(0))
+                   )(x[certified], y[certified], crown.radius[certified])
+  assert not np.asarray(result.success).any()
+  # ... while FMN's minimal adversarial norms are never below the certified radius.
+  fmn = jax.jit(lambda x, y: jr.run(jr.attacks.fmn("linf", steps=50), model, x, y,
+                                    jr.Budget(jnp.inf), jax.random.key(0)))(x[3:], y[3:])
+  found = np.isfinite(np.asarray(fmn.norm))
+  assert np.all(np.asarray(fmn.norm)[found] >= np.asarray(crown.radius)[3:][found] - 1e-6)
+
+
+def test_certified_curve_and_the_bracket_in_a_report(linear_problem_linf):
+  c = jr.Certificate(jnp.array([0, 1, -1, 2, 1]), jnp.array([0.5, 0.2, 0.0, 0.9, 0.3]))
+  y = jnp.array([0, 1, 1, 0, 1])
+  curve = jr.certify.certified_curve(c, y, jnp.array([0.1, 0.3, 0.6]))
+  want = (np.array([1, 1, 0, 0, 1], bool)[None, :]
+          & (np.array([0.5, 0.2, 0.0, 0.9, 0.3])[None, :] >= np.array([0.1, 0.3, 0.6])[:, None]))
+  np.testing.assert_array_equal(curve.robust, want)
+  assert float(curve.clean_accuracy) == pytest.approx(0.6)
+  np.testing.assert_allclose(curve.robust_accuracy, want.mean(1))
+  # The bracket: on a multi-class linear model, bound certificates <= PGD's robust counts.
+  p = linear_problem_linf
+  epsilons = np.array([0.5, 1.0, 1.5], np.float32) * np.median(p.distance).astype(np.float32)
+  report = jr.evaluate(p.model.logits_fn, (p.x, p.y), attacks={"apgd": jr.attacks.apgd(steps=20)},
+                       epsilons=epsilons, key=jax.random.key(0), batch_size=24, progress=False,
+                       lower=p.lower, upper=p.upper)
+  cert = jr.certify.certify_bounds(p.model.logits_fn, jnp.asarray(p.x), jnp.asarray(p.y),
+                                   jr.Budget(2 * float(epsilons[-1]), p.lower, p.upper))
+  bracketed = report.with_certified("ibp", jr.certify.certified_curve(
+      cert, jnp.asarray(p.y), epsilons))
+  certified = bracketed.certified["ibp"].robust_count
+  truth = np.sum(p.distance[None, :] > epsilons[:, None], axis=1)
+  assert np.all(certified <= truth) and np.all(truth <= report.worst_case.robust_count)
+  np.testing.assert_array_equal(certified, truth)  # exact on a linear model
