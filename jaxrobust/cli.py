@@ -62,6 +62,8 @@ from typing import Any, NamedTuple, Optional, Sequence
 from jaxrobust import cli_evaluate
 
 EVAL_BATCH_SIZE = 128
+SMOOTHING_SIGMA = 0.25  # of --certify's randomized smoothing, in pixel units of [0, 1]
+SMOOTHING_RADII = (0.0, 0.125, 0.25, 0.5)  # L2 radii of its certified accuracy
 MODEL_NAMES = ("plain", "adversarial")
 ATTACK_KEY = "pgd"  # the attack's name in each model's jr.Report
 
@@ -128,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="always train, and do not write the cache")
   demo.add_argument("--seed", type=_int_at_least(0), default=0,
                     help="seed of training and of the attacks' random starts (default: 0)")
+  demo.add_argument("--certify", action="store_true",
+                    help="also certify both models: IBP and CROWN certified Linf curves beside the "
+                    "PGD curves (lower bounds), and randomized smoothing (L2)")
+  demo.add_argument("--smoothing-n", type=_int_at_least(1), default=1_000,
+                    help="noise draws per image for --certify's randomized smoothing "
+                    "(default: 1000; Cohen et al. use 100000)")
   demo.add_argument("--quiet", action="store_true",
                     help="no progress bars or status messages; only the table and the report path")
   cli_evaluate.add_evaluate_parser(commands)
@@ -227,7 +235,31 @@ def format_table(report: dict[str, Any]) -> str:
     if raised:
       lines.append(f"warning: {name}: {', '.join(raised)} (the robust accuracy may be "
                    "overestimated)")
+  lines += _certified_lines(report)
   return "\n".join(lines)
+
+
+def _certified_lines(report: dict[str, Any]) -> list[str]:
+  """With ``--certify``: the certified (lower-bound) Linf curves of every model, and the smoothed
+  models' certified L2 accuracies."""
+  models = report["models"]
+  columns = [(name, c) for name in models for c in models[name].get("certified", {})]
+  if not columns:
+    return []
+  labels = [f"{name} {c}" for name, c in columns]
+  widths = [max(12, len(label) + 2) for label in labels]
+  lines = ["", "certified robust accuracy (lower bounds; the PGD columns are upper bounds):", "",
+           f"{'eps':>8}" + "".join(f"{lab:>{w}}" for lab, w in zip(labels, widths))]
+  for k, eps in enumerate(report["epsilons"]):
+    lines.append(f"{eps:>8.4f}" + "".join(
+        f"{models[name]['certified'][c]['robust_accuracy'][k]:>{w}.4f}"
+        for (name, c), w in zip(columns, widths)))
+  for name, model in models.items():
+    s = model.get("smoothing")
+    if s:
+      cells = ", ".join(f"r={r:g}: {a:.4f}" for r, a in zip(s["radii"], s["certified_accuracy"]))
+      lines.append(f"smoothed {name} (L2, sigma {s['sigma']:g}, n {s['n']}): certified {cells}")
+  return lines
 
 
 def _test_split(test_size: Optional[int]) -> tuple[Any, Any, int]:
@@ -271,7 +303,8 @@ def _train_models(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, d
 
 
 def _evaluate_model(apply_fn: Any, params: Any, x: Any, y: Any, *, attack: Any, epsilons: Any,
-                    key: Any, batch_size: int, progress: bool) -> Any:
+                    key: Any, batch_size: int, progress: bool,
+                    certifiers: Optional[dict[str, Any]] = None) -> Any:
   """``jr.evaluate`` of ``partial(apply_fn, params)`` against ``attack`` on ``(x, y)``.
 
   Example ``i`` of ``x`` draws its randomness from ``fold_in(key, i)`` (then ``fold_in(., k)`` at
@@ -289,7 +322,7 @@ def _evaluate_model(apply_fn: Any, params: Any, x: Any, y: Any, *, attack: Any, 
   # benchmarks/RESULTS.md); results are those of any other setting up to float rounding.
   return jr.evaluate(functools.partial(apply_fn, params), (x, y), attacks={ATTACK_KEY: attack},
                      epsilons=epsilons, key=key, batch_size=batch_size, progress=progress,
-                     eps_batch_size=0, unroll=True)
+                     eps_batch_size=0, unroll=True, certifiers=certifiers)
 
 
 def model_results(report: Any) -> dict[str, Any]:
@@ -331,6 +364,10 @@ def model_results(report: Any) -> dict[str, Any]:
     "flags": {name: bool(up) for name, up in sorted(attack.flags.items())},
     "flag_counts": {name: np.asarray(count).tolist()
                     for name, count in sorted(attack.counts.items())},
+    **({"certified": {name: {"robust_accuracy": [int(c) / n for c in s.robust_count],
+                             "robust_accuracy_interval": s.robust_interval.tolist(),
+                             "description": s.description}
+                      for name, s in report.certified.items()}} if report.certified else {}),
   }
 
 
@@ -367,19 +404,64 @@ def _evaluate_models(args: argparse.Namespace, params_of: dict[str, Any], x: Any
   results: dict[str, dict[str, Any]] = {}
   reports: dict[str, Any] = {}
   first_steps = []
+  certifiers = None
+  if args.certify:
+    certifiers = {"ibp": jr.certify.bounds_certifier(),
+                  "crown": jr.certify.bounds_certifier(method="crown")}
   for name in MODEL_NAMES:
-    _status(args, f"evaluating {name} ({attack.name}, {args.num_eps} eps)")
+    _status(args, f"evaluating {name} ({attack.name}, {args.num_eps} eps"
+            f"{', IBP and CROWN certificates' if certifiers else ''})")
     t0 = time.perf_counter()
     report = _evaluate_model(apply_fn, params_of[name], x, y, attack=attack,
                              epsilons=eps_grid.astype(np.float32), key=key,
-                             batch_size=batch_size, progress=not args.quiet)
+                             batch_size=batch_size, progress=not args.quiet,
+                             certifiers=certifiers)
     results[name] = {**model_results(report), "eval_seconds": time.perf_counter() - t0}
+    if args.certify:
+      _status(args, f"randomized smoothing of {name} (sigma {SMOOTHING_SIGMA}, "
+              f"n {args.smoothing_n})")
+      results[name]["smoothing"] = smoothing_results(
+          functools.partial(apply_fn, params_of[name]), x, y, n=args.smoothing_n,
+          key=jax.random.key(args.seed + 2))
     reports[name] = report
     first_steps.append(report.timing["compile_and_first_step_s"])
   compile_seconds = max(first_steps[0] - min(first_steps[1:]), 0.0)
   results[MODEL_NAMES[0]]["eval_seconds"] -= compile_seconds
   _status(args, f"compiled the evaluation step once for both models in {compile_seconds:.1f} s")
   return _Evaluation(results, reports, attack, eps_grid, batch_size, compile_seconds)
+
+
+def smoothing_results(logits_fn: Any, x: Any, y: Any, *, n: int, key: Any,
+                      sigma: float = SMOOTHING_SIGMA) -> dict[str, Any]:
+  """Cohen et al.'s CERTIFY (:func:`jaxrobust.certify.smoothing`, n0 = 100, alpha = 0.001) on
+  every image, 64 images per compiled call (image ``i`` keyed ``fold_in(key, i)``), and the
+  smoothed classifier's certified L2 accuracy at :data:`SMOOTHING_RADII` with exact 95%
+  intervals. It certifies the smoothed model, not the one the PGD column attacks."""
+  import jax
+  import numpy as np
+
+  import jaxrobust as jr
+
+  certify = jax.jit(lambda x, keys: jr.certify.smoothing(logits_fn, x, keys, sigma=sigma, n=n,
+                                                         batch_size=min(n, 1_000)))
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(np.arange(len(x), dtype=np.uint32))
+  chunk, parts = 64, []
+  for start in range(0, len(x), chunk):  # the last chunk is padded: one compiled shape
+    stop = min(start + chunk, len(x))
+    pad = chunk - (stop - start)
+    xs = np.concatenate([x[start:stop], np.repeat(x[stop - 1:stop], pad, axis=0)])
+    ks = jax.numpy.concatenate([keys[start:stop], jax.numpy.repeat(keys[stop - 1:stop], pad)])
+    parts.append(jax.tree.map(lambda a: np.asarray(a)[:stop - start], certify(xs, ks)))
+  prediction = np.concatenate([p.prediction for p in parts])
+  radius = np.concatenate([p.radius for p in parts])
+  correct = prediction == np.asarray(y)
+  counts = [int(np.sum(correct & (radius >= r))) for r in SMOOTHING_RADII]
+  return {"sigma": sigma, "n0": 100, "n": n, "alpha": 0.001, "norm": "l2",
+          "radii": list(SMOOTHING_RADII),
+          "certified_accuracy": [c / len(x) for c in counts],
+          "certified_accuracy_interval": jr.metrics.binomial_interval_table(
+              np.array(counts), len(x)).tolist(),
+          "abstained": int(np.sum(prediction < 0))}
 
 
 def _dataset_info(available: int) -> dict[str, Any]:

@@ -240,3 +240,21 @@ def test_certified_curve_and_the_bracket_in_a_report(linear_problem_linf):
   truth = np.sum(p.distance[None, :] > epsilons[:, None], axis=1)
   assert np.all(certified <= truth) and np.all(truth <= report.worst_case.robust_count)
   np.testing.assert_array_equal(certified, truth)  # exact on a linear model
+
+
+def test_the_smoothed_classifier_is_attacked_through_gaussian_noise_and_eot(points, certificate):
+  """SmoothAdv's empirical side: EOT-PGD on the noisy model breaks the smoothed linear classifier
+  0.5 beyond its boundary and not 0.3 before it, where the certificate (below d) also holds."""
+  x, y, distance, keys = points
+  far = distance >= 0.5
+  noisy = jr.certify.gaussian_noise(linear, SIGMA)
+  attack = jr.attacks.eot(jr.attacks.pgd("l2", steps=20), samples=32)
+  run = jax.jit(lambda x, y, eps: jr.run(attack, noisy, x, y, jr.Budget(eps, -5.0, 5.0),
+                                         keys[far]))
+  beyond = run(x[far], y[far], jnp.asarray(distance[far] + 0.5, jnp.float32))
+  short = run(x[far], y[far], jnp.asarray(distance[far] - 0.3, jnp.float32))
+  assert np.asarray(beyond.success).all() and not np.asarray(short.success).any()
+  radius = np.asarray(certificate.radius)[far]
+  assert np.all(radius <= distance[far])  # certified <= true: the bracket of the smoothed model
+  with pytest.raises(TypeError, match="randomized model"):
+    jr.certify.certify_bounds(noisy, jnp.asarray(x), jnp.asarray(y), jr.Budget(0.1))

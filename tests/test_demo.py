@@ -274,9 +274,20 @@ def test_cli_demo_end_to_end_then_from_cache(monkeypatch, tmp_path, capsys):
   assert [p.name.split("-")[0] for p in cached_files] == ["adversarial", "plain"]
   mtimes = [p.stat().st_mtime_ns for p in cached_files]
 
-  assert cli.main([*args, "--quiet"]) == 0
+  assert cli.main([*args, "--quiet", "--certify", "--smoothing-n", "50"]) == 0
   second = json.loads(out.read_text())
   _check_report(second)
+  # --certify: the bracket on the digits models, certified (IBP, CROWN) <= PGD at every eps.
+  for model in second["models"].values():
+    robust = np.asarray(model["robust_accuracy"])
+    ibp = np.asarray(model["certified"]["ibp"]["robust_accuracy"])
+    crown = np.asarray(model["certified"]["crown"]["robust_accuracy"])
+    assert np.all(ibp <= robust) and np.all(crown <= robust) and np.all(ibp <= crown + 1e-9)
+    assert ibp[0] == crown[0] == robust[0]  # at eps 0 every correct point is certified
+    smoothing = model["smoothing"]
+    assert smoothing["n"] == 50 and smoothing["norm"] == "l2"
+    assert np.all(np.diff(smoothing["certified_accuracy"]) <= 0)
+    assert smoothing["certified_accuracy"][-1] == 0.0  # 50 draws cannot certify L2 radius 0.5
   assert calls == ["plain", "adversarial"]  # no retraining
   assert all(m["loaded_from_cache"] for m in second["models"].values())
   assert [p.stat().st_mtime_ns for p in cached_files] == mtimes

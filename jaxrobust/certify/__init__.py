@@ -58,8 +58,8 @@ from jaxrobust.certify._interval import interval_bounds
 from jaxrobust.certify._linear import linear_bounds
 from jaxrobust.certify._margins import margin_bounds
 from jaxrobust.certify._radius import certify_bounds
-from jaxrobust.certify._smoothing import smoothed_predict, smoothing
+from jaxrobust.certify._smoothing import gaussian_noise, smoothed_predict, smoothing
 
-__all__ = ["Certifier", "bounds_certifier", "certified_curve", "certify_bounds",
+__all__ = ["Certifier", "bounds_certifier", "certified_curve", "certify_bounds", "gaussian_noise",
            "interval_bounds", "linear_bounds", "margin_bounds", "smoothed_predict", "smoothing",
            "smoothing_certifier"]

@@ -18,6 +18,8 @@ equations whose operands are node ids (``int``) or :class:`Const`, in topologica
 
 from __future__ import annotations
 
+import inspect
+
 from typing import Any, Callable, NamedTuple, Union
 
 import jax
@@ -103,12 +105,28 @@ def trace(fn: Callable[[Array], Array], like: Array) -> Graph:
     NotImplementedError: for a loop or conditional (``scan``, ``while``, ``cond``) whose operands
       depend on the input.
   """
+  check_deterministic(fn)
   closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(like.shape, like.dtype))
   if len(closed.jaxpr.outvars) != 1:
     raise TypeError(f"fn must return a single array, got {len(closed.jaxpr.outvars)} outputs")
   builder = _Builder([jax.ShapeDtypeStruct(like.shape, like.dtype)])
   (output,) = builder.inline(closed.jaxpr, list(closed.consts), [0])
   return Graph(_live(builder.equations, output), tuple(builder.avals), output)
+
+
+def check_deterministic(fn: Callable[..., Any]) -> None:
+  """Raises a clear ``TypeError`` for a randomized model ``fn(x, keys)`` (two required
+  positional arguments): bounds hold for a deterministic function of ``x`` only."""
+  try:
+    parameters = list(inspect.signature(fn).parameters.values())
+  except (TypeError, ValueError):  # builtins and some callables have no signature
+    return
+  required = [p for p in parameters if p.default is inspect.Parameter.empty
+              and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  if len(required) >= 2:
+    raise TypeError("bounds need a deterministic model fn(x); this one takes (x, keys), a "
+                    "randomized model: certify it with jr.certify.smoothing, or bound the "
+                    "deterministic function inside it.")
 
 
 def _live(equations: list, output: Operand) -> tuple:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from jaxrobust import _validation
 from jaxrobust.certify._interval import check_box, propagate
-from jaxrobust.certify._jaxpr import compute_dtype
+from jaxrobust.certify._jaxpr import check_deterministic, compute_dtype
 from jaxrobust.certify._linear import backward_lower, crown_intervals, per_example_graph
 
 Array = jax.Array
@@ -63,6 +63,7 @@ def margin_bounds(logits_fn: Callable[[Array], Array], y: Array, lower: Array, u
     H. Zhang et al. Efficient neural network robustness certification with general activation
     functions. NeurIPS 2018.
   """
+  check_deterministic(logits_fn)
   if method not in METHODS:
     raise ValueError(f"method must be one of {METHODS}, got {method!r}")
   lower, upper = check_box(lower, upper)

@@ -29,6 +29,7 @@ from jax import lax
 from jaxrobust._batch import expand, like_batch, predict, rows_like
 from jaxrobust._types import NORMS, Budget, Certificate
 from jaxrobust._validation import check_number
+from jaxrobust.certify._jaxpr import check_deterministic
 from jaxrobust.certify._margins import margin_bounds
 
 Array = jax.Array
@@ -81,6 +82,7 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
     Robust Models", arXiv:1810.12715, 2018; Zhang et al., "Efficient Neural Network Robustness
     Certification with General Activation Functions", NeurIPS 2018.
   """
+  check_deterministic(logits_fn)
   if norm not in NORMS:
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}.")
   if method not in ("ibp", "crown"):

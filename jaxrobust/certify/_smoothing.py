@@ -219,3 +219,33 @@ def smoothed_predict(logits_fn: Callable[[Array], Array], x: Array, key: Array, 
     values, indices = lax.top_k(counts, 2)
     n_a, n_b, top = values[:, 0], values[:, 1], indices[:, 0]
   return jnp.where(significant(n_a, n_b, alpha), top.astype(jnp.int32), -1)
+
+
+def gaussian_noise(logits_fn: Callable[[Array], Array], sigma: float) -> Callable[..., Array]:
+  r"""The base classifier under Gaussian input noise, as a randomized model
+  ``noisy(x, keys) = logits_fn(x + sigma * N(0, I))`` (one key per example; the noise is not
+  clipped to the box), to attack the *smoothed* classifier empirically:
+  ``jr.attacks.eot(jr.attacks.pgd("l2"), samples=S)`` on it averages the logits over ``S`` noise
+  draws and judges each point by the majority of the draws, i.e. by a Monte-Carlo estimate of
+  :math:`g(x) = \arg\max_c P[f(x + \varepsilon) = c]` (the SmoothAdv attack of Salman et al.,
+  2019, on soft logits). Its robust accuracy is an empirical upper bound for the smoothed
+  classifier, which :func:`smoothing` bounds from below.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> import jaxrobust as jr
+    >>> noisy = jr.certify.gaussian_noise(lambda v: v, sigma=0.5)
+    >>> keys = jax.random.split(jax.random.key(0), 2)
+    >>> noisy(jnp.zeros((2, 3)), keys).shape
+    (2, 3)
+
+  References:
+    Salman et al., "Provably Robust Deep Learning via Adversarially Trained Smoothed
+    Classifiers", NeurIPS 2019.
+  """
+  def noisy(x: Array, keys: Array) -> Array:
+    noise = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:], jnp.float32))(keys)
+    return logits_fn((x.astype(jnp.float32) + jnp.asarray(sigma, jnp.float32) * noise)
+                     .astype(x.dtype))
+
+  return noisy
