@@ -317,7 +317,7 @@ class Report:
                provenance=dict(provenance or {}))
 
   def with_certified(self, name: str, certified: Curve | Any, *, description: str = "",
-                     norm: str | None = None) -> Report:
+                     norm: str | None = None, allow_above_empirical: bool = False) -> Report:
     r"""This report with a certified curve added under ``name`` (a new report; this one is kept).
 
     A certified curve counts the examples *proven* robust at each eps of :attr:`epsilons` (e.g.
@@ -334,6 +334,10 @@ class Report:
         counts of certified examples.
       description: how the curve was obtained (the certifier's configuration).
       norm: the norm of the certified radii (default: the report's norm).
+      allow_above_empirical: accept certified counts above the empirical worst case. For
+        randomized smoothing both sides are Monte-Carlo estimates of the smoothed classifier (the
+        certificate holds with probability ``1 - alpha`` per example, the attack's verdict is a
+        majority of noise draws), so a few examples can land on either side by sampling alone.
 
     Returns:
       A :class:`Report`.
@@ -364,11 +368,15 @@ class Report:
         raise ValueError(f"Certified counts must be {len(self.epsilons)} integers (one per eps), "
                          f"got shape {counts.shape} and dtype {counts.dtype}.")
     above = counts > self.worst_case.robust_count
-    if np.any(above) or np.any(counts < 0):
+    if np.any(counts < 0) or np.any(counts > self.num_examples):
+      raise ValueError(f"Certified counts {counts.tolist()} must lie in [0, "
+                       f"{self.num_examples}].")
+    if np.any(above) and not allow_above_empirical:
       raise ValueError(f"Certified counts {counts.tolist()} exceed the empirical worst case "
-                       f"{self.worst_case.robust_count.tolist()} (or are negative): a lower "
-                       "bound above an upper bound means the curves do not describe the same "
-                       "examples, eps grid and norm.")
+                       f"{self.worst_case.robust_count.tolist()}: a lower bound above an upper "
+                       "bound means the curves do not describe the same examples, eps grid and "
+                       "norm (for Monte-Carlo certificates such as smoothing, pass "
+                       "allow_above_empirical=True).")
     existing = {k: (s.description, s.norm, s.robust_count) for k, s in self.certified.items()}
     existing[name] = (description, norm or self.worst_case.norm, counts.astype(np.int64))
     return self._rebuild(certified=existing)

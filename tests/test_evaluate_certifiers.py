@@ -110,3 +110,9 @@ def test_bad_certifiers_are_refused(problem):
     evaluate(problem, certifiers={"x": lambda *a: None})
   with pytest.raises(ValueError, match="method"):
     jr.certify.bounds_certifier(method="exact")
+  noisy = jr.certify.gaussian_noise(problem[0].model.logits_fn, 0.1)
+  with pytest.raises(ValueError, match="certifiers need the deterministic model"):
+    jr.evaluate(noisy, (problem[0].x, problem[0].y),
+                attacks={"eot": jr.attacks.eot(jr.attacks.pgd(), samples=2)},
+                epsilons=problem[1], key=jax.random.key(0), batch_size=8, progress=False,
+                certifiers={"ibp": jr.certify.bounds_certifier()})

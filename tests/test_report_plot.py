@@ -101,6 +101,11 @@ def test_with_certified_save_load_and_refusals(tmp_path):
   assert from_curve.certified["flags"].robust_count.tolist() == [2, 0, 0]
   with pytest.raises(ValueError, match="exceed the empirical worst case"):
     r.with_certified("too good", r.worst_case.robust_count + np.array([0, 1, 0]))
+  noisy = r.with_certified("smoothing", r.worst_case.robust_count + np.array([0, 1, 0]),
+                           allow_above_empirical=True)  # Monte-Carlo on both sides
+  assert noisy.certified["smoothing"].robust_count.tolist()[1] == r.worst_case.robust_count[1] + 1
+  with pytest.raises(ValueError, match="must lie in"):
+    r.with_certified("negative", np.array([-1, 0, 0]), allow_above_empirical=True)
   with pytest.raises(ValueError, match="already has"):
     c.with_certified("ibp", certified)
   with pytest.raises(ValueError, match="robust flags have shape"):

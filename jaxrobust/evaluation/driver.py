@@ -182,6 +182,11 @@ def _check_certifiers(certifiers: Mapping[str, Any] | None,
     raise ValueError("certifiers must be a mapping name -> jr.certify.Certifier, e.g. "
                      "{'ibp': jr.certify.bounds_certifier()}.")
   norms = {a.norm for a in attacks.values()}
+  if certifiers and any(a.samples for a in attacks.values()):
+    raise ValueError("certifiers need the deterministic model logits_fn(x), but these attacks "
+                     "attack a randomized logits_fn(x, keys) (eot): certify the base model "
+                     "separately (e.g. jr.certify.smoothing) and add the curve with "
+                     "Report.with_certified(..., allow_above_empirical=True).")
   for name, certifier in certifiers.items():
     if not all(hasattr(certifier, f) for f in ("certify", "norm", "name")):
       raise ValueError(f"certifiers[{name!r}] is not a jr.certify.Certifier (build one with "
