@@ -60,26 +60,13 @@ import time
 from typing import Any, NamedTuple, Optional, Sequence
 
 from jaxrobust import cli_evaluate
+from jaxrobust.cli_evaluate import int_at_least
 
 EVAL_BATCH_SIZE = 128
 SMOOTHING_SIGMA = 0.25  # of --certify's randomized smoothing, in pixel units of [0, 1]
 SMOOTHING_RADII = (0.0, 0.125, 0.25, 0.5)  # L2 radii of its certified accuracy
 MODEL_NAMES = ("plain", "adversarial")
 ATTACK_KEY = "pgd"  # the attack's name in each model's jr.Report
-
-
-def _int_at_least(minimum: int):
-  def parse(text: str) -> int:
-    try:
-      value = int(text)
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < minimum:
-      raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-    return value
-
-  parse.__name__ = f"integer >= {minimum}"
-  return parse
 
 
 def _eps_max(text: str) -> float:
@@ -112,28 +99,28 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to write the JSON report (default: ./report.json)")
   demo.add_argument("--eps-max", type=_eps_max, default=0.3,
                     help="largest Linf eps of the grid, in pixel units of [0, 1] (default: 0.3)")
-  demo.add_argument("--num-eps", type=_int_at_least(2), default=7,
+  demo.add_argument("--num-eps", type=int_at_least(2), default=7,
                     help="number of eps values, evenly spaced from 0 to --eps-max inclusive "
                     "(default: 7)")
-  demo.add_argument("--steps", type=_int_at_least(1), default=20,
+  demo.add_argument("--steps", type=int_at_least(1), default=20,
                     help="PGD steps of the evaluation attack (default: 20)")
-  demo.add_argument("--restarts", type=_int_at_least(1), default=1,
+  demo.add_argument("--restarts", type=int_at_least(1), default=1,
                     help="PGD random restarts of the evaluation attack (default: 1)")
-  demo.add_argument("--test-size", type=_int_at_least(1), default=None,
+  demo.add_argument("--test-size", type=int_at_least(1), default=None,
                     help="evaluate on the first N test images (default: the whole test split, 540)")
-  demo.add_argument("--epochs", type=_int_at_least(1), default=None,
+  demo.add_argument("--epochs", type=int_at_least(1), default=None,
                     help="training epochs of both models (default: 20)")
   demo.add_argument("--cache-dir", type=pathlib.Path, default=None,
                     help="parameter cache directory (default: $XDG_CACHE_HOME/jaxrobust or "
                     "~/.cache/jaxrobust)")
   demo.add_argument("--no-cache", action="store_true",
                     help="always train, and do not write the cache")
-  demo.add_argument("--seed", type=_int_at_least(0), default=0,
+  demo.add_argument("--seed", type=int_at_least(0), default=0,
                     help="seed of training and of the attacks' random starts (default: 0)")
   demo.add_argument("--certify", action="store_true",
                     help="also certify both models: IBP and CROWN certified Linf curves beside the "
                     "PGD curves (lower bounds), and randomized smoothing (L2)")
-  demo.add_argument("--smoothing-n", type=_int_at_least(1), default=1_000,
+  demo.add_argument("--smoothing-n", type=int_at_least(1), default=1_000,
                     help="noise draws per image for --certify's randomized smoothing "
                     "(default: 1000; Cohen et al. use 100000)")
   demo.add_argument("--quiet", action="store_true",

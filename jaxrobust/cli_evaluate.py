@@ -81,14 +81,19 @@ def parse_attacks(text: str) -> list[str]:
   return names
 
 
-def _positive_int(text: str) -> int:
-  try:
-    value = int(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-  if value < 1:
-    raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-  return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+  """An argparse ``type``: an integer of at least ``minimum``, with a one-line error otherwise."""
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < minimum:
+      raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+    return value
+
+  parse.__name__ = f"integer >= {minimum}"
+  return parse
 
 
 def add_evaluate_parser(commands: Any) -> None:
@@ -111,19 +116,19 @@ def add_evaluate_parser(commands: Any) -> None:
                  "(default: pgd)")
   p.add_argument("--norm", choices=("linf", "l2", "l1"), default="linf",
                  help="the threat model's norm (default: linf)")
-  p.add_argument("--steps", type=_positive_int, default=None,
+  p.add_argument("--steps", type=int_at_least(1), default=None,
                  help="iterations of every attack that has steps (default: each attack's own)")
   p.add_argument("--lower", type=float, default=0.0, help="smallest valid input (default: 0)")
   p.add_argument("--upper", type=float, default=1.0, help="largest valid input (default: 1)")
-  p.add_argument("--batch-size", type=_positive_int, default=256,
+  p.add_argument("--batch-size", type=int_at_least(1), default=256,
                  help="examples per step, all devices together (default: 256)")
-  p.add_argument("--limit", type=_positive_int, default=None,
+  p.add_argument("--limit", type=int_at_least(1), default=None,
                  help="evaluate only the first N examples")
   p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("jaxrobust-report"),
                  help="output directory (default: ./jaxrobust-report)")
   p.add_argument("--checkpoint", type=pathlib.Path, default=None,
                  help="checkpoint file: written after every batch, resumed from if present")
-  p.add_argument("--devices", type=_positive_int, default=None,
+  p.add_argument("--devices", type=int_at_least(1), default=None,
                  help="shard every batch over this many devices (on CPU they are simulated)")
   p.add_argument("--seed", type=int, default=0, help="seed of the attacks' randomness (default 0)")
   p.add_argument("--quiet", action="store_true", help="no progress bar")
