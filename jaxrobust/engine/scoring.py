@@ -111,7 +111,7 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
     broken = randomized.majority_success(counts, y, None, attack.samples)
     # A row returned unchanged keeps its clean verdict (a second, independent vote on the same
     # input could flip it): at eps 0 robust accuracy is exactly the clean accuracy.
-    unchanged = jnp.all((x_adv == x).reshape(x.shape[0], -1), axis=1)
+    unchanged = jnp.all((x_adv == x_input.astype(x_adv.dtype)).reshape(x.shape[0], -1), axis=1)
     broken = broken & ~unchanged
     if target is None:
       success = success & ~unchanged
