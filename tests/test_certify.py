@@ -25,7 +25,8 @@ from jaxrobust.certify import _smoothing
 from tests.ground_truth import linear_problem
 
 SIGMA = 0.25
-N_DRAWS = 100_000  # Cohen et al.'s default
+N_DRAWS = 100_000  # Cohen et al.'s default, for the closed-form test
+SMALL_N = 3_000  # the invariance tests: any n shows them, and draws cost CPU
 ALPHA = 0.001
 W = np.array([[0.8, -0.8], [-0.6, 0.6], [0.0, 0.0]], np.float32)  # class 0 iff 0.8 x0 > 0.6 x1
 
@@ -60,9 +61,15 @@ def points():
 
 
 @functools.lru_cache(maxsize=None)
-def certify_fn(batch_size):
+def certify_fn(batch_size, n=N_DRAWS):
   return jax.jit(lambda x, keys, sigma: jr.certify.smoothing(
-      linear, x, keys, sigma=sigma, n=N_DRAWS, alpha=ALPHA, batch_size=batch_size))
+      linear, x, keys, sigma=sigma, n=n, alpha=ALPHA, batch_size=batch_size))
+
+
+@pytest.fixture(scope="module")
+def small_certificate(points):
+  x, _, _, keys = points
+  return certify_fn(1_000, SMALL_N)(x, keys, SIGMA)
 
 
 @pytest.fixture(scope="module")
@@ -117,18 +124,20 @@ def test_certify_from_counts_and_the_binomial_test_match_scipy():
   np.testing.assert_array_equal(got, want)
 
 
-def test_smoothing_is_independent_of_batch_order_and_chunk_size(points, certificate):
+def test_smoothing_is_independent_of_batch_order_and_chunk_size(points, small_certificate):
   x, _, _, keys = points
+  certificate = small_certificate
   order = np.random.default_rng(1).permutation(len(x))
-  shuffled = certify_fn(2_000)(x[order], keys[order], SIGMA)
+  shuffled = certify_fn(1_000, SMALL_N)(x[order], keys[order], SIGMA)
   np.testing.assert_array_equal(shuffled.prediction, np.asarray(certificate.prediction)[order])
   np.testing.assert_array_equal(shuffled.radius, np.asarray(certificate.radius)[order])
-  chunked = certify_fn(777)(x, keys, SIGMA)  # 26 chunks, the last one masked
+  chunked = certify_fn(777, SMALL_N)(x, keys, SIGMA)  # 4 chunks, the last one masked
   np.testing.assert_array_equal(chunked.radius, certificate.radius)
 
 
 @pytest.mark.parametrize("axis_type", [AxisType.Explicit, AxisType.Auto])
-def test_smoothing_sharded_equals_one_device_without_collectives(points, certificate, axis_type):
+def test_smoothing_sharded_equals_one_device_without_collectives(points, small_certificate,
+                                                                 axis_type):
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")
   x, _, _, keys = points
@@ -137,11 +146,11 @@ def test_smoothing_sharded_equals_one_device_without_collectives(points, certifi
   xs, ks = jax.device_put(x, sharding), jax.device_put(keys, sharding)
   sampling = jax.jit(lambda x, keys: _smoothing.class_counts(linear, x, keys, SIGMA, 500, 128))
   with jax.set_mesh(mesh):
-    sharded = certify_fn(2_000)(xs, ks, SIGMA)
+    sharded = certify_fn(1_000, SMALL_N)(xs, ks, SIGMA)
     hlo = sampling.lower(xs, ks).compile().as_text()
     counts = sampling(xs, ks)
-  np.testing.assert_array_equal(sharded.radius, certificate.radius)
-  np.testing.assert_array_equal(sharded.prediction, certificate.prediction)
+  np.testing.assert_array_equal(sharded.radius, small_certificate.radius)
+  np.testing.assert_array_equal(sharded.prediction, small_certificate.prediction)
   np.testing.assert_array_equal(counts, sampling(x, keys))
   assert counts.sharding.spec[0] == "batch" or axis_type == AxisType.Auto
   # The sampling loop is per example: no device talks to another while drawing.
