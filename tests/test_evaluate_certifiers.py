@@ -11,8 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import AxisType, NamedSharding
-from jax.sharding import PartitionSpec as P
+from jax.sharding import AxisType
 
 import jaxrobust as jr
 from jaxrobust.evaluation import driver

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from jaxrobust._batch import expand, like_batch, predict, rows_like
+from jaxrobust._batch import expand, like_batch, predict
 from jaxrobust._types import NORMS, Budget, Certificate
 from jaxrobust._validation import check_number
 from jaxrobust.certify._jaxpr import check_deterministic
@@ -92,7 +92,7 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
   lower = jnp.asarray(budget.lower, jnp.float32)
   upper = jnp.asarray(budget.upper, jnp.float32)
   top = jnp.asarray(budget.eps if max_eps is None else max_eps, jnp.float32)
-  top = like_batch(jnp.broadcast_to(top, x.shape[:1]) + rows_like(x, 0.0, jnp.float32), x)
+  top = like_batch(jnp.broadcast_to(top, x.shape[:1]), x)
   prediction = predict(logits_fn(x))
   correct = prediction == y
   check = lambda eps: certified_at(logits_fn, x, y, eps, lower, upper, method) & correct
