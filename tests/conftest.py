@@ -2,17 +2,20 @@
 
 How much XLA optimises: most test programs are tiny and compile-bound (seconds of optimising,
 milliseconds of running), and ``jax_disable_most_optimizations`` (XLA:CPU backend optimisation
-level 0, no expensive LLVM passes) compiles them in about half the time. It is on for
+level 0, no expensive LLVM passes) compiles them in about half the time: 25-50% less CPU for
+such a file (measured file by file). It is on for
 
 * the doctests of ``jaxrobust/`` (set here at import, so whenever this file is loaded, as in the
   whole suite; ``pytest jaxrobust`` alone compiles them with XLA's defaults);
 * every test of a module marked ``pytestmark = pytest.mark.compile_bound``, unless the test is
-  marked ``run_bound`` (programs that run long, such as thousands of attack steps: unoptimised,
-  those run 3-20 times slower; a convolutional network even more).
+  marked ``run_bound``: programs that run long (900 APGD-T steps on 150 points run 3.5 times
+  slower unoptimised, a small CNN under AutoAttack 20 times) belong in unmarked modules or carry
+  that mark.
 
 Other test modules compile with XLA's defaults. Unoptimised code can round differently in the
-last bits (other fusion and vectorisation), so a test must not sit on a tie that rounding decides;
-every test passes with either setting. A module-scoped fixture compiles with its module's setting.
+last bits (other fusion and vectorisation), so a test must not sit on a tie that rounding decides
+(the AutoAttack doctest did: its success at exactly the minimal distance flipped); every test
+passes with either setting. A module-scoped fixture compiles with its module's setting.
 """
 
 import os

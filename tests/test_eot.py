@@ -43,18 +43,25 @@ def test_loss_and_gradient_are_the_mean_over_draws():
   keys = jax.random.split(jax.random.key(1), 5)
   draws = randomized.draw_keys(keys, 4)
   f = randomized.ExpectedLogits(noisy, draws)
-  loss, grad, logits = f.loss_and_grad(jr.losses.cross_entropy, x, y, None)
-  # Independent reference: one draw at a time, per example, averaged by hand.
-  per_draw = [jax.vmap(jax.grad(lambda xi, yi, ki: jr.losses.cross_entropy(
-      noisy(xi[None], ki[None]), yi[None])[0]))(x, y, draws[s]) for s in range(4)]
-  np.testing.assert_allclose(np.asarray(grad), np.mean(np.stack(per_draw), 0), rtol=1e-5,
-                             atol=1e-6)
-  ref_logits = np.mean([np.asarray(noisy(x, draws[s])) for s in range(4)], 0)
+  # Jitted (one compilation each, not one per operation): the library's average, and the
+  # independent reference, one draw at a time, per example, averaged by hand.
+  loss, grad, logits, called = jax.jit(lambda x, y: (
+      *f.loss_and_grad(jr.losses.cross_entropy, x, y, None), f(x)))(x, y)
+
+  @jax.jit
+  def reference(x, y):
+    per_draw = [jax.vmap(jax.grad(lambda xi, yi, ki: jr.losses.cross_entropy(
+        noisy(xi[None], ki[None]), yi[None])[0]))(x, y, draws[s]) for s in range(4)]
+    logits = [noisy(x, draws[s]) for s in range(4)]
+    losses = [jr.losses.cross_entropy(z, y) for z in logits]
+    return jnp.stack(per_draw), jnp.stack(logits), jnp.stack(losses)
+
+  per_draw, draw_logits, draw_losses = (np.asarray(a) for a in reference(x, y))
+  np.testing.assert_allclose(np.asarray(grad), np.mean(per_draw, 0), rtol=1e-5, atol=1e-6)
+  ref_logits = np.mean(draw_logits, 0)
   np.testing.assert_allclose(np.asarray(logits), ref_logits, rtol=1e-5, atol=1e-6)
-  np.testing.assert_allclose(np.asarray(f(x)), ref_logits, rtol=1e-5, atol=1e-6)
-  ref_loss = np.mean([np.asarray(jr.losses.cross_entropy(noisy(x, draws[s]), y))
-                      for s in range(4)], 0)
-  np.testing.assert_allclose(np.asarray(loss), ref_loss, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(called), ref_logits, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(loss), np.mean(draw_losses, 0), rtol=1e-5)
 
 
 def test_verdicts_are_majorities_not_single_draws():
@@ -62,8 +69,10 @@ def test_verdicts_are_majorities_not_single_draws():
   x = jnp.tile(jnp.array([[0.9, 0.1]]), (32, 1))
   y = jnp.zeros(32, jnp.int32)
   attack = jr.attacks.eot(jr.attacks.fgsm("linf"), samples=21)
-  mostly_right = jr.run(attack, coin_model(0.2), x, y, jr.Budget(0.0), jax.random.key(0))
-  mostly_wrong = jr.run(attack, coin_model(0.8), x, y, jr.Budget(0.0), jax.random.key(0))
+  # One compilation for both models: the flip probability is an argument.
+  run = jax.jit(lambda p_wrong: jr.run(attack, coin_model(p_wrong), x, y, jr.Budget(0.0),
+                                       jax.random.key(0)))
+  mostly_right, mostly_wrong = run(0.2), run(0.8)
   # P(Binomial(21, 0.2) >= 11) < 1e-3 per point; the keys are fixed, so this is deterministic.
   assert not bool(jnp.any(mostly_right.success))
   assert bool(jnp.all(mostly_wrong.success))

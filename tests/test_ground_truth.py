@@ -19,10 +19,10 @@ L2); the suite leaves those cases out, and ``python -m tests.test_ground_truth``
 every other case of the matrix (attack x norm x shape x problem) in one table.
 
 Each batch holds ``ABOVE`` points at :math:`1.02\, d^*` and ``BELOW`` other points at
-:math:`0.98\, d^*` (per-example eps), and the attacks sharing a (norm, shape, problem) compile
-into one program, since the suite's time is almost all compilation. Every returned point is judged
-independently, in float64: it must lie in the box and the ball, and its success flag must agree
-with re-predicting it.
+:math:`0.98\, d^*` (per-example eps), and the light attacks of one norm (every shape and problem)
+compile into one program, since the suite's time is almost all compilation. Every returned point
+is judged independently, in float64: it must lie in the box and the ball, and its success flag
+must agree with re-predicting it.
 """
 
 from __future__ import annotations
@@ -239,20 +239,26 @@ def _judge(p: LinearProblem, eps: np.ndarray, targeted: bool, result: jr.AttackR
       seconds=seconds, cpu_seconds=cpu_seconds)
 
 
-def evaluate_group(attack_ids: tuple[str, ...], norm: str, shape: str,
-                   problem: str) -> dict[str, Outcome | Exception]:
-  """Runs the attacks on one problem in one program; attacks that raise get their exception.
-
-  (A single attack that raises raises.)
-
-  One batch: ``ABOVE`` points at ``SCALE * d*`` and ``BELOW`` others at ``(2 - SCALE) * d*``.
-  """
-  classes, targeted = PROBLEMS[problem]
+def _inputs(norm: str, shape: str, problem: str):
+  """``(problem, eps, args of _compile_group's run)``: ``ABOVE`` points at ``SCALE * d*`` and
+  ``BELOW`` others at ``(2 - SCALE) * d*``, in one batch."""
+  classes, _ = PROBLEMS[problem]
   p = _problem(classes, norm, shape)
   eps = np.concatenate([SCALE * p.distance[:ABOVE], (2 - SCALE) * p.distance[ABOVE:]])
   args = (jnp.asarray(p.model.w, jnp.float32), jnp.asarray(p.model.b, jnp.float32),
           jnp.asarray(p.x), jnp.asarray(p.y), jnp.asarray(eps, jnp.float32),
           jax.random.key(SEED), jnp.asarray(p.target))
+  return p, eps, args
+
+
+def evaluate_group(attack_ids: tuple[str, ...], norm: str, shape: str,
+                   problem: str) -> dict[str, Outcome | Exception]:
+  """Runs the attacks on one problem in one program; attacks that raise get their exception.
+
+  (A single attack that raises raises.)
+  """
+  _, targeted = PROBLEMS[problem]
+  p, eps, args = _inputs(norm, shape, problem)
   start, cpu_start = time.perf_counter(), time.process_time()
   try:
     attacks, run = _compile_group(attack_ids, norm)
@@ -279,13 +285,55 @@ def evaluate_group(attack_ids: tuple[str, ...], norm: str, shape: str,
   return out
 
 
+def evaluate_groups(norm: str, groups: dict[tuple[str, str], tuple[str, ...]]
+                    ) -> dict[tuple[str, str], dict[str, Outcome]]:
+  """Runs several groups ``(shape, problem) -> attack_ids`` of one norm in one program.
+
+  One program for the light groups of a norm instead of one per (shape, problem) costs about 15%
+  less CPU (measured: 9.0 s against 10.5 s for the four Linf two-class shapes). Raises what a
+  group raises; ``evaluate_group`` then finds the attacks responsible.
+  """
+  inputs = {key: _inputs(norm, *key) for key in groups}
+  built = {key: _compile_group(ids, norm) for key, ids in groups.items()}
+  run = jax.jit(lambda args: {key: built[key][1](*args[key]) for key in groups})
+  args = {key: inputs[key][2] for key in groups}
+  start, cpu_start = time.perf_counter(), time.process_time()
+  results = jax.block_until_ready(run.lower(args).compile(FAST_COMPILE)(args))
+  seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
+  out = {}
+  for key, ids in groups.items():
+    p, eps, _ = inputs[key]
+    targeted = PROBLEMS[key[1]][1]
+    out[key] = {}
+    for attack_id, attack, result in zip(ids, built[key][0], results[key]):
+      assert attack.targeted == targeted and not attack.minimum_norm, attack_id
+      out[key][attack_id] = _judge(p, eps, targeted, result, seconds, cpu_seconds)
+  return out
+
+
+def _suite_ids(norm: str, shape: str, problem: str, heavy: bool) -> tuple[str, ...]:
+  return tuple(case.attack_id for case in suite_cases()
+               if (case.norm, case.shape, case.problem) == (norm, shape, problem)
+               and (case.attack_id in HEAVY) == heavy)
+
+
 @functools.lru_cache(maxsize=None)
-def _suite_group(norm: str, shape: str, problem: str, heavy: bool):
-  """The outcomes of every suite case sharing (norm, shape, problem), computed once."""
-  ids = tuple(case.attack_id for case in suite_cases()
-              if (case.norm, case.shape, case.problem) == (norm, shape, problem)
-              and (case.attack_id in HEAVY) == heavy)
-  return evaluate_group(ids, norm, shape, problem)
+def _suite_light(norm: str) -> dict[tuple[str, str], dict[str, Outcome | Exception]]:
+  """The outcomes of every light suite case of ``norm``, computed once, in one program (or, if
+  that raises, one per (shape, problem), so that only the attacks that raise fail)."""
+  keys = dict.fromkeys((case.shape, case.problem) for case in suite_cases()
+                       if case.norm == norm and case.attack_id not in HEAVY)
+  groups = {key: _suite_ids(norm, *key, heavy=False) for key in keys}
+  try:
+    return evaluate_groups(norm, groups)
+  except Exception:  # noqa: BLE001 - each group's own run reports the attacks that raise
+    return {key: evaluate_group(ids, norm, *key) for key, ids in groups.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _suite_heavy(norm: str, shape: str, problem: str) -> dict[str, Outcome | Exception]:
+  """The outcomes of the heavy suite cases sharing (norm, shape, problem), computed once."""
+  return evaluate_group(_suite_ids(norm, shape, problem, heavy=True), norm, shape, problem)
 
 
 def _params():
@@ -298,7 +346,10 @@ def _params():
 
 @pytest.mark.parametrize("attack_id, norm, shape, problem", _params())
 def test_strength_at_the_exact_minimal_distance(attack_id, norm, shape, problem):
-  out = _suite_group(norm, shape, problem, attack_id in HEAVY)[attack_id]
+  if attack_id in HEAVY:
+    out = _suite_heavy(norm, shape, problem)[attack_id]
+  else:
+    out = _suite_light(norm)[shape, problem][attack_id]
   if isinstance(out, Exception):
     raise out
   assert out.outside == 0, f"{out.outside} returned points outside the box or the eps-ball"

@@ -67,14 +67,14 @@ def one_program(runs):
   """``name -> result`` of the argument-less ``runs[name]()``, compiled together into one program
   (one compilation instead of one per run) on first use. If that raises, each run is compiled on
   its own, so only the tests of the runs that raise fail."""
-  results = {}
+  names, results = list(runs), {}
 
   def get(name):
     if not results:
-      try:
-        results.update(jax.jit(lambda: {n: run() for n, run in runs.items()})())
+      try:  # a list: the names need not be sortable pytree keys
+        results.update(zip(names, jax.jit(lambda: [runs[n]() for n in names])()))
       except Exception:  # noqa: BLE001 - the test of the run that raises reports it
-        results.update({n: None for n in runs})
+        results.update({n: None for n in names})
     if results[name] is None:
       results[name] = jax.jit(runs[name])()
     return results[name]

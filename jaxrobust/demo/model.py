@@ -18,8 +18,8 @@ class SmallCNN(nn.Module):
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> model = SmallCNN()
-    >>> params = model.init(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
-    >>> model.apply(params, jnp.zeros((2, 8, 8, 1))).shape
+    >>> params = jax.jit(model.init)(jax.random.key(0), jnp.zeros((1, 8, 8, 1)))
+    >>> jax.jit(model.apply)(params, jnp.zeros((2, 8, 8, 1))).shape
     (2, 10)
   """
 
