@@ -16,11 +16,18 @@ Array = jax.Array
 def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
         budget: Budget | tuple, key: Array, target: Array | None = None, *,
         allow_large_eps: bool = False, unroll: int | bool = 1,
-        chunk_size: int | None = None) -> AttackResult:
+        chunk_size: int | None = None, early_exit: bool = True) -> AttackResult:
   """Runs ``attack`` on a batch and returns the best adversarial points with honest scores.
 
-  The attack's ``init``/``step`` run under one fixed-length ``jax.lax.scan``; ``finalize`` hands
-  back the best point seen. Then, on the returned points only:
+  The attack's ``init``/``step`` run in a loop and ``finalize`` hands back the best point seen.
+  With ``early_exit`` (the default) a point stops costing model evaluations once the attack has
+  found an adversarial point for it: broken rows are frozen, the rows left are re-compacted every
+  few steps, and the loop ends when none is left (:mod:`jaxrobust.engine.early_exit`; attacks
+  that declare ``done``: FGSM/PGD, APGD(-T), Square, FAB in its fixed-budget use). The success
+  flags are those of the full run, but a broken point's ``x_adv`` is its *first* adversarial
+  point rather than the one of largest loss; pass ``early_exit=False`` for the strongest
+  adversarial example (one fixed-length ``jax.lax.scan``, which can also be differentiated in
+  reverse mode). Then, on the returned points only:
 
   * points misclassified on the clean input are not attacked: they get ``x_adv = x`` and
     ``norm = 0``; an untargeted attack counts them as ``success = True`` (the model is already
@@ -57,7 +64,8 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
     target: ``[B]`` int target classes, for targeted attacks only.
     allow_large_eps: accept budgets that cover the whole box (otherwise a ``ValueError``, since
       they usually mean eps in 0-255 units).
-    unroll: passed to ``jax.lax.scan``. ``True`` unrolls the whole attack loop: compilation takes
+    unroll: passed to ``jax.lax.scan``. ``True`` unrolls the whole attack loop (and so turns early
+      exit off: no loop is left to leave): compilation takes
       longer, but on XLA:CPU the input gradient of a strided convolution runs several times
       slower inside a loop body than outside one (the kernel keeps a non-canonical layout there;
       see ``benchmarks/RESULTS.md``), so short attacks on convolutional models run faster fully
@@ -68,7 +76,10 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
       earlier member broke): the points to attack are compacted into chunks of this many rows and
       only chunks holding such points are computed. Results equal the dense run (``None``). The
       chunk loop is a ``lax.while_loop``, which JAX cannot differentiate in reverse mode: to take
-      ``jax.grad`` through an attack (adversarial training), leave ``chunk_size=None``.
+      ``jax.grad`` through an attack (adversarial training), leave ``chunk_size=None`` and pass
+      ``early_exit=False``. With early exit, the rows per chunk of its re-compaction (``None``:
+      32 on CPU, 512 on accelerators).
+    early_exit: stop attacking a point once it is broken (see above).
 
   Returns:
     A :class:`jaxrobust.AttackResult`.
@@ -90,4 +101,4 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
                allow_large_eps=allow_large_eps, samples=attack.samples, name=attack.name)
   check_chunk_size(chunk_size)
   return run_attack(attack, logits_fn, x, y, budget, key, target, unroll=unroll,
-                    chunk_size=chunk_size)[0]
+                    chunk_size=chunk_size, early_exit=early_exit)[0]

@@ -76,7 +76,8 @@ class Attack(NamedTuple):
       not ``active`` (``[B]`` bool) cost close to nothing. ``info`` is a dict of arrays that ends up
       in :attr:`AttackResult.info`. ``init``/``step``/``finalize`` still work on their own.
       A drive function with the attribute ``takes_active = True`` is also given the keyword
-      ``active=`` (``[B]`` bool, the rows that are data rather than padding).
+      ``active=`` (``[B]`` bool, the rows that are data rather than padding), and one with
+      ``takes_early_exit = True`` the keyword ``early_exit=`` (see ``done``).
     samples: ``0`` for a deterministic model ``logits_fn(x)``; ``n > 0`` for an attack on a
       randomized model ``logits_fn(x, keys)`` (see :func:`jaxrobust.attacks.eot`), whose
       prediction is judged over ``n`` draws.
@@ -84,6 +85,14 @@ class Attack(NamedTuple):
       by hand): ``{"factory": "pgd", "norm": "linf", "steps": 20, ...}`` with every default
       filled in (see :mod:`jaxrobust.attacks._config`); reports record it as the attack's full
       configuration.
+    done: optional ``state -> [B] bool``, the rows whose search is over: the state already
+      holds a point that ``finalize`` returns as adversarial (untargeted: ``argmax != y``;
+      targeted: ``argmax == target``; APGD-T: ``argmax != y``). With early exit (the default of
+      :func:`jaxrobust.run` and the curves) the engine freezes such rows (every state leaf whose
+      leading axis is the batch keeps its value; other leaves, such as step counters, advance)
+      and leaves the loop once every row is done, so a broken point stops costing model
+      evaluations. ``None``: the attack always runs its ``num_steps`` (minimum-norm attacks,
+      whose answer keeps shrinking after the first success).
   """
 
   init: Callable[..., Any]
@@ -97,6 +106,7 @@ class Attack(NamedTuple):
   drive: Optional[Callable[..., Any]] = None
   samples: int = 0
   config: Optional[str] = None
+  done: Optional[Callable[[Any], Array]] = None
 
 
 class AttackResult(NamedTuple):

@@ -61,7 +61,8 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
                      epsilons: Array, key: Array, lower: float | Array = 0.0,
                      upper: float | Array = 1.0, eps_batch_size: int | None = None, *,
                      target: Array | None = None, allow_large_eps: bool = False,
-                     unroll: int | bool = 1, chunk_size: int | None = None) -> Curve:
+                     unroll: int | bool = 1, chunk_size: int | None = None,
+                     early_exit: bool = True) -> Curve:
   """Robust accuracy of ``logits_fn`` against ``attack`` at every budget in ``epsilons``.
 
   The whole curve is one program under ``jax.jit``; ``epsilons`` is data, so new values never
@@ -70,16 +71,21 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   model evaluation differently, so a borderline example can still flip between settings); a
   minimum-norm attack runs once and every eps follows from its norms (:func:`curve_from_norms`).
 
-  On CPU, ``eps_batch_size=0`` with ``unroll=True`` leaves no loop around the model and is the
-  fastest for convolutional models (see :func:`jaxrobust.run`); on accelerators the defaults
-  use the least memory.
+  By default the work falls with every point broken, on every backend:
 
-  With ``chunk_size`` the eps run in increasing order and each one attacks only the points still
-  robust at the smaller eps (and only clean-correct ones), compacted into chunks of
-  ``chunk_size`` rows: a point broken at a small eps costs close to nothing at the larger ones.
-  The curve is the same as without it (a point broken at a smaller eps is broken at every larger
-  one either way). This is what makes an expensive attack such as
-  :func:`jaxrobust.attacks.auto_attack` affordable over a whole curve.
+  * **early exit** (``early_exit=True``): within a run, a point stops costing model evaluations
+    once it is broken (see :func:`jaxrobust.run`);
+  * **cross-eps skipping** (with ``eps_batch_size=None``, the default): the eps run in increasing
+    order and each one attacks only the points still robust at the smaller eps (and only
+    clean-correct ones), so a point broken at a small eps costs nothing at the larger ones.
+
+  The curve is the same as the dense computation's (``early_exit=False``, or a vectorised
+  ``eps_batch_size``): a point broken at a smaller eps is broken at every larger one either way,
+  and a point that is never broken runs every step in both. This is what makes an expensive
+  attack such as :func:`jaxrobust.attacks.auto_attack` affordable over a whole curve.
+  ``eps_batch_size=0`` with ``unroll=True`` instead leaves no loop around the model (and so no
+  early exit), which XLA:CPU runs faster per step for strided convolutions (see
+  :func:`jaxrobust.run`), at the price of attacking every point at every eps.
 
   Args:
     attack: from :mod:`jaxrobust.attacks`.
@@ -94,8 +100,11 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
     target: ``[B]`` target classes for a targeted attack.
     allow_large_eps: accept budgets covering the whole box.
     unroll: how far to unroll each attack loop (see :func:`jaxrobust.run`).
-    chunk_size: skip points already broken (see above); needs ``eps_batch_size=None``. Batch-
-      sharded inputs are compacted across devices; run per device (``shard_map``) to keep it local.
+    chunk_size: rows per chunk of the compaction (``None``: a backend default with early exit;
+      without early exit, ``None`` turns compaction off); needs ``eps_batch_size=None``. Under
+      an Explicit mesh axis, early exit compacts only inside your own ``shard_map`` (as
+      :func:`jaxrobust.evaluate` runs), while an explicit ``chunk_size`` compacts per device.
+    early_exit: stop attacking points once broken and skip across eps (see above).
 
   Returns:
     A :class:`jaxrobust.Curve` whose ``info`` holds the attack's reliability checks over the grid:
@@ -130,7 +139,8 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   correct, bad_gradient = clean_diagnosis(attack.samples, logits_fn, x, y, keys)
   flags = robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
                        correct=correct, bad_gradient=bad_gradient, target=target,
-                       eps_batch_size=eps_batch_size, unroll=unroll, chunk_size=chunk_size)
+                       eps_batch_size=eps_batch_size, unroll=unroll, chunk_size=chunk_size,
+                       early_exit=early_exit)
   return _curve(epsilons, correct, flags.robust, flags.info)
 
 

@@ -110,18 +110,21 @@ def test_broken_points_cost_nothing(problem):
 
   attack = jr.attacks.ensemble(jr.attacks.pgd("linf", steps=8), jr.attacks.pgd("linf", steps=8))
   everyone_wrong = (y + 1) % CLASSES
-  run = jax.jit(lambda y, c: jr.run(attack, counted, x, y, jr.Budget(EPS), jax.random.key(0),
-                                    chunk_size=c), static_argnums=1)
-  jax.block_until_ready(run(everyone_wrong, 4))
-  skipped = sum(rows)
-  rows.clear()
-  jax.block_until_ready(run(everyone_wrong, None))
-  dense = sum(rows)
-  # Dense: two members x (8 steps + finalize) on the whole batch. Chunked: no point needs
-  # attacking, so only forward passes remain: the clean one, one scoring pass per member and the
-  # final scoring pass.
-  assert dense >= 2 * 9 * BATCH
-  assert skipped == (1 + 2 + 1) * BATCH
+  run = jax.jit(lambda y, c, early: jr.run(attack, counted, x, y, jr.Budget(EPS),
+                                           jax.random.key(0), chunk_size=c, early_exit=early),
+                static_argnums=(1, 2))
+  counts = {}
+  for c, early in ((4, False), (None, True), (4, True), (None, False)):
+    rows.clear()
+    jax.block_until_ready(run(everyone_wrong, c, early))
+    counts[c, early] = sum(rows)
+  # Dense: two members x (8 steps + finalize) on the whole batch.
+  assert counts[None, False] >= 2 * 9 * BATCH
+  # Chunked without early exit: no point needs attacking, so only forward passes remain: the
+  # clean one, one scoring pass per member and the final scoring pass.
+  assert counts[4, False] == (1 + 2 + 1) * BATCH
+  # Early exit (any chunking): the members re-score only the rows they attacked (none).
+  assert counts[None, True] == counts[4, True] == (1 + 1) * BATCH
 
 
 def test_curve_with_skipping_equals_dense_curve(problem):

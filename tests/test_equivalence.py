@@ -78,11 +78,13 @@ BFLOAT16_CURVES = ("pgd-l2", "fmn-l1", "fgsm-linf-targeted")
 # gradients and carry the difference into eps_star (and, for FAB, into verdicts). With an Auto
 # mesh or with use_shard_map=True on the same Explicit mesh the reports are bitwise equal (checked
 # on the l1 and l2 groups), and so are jr.run's points with XLA_FLAGS=
-# --xla_allow_excess_precision=false. Strict xfails, so a fix (e.g. evaluating per device under
-# shard_map) shows.
+# --xla_allow_excess_precision=false. These were strict xfails until jr.evaluate ran per device
+# under shard_map whenever a mesh is given with early exit on (its default, issue #16): since
+# then the reports are equal, and the tests below check it. (early_exit=False without
+# use_shard_map still takes the sharding-constraint path and can round differently.)
 MESH_ROUNDING = ("bfloat16 model on an Explicit mesh: XLA excess precision rounds differently "
                  "under sharding constraints (see MESH_MISMATCH in the test module)")
-MESH_MISMATCH = frozenset(n for n, a in ATTACKS.items() if a.minimum_norm)
+MESH_MISMATCH = frozenset()
 
 
 def _params(names, mismatch=frozenset(), reason=""):

@@ -157,7 +157,7 @@ def cached_step(identity, **options):
   """The compiled step jr.evaluate cached for a model (its identity: the logits_fn of a closure,
   the function of a partial) and options (``keep_per_example``, ``chunk_size``, ...; one device
   unless ``mesh`` is given)."""
-  names = ("keep_per_example", "eps_batch_size", "unroll", "chunk_size", "mesh")
+  names = ("keep_per_example", "eps_batch_size", "unroll", "chunk_size", "early_exit", "mesh")
   options = {"mesh": None, **options}
   found = []
   for (base, _), (step, _) in evaluate_lib._STEP_CACHE.items():
@@ -349,7 +349,7 @@ def test_hlo_attack_loop_has_no_collective(setup):
   with jax.set_mesh(mesh):
     trace = evaluate_lib._trace_model(model, spec, None)
   step = evaluate_lib._jitted_step(model, trace, attacks, jax.random.key_impl(key), True, None,
-                                   evaluate_worker.UNROLL, None, mesh, "data", False)
+                                   evaluate_worker.UNROLL, None, True, mesh, "data", False)
   with jax.set_mesh(mesh):
     put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
     args = (put(x[:16], P("data")), put(y[:16], P("data")), put(np.ones(16, bool), P("data")),
@@ -369,11 +369,13 @@ def test_hlo_attack_loop_has_no_collective(setup):
     todo.extend(_called(comps[name]))
   # Inside the loops (over eps; the unrolled attack steps sit in their bodies) no attack data
   # moves between devices: the only collectives allowed are all-reduces of integer scalars, the
-  # reliability counts jr.run sums over the batch for each eps.
+  # reliability counts jr.run sums over the batch for each eps, and (early exit) whether any row
+  # of the batch is left to attack.
   for name in inside:
     for line in comps[name].splitlines():
       if _COLLECTIVE.search(line):
-        assert re.search(r"= s32\[\] all-reduce\(", line), f"collective in loop body {name}: {line}"
+        assert re.search(r"= (s32|pred)\[\] all-reduce\(", line), (
+            f"collective in loop body {name}: {line}")
   assert _COLLECTIVE.search(hlo), "the global metric sum should be an all-reduce"
 
 

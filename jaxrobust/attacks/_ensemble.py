@@ -72,14 +72,15 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
   user's whole batch, not a chunk of it, and comes before minutes of tracing).
   """
 
-  def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size, *, active=None):
+  def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size, *, active=None,
+            early_exit=False):
     if check_input is not None:
       check_input(x)
     num_classes = logits_shape(logits_fn, x, samples)[-1]
     members = list(members_fn(num_classes))
     check_members(members)
     x_adv, robust_after = run_members(members, logits_fn, x, y, Budget(*budget), keys, target,
-                                      todo, chunk_size)
+                                      todo, chunk_size, early_exit=early_exit)
     info = {"robust_after": robust_after}
     if extra_info is not None:
       info.update(extra_info(logits_fn, x, y, Budget(*budget), keys, target, todo, robust_after,
@@ -87,6 +88,7 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
     return x_adv, info
 
   drive.takes_active = True  # the engine passes active= (the rows that are data) to this drive
+  drive.takes_early_exit = True  # ... and early_exit= (members stop attacking broken rows)
 
   def init(logits_fn, x, y, budget, keys, target=None):
     x = x.astype(work_dtype(x))

@@ -148,6 +148,11 @@ def _finalize(config: _Config, logits_fn, state: GradientAttackState, x, y, budg
   return score_last_iterate(state.best, logits_fn, state.x_adv, y, target, loss).x
 
 
+def _done(state: GradientAttackState) -> Array:
+  """Rows whose best point already succeeds: ``finalize`` returns a successful point for them."""
+  return state.best.success
+
+
 def check_l1_sparsity(l1_sparsity) -> float | None:
   """``None`` (the exact L1 step), or the fraction of coordinates a sparse L1 step moves."""
   if l1_sparsity is None:
@@ -173,4 +178,4 @@ def gradient_attack(*, norm: str, loss: str | Callable[..., Array], steps: int,
                    move=_l1_move if norm == "l1" else _steepest_move)
   return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
                 finalize=functools.partial(_finalize, config), num_steps=runs.num_steps,
-                norm=norm, targeted=targeted, minimum_norm=False, name=name)
+                norm=norm, targeted=targeted, minimum_norm=False, name=name, done=_done)

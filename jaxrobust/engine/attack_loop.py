@@ -8,6 +8,7 @@ the curve kernel (:mod:`jaxrobust.engine.curve_kernel`, one run per eps), ensemb
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -15,10 +16,17 @@ import jax.numpy as jnp
 
 from jaxrobust._batch import as_keys, like_batch, work_dtype
 from jaxrobust._types import Attack, AttackResult, Budget
-from jaxrobust.engine import compaction
+from jaxrobust.engine import compaction, early_exit as early_exit_lib
 from jaxrobust.engine.scoring import clean_diagnosis, score
 
 Array = jax.Array
+
+
+def _zero_logits(logits_fn: Callable[..., Array], x: Array) -> Array:
+  """Zeros shaped like ``logits_fn(x)``, built from ``x`` so they carry its batch sharding."""
+  shape = jax.eval_shape(logits_fn, x)
+  column = (x.reshape(x.shape[0], -1)[:, :1] * 0).astype(shape.dtype)  # [B, 1], x is finite
+  return column + jnp.zeros((1,) + shape.shape[1:], shape.dtype)
 
 
 def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
@@ -43,7 +51,8 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
                budget: Budget, key: Array, target: Array | None = None, *,
                unroll: int | bool = 1, clean_correct: Array | None = None,
                bad_gradient: Array | None = None, active: Array | None = None,
-               chunk_size: int | None = None) -> tuple[AttackResult, Array]:
+               chunk_size: int | None = None, early_exit: bool = False,
+               score_skipped_rows: bool = True) -> tuple[AttackResult, Array]:
   """:func:`jaxrobust.run` without input validation, and ``broken`` (``[B]`` bool).
 
   ``broken`` says the point is not robust: the clean prediction or the prediction on ``x_adv``
@@ -71,14 +80,37 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
     # counts non-finite logits on those rows only.
     extra = {"active": jnp.ones_like(todo) if active is None else active} if getattr(
         attack.drive, "takes_active", False) else {}
+    if getattr(attack.drive, "takes_early_exit", False):
+      extra["early_exit"] = early_exit
     x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, chunk_size, **extra)
     info = dict(info or {})
   else:
     rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)
     eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), (batch,)), x)
-    if chunk_size is None:
+    if early_exit and attack.done is not None and attack.num_steps > 0 and unroll is not True:
+      until_done = lambda frozen, x, y, eps, keys, target: early_exit_lib.run_until_done(
+          attack, logits_fn, x, y, eps, keys, target, frozen, lower=budget.lower,
+          upper=budget.upper, unroll=unroll, chunk_size=chunk_size)
+      if chunk_size is not None and compaction.batch_axis(todo) is not None:
+        # Compact per device first (shard_map), then exit early inside each chunk.
+        x_adv = compaction.compacted(lambda *r: until_done(jnp.zeros_like(r[1], bool), *r),
+                                     todo, chunk_size, x, y, eps, keys, target)
+      else:
+        x_adv = until_done(~todo, x, y, eps, keys, target)
+    elif chunk_size is None:
       x_adv = rows(x, y, eps, keys, target)
     else:
       x_adv = compaction.compacted(rows, todo, chunk_size, x, y, eps, keys, target)
+  logits_of_todo = None
+  chunk = min(chunk_size or early_exit_lib.default_chunk_size(), batch)
+  if early_exit and not score_skipped_rows and not attack.samples:
+    if early_exit_lib.compactable(todo, chunk):
+      logits_of_todo = lambda x_adv: early_exit_lib.map_rows(
+          lambda _, rows: logits_fn(rows), todo, chunk, (x_adv,))
+    else:  # no row moves; still no model evaluation when no row was attacked
+      logits_of_todo = lambda x_adv: jax.lax.cond(jnp.any(todo), logits_fn,
+                                                  functools.partial(_zero_logits, logits_fn),
+                                                  x_adv)
   return score(attack, logits_fn, x_input, x, x_adv, y, budget, keys, target, todo=todo,
-               clean_correct=clean_correct, bad_gradient=bad_gradient, info=info)
+               clean_correct=clean_correct, bad_gradient=bad_gradient, info=info,
+               logits_of_todo=logits_of_todo)

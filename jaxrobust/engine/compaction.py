@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P
 Array = jax.Array
 
 
-def _batch_axis(active: Array):
+def batch_axis(active: Array):
   """``(mesh, axis)`` when ``active``'s type shards its batch axis over a mesh axis, else None."""
   sharding = getattr(jax.typeof(active), "sharding", None)
   spec = getattr(sharding, "spec", None)
@@ -60,7 +60,7 @@ def compacted(fn: Callable[..., Any], active: Array, chunk_size: int, *rows: Any
     >>> out.tolist()
     [0.0, 0.0, 20.0]
   """
-  sharded = _batch_axis(active)
+  sharded = batch_axis(active)
   if sharded is not None:
     mesh, axis = sharded
     spec = P(axis)

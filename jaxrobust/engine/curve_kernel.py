@@ -14,10 +14,13 @@ inside every larger one, so the curve is non-increasing by construction. A minim
 runs once: :math:`r_{k,i} = c_i \wedge [\epsilon^*_i > \epsilon_k]`.
 
 Three schedules compute the same flags: eps one after another (``eps_batch_size=None``),
-vectorised (``0``) or in vectorised chunks (``b``); and, with ``chunk_size``, **cross-eps
-skipping**: the eps run in increasing order and each attacks only the rows not yet broken,
-compacted into chunks (:mod:`jaxrobust.engine.compaction`), so a point broken at a small eps
-costs close to nothing at the larger ones.
+vectorised (``0``) or in vectorised chunks (``b``). One after another, with early exit or with
+``chunk_size``, they use **cross-eps skipping**: the eps run in increasing order and each attacks
+only the rows not yet broken, so a point broken at a small eps costs close to nothing at the
+larger ones (with early exit those rows are frozen from the start and compacted away,
+:mod:`jaxrobust.engine.early_exit`; with ``chunk_size`` alone they are compacted away,
+:mod:`jaxrobust.engine.compaction`). A skipped row reads "not broken" at that eps, and the worst
+case over smaller eps restores it, so the flags equal the dense ones.
 """
 
 from __future__ import annotations
@@ -74,7 +77,8 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
                  epsilons: Array, keys: Array, *, lower, upper, correct: Array,
                  bad_gradient: Array | None = None, active: Array | None = None,
                  target: Array | None = None, eps_batch_size: int | None = None,
-                 unroll: int | bool = 1, chunk_size: int | None = None) -> CurveFlags:
+                 unroll: int | bool = 1, chunk_size: int | None = None,
+                 early_exit: bool = False) -> CurveFlags:
   """Per-example robust flags ``[K, B]`` of ``attack`` over ``epsilons`` (see the module).
 
   Args:
@@ -88,14 +92,15 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
       rows as ``non_finite_gradient_points``.
     active: ``[B]`` rows to attack and count (``None``: all); padding is inactive.
     target: ``[B]`` targets of a targeted attack (robust still means "prediction is ``y``").
-    eps_batch_size, unroll, chunk_size: the schedule (see the module).
+    eps_batch_size, unroll, chunk_size, early_exit: the schedule (see the module).
 
   Returns:
     A :class:`CurveFlags`.
   """
   epsilons = jnp.asarray(epsilons, jnp.float32)
   active = jnp.ones_like(correct) if active is None else active
-  common = dict(unroll=unroll, clean_correct=correct, active=active, chunk_size=chunk_size)
+  common = dict(unroll=unroll, clean_correct=correct, active=active, chunk_size=chunk_size,
+                early_exit=early_exit, score_skipped_rows=False)
   if attack.minimum_norm:
     budget = Budget(rows_like(x, jnp.inf, jnp.float32), lower, upper)
     result, _ = run_attack(attack, logits_fn, x, y, budget, keys, target, **common)
@@ -111,7 +116,7 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
     return broken, _checks(result.info)
 
   indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)
-  if chunk_size is not None:
+  if chunk_size is not None or (early_exit and eps_batch_size is None):
     broken, per_eps = _skipping(run_at, epsilons, correct, active)
   elif eps_batch_size == 0:
     broken, per_eps = jax.vmap(lambda ie: run_at(*ie, active))(indexed)

@@ -90,7 +90,8 @@ def round_toward(x_adv: Array, x: Array) -> Array:
 def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Array,
           x_adv: Array, y: Array, budget: Budget, keys: Array, target: Array | None, *,
           todo: Array, clean_correct: Array, bad_gradient: Array | None,
-          info: dict) -> tuple[AttackResult, Array]:
+          info: dict, logits_of_todo: Callable[[Array], Array] | None = None
+          ) -> tuple[AttackResult, Array]:
   """The :class:`jaxrobust.AttackResult` of the point an attack returned, and ``broken`` (``[B]``
   bool: the clean prediction or the prediction on the returned point is not ``y``).
 
@@ -98,6 +99,12 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
   ``todo`` the rows the attack was run on (the others get ``x_adv = x``). A non-finite returned
   row falls back to ``x`` and is counted (``non_finite_adversarials``); ``bad_gradient`` (from
   :func:`clean_diagnosis`) is counted over clean-correct rows (``non_finite_gradient_points``).
+
+  ``logits_of_todo(x_adv)``, when given, computes the logits of the ``todo`` rows only (zeros
+  elsewhere, e.g. :func:`jaxrobust.engine.early_exit.map_rows`), for callers that read only
+  ``broken`` and ``success`` of those rows (curves, ensemble members): a row outside ``todo``
+  then gets ``broken`` = its clean verdict (what re-predicting ``x`` gives) and ``success`` =
+  ``broken`` (untargeted) or ``False`` (targeted), and zero logits.
   """
   x_adv = x_adv.astype(x.dtype)
   finite = rows_finite(x_adv)
@@ -116,9 +123,11 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
     if target is None:
       success = success & ~unchanged
   else:
-    logits = logits_fn(x_adv)
+    logits = logits_fn(x_adv) if logits_of_todo is None else logits_of_todo(x_adv)
     success = is_success(logits, y, target)
     broken = ~is_correct(logits, y)
+    if logits_of_todo is not None:
+      success, broken = success & todo, broken & todo
   clean_wrong = ~clean_correct
   broken = broken | clean_wrong
   if target is None:

@@ -85,7 +85,8 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
                key_impl: Any = None, keep_per_example: bool = False,
                eps_batch_size: int | None = None, unroll: int | bool = 1,
                chunk_size: int | None = None, axis_name: str | None = None,
-               certifiers: Mapping[str, Any] | None = None) -> Callable[..., tuple]:
+               certifiers: Mapping[str, Any] | None = None,
+               early_exit: bool = False) -> Callable[..., tuple]:
   r"""The per-batch evaluation step (not jitted): every attack (and certifier) on one padded batch.
 
   ``step(x, y, mask, index, epsilons, key_data, lower, upper) -> (EvalSums, PerExample | None)``
@@ -93,9 +94,10 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
   ``epsilons [K]`` float32, ``key_data`` the raw data of one PRNG key, and scalar bounds. Example
   ``i`` draws its randomness from ``fold_in(key, index[i])`` (and, for a fixed-budget attack,
   ``fold_in(., k)`` at the ``k``-th eps, as :func:`jaxrobust.robustness_curve` does), so every
-  attack sees the same keys whatever else is evaluated with it. With ``chunk_size`` each
-  fixed-budget attack skips the rows it broke at a smaller eps (cross-eps skipping, see
-  :mod:`jaxrobust.engine.curve_kernel`). With ``axis_name`` (inside :func:`jax.shard_map`) the
+  attack sees the same keys whatever else is evaluated with it. With ``early_exit`` or
+  ``chunk_size`` each fixed-budget attack skips the rows it broke at a smaller eps (cross-eps
+  skipping, see :mod:`jaxrobust.engine.curve_kernel`), and with ``early_exit`` a row stops
+  costing model evaluations once broken (:mod:`jaxrobust.engine.early_exit`). With ``axis_name`` (inside :func:`jax.shard_map`) the
   sums are reduced over that axis.
 
   Args:
@@ -129,7 +131,7 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
   inner = _build_step(lambda _: logits_fn, attacks, key_impl=key_impl,
                       keep_per_example=keep_per_example, eps_batch_size=eps_batch_size,
                       unroll=unroll, chunk_size=chunk_size, axis_name=axis_name,
-                      certifiers=certifiers)
+                      certifiers=certifiers, early_exit=early_exit)
   return functools.partial(inner, ())
 
 
@@ -137,12 +139,14 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
                 attacks: Mapping[str, Attack], *, key_impl: Any, keep_per_example: bool,
                 eps_batch_size: int | None, unroll: int | bool, chunk_size: int | None,
                 axis_name: str | None,
-                certifiers: Mapping[str, Any] | None = None) -> Callable[..., tuple]:
+                certifiers: Mapping[str, Any] | None = None,
+                early_exit: bool = False) -> Callable[..., tuple]:
   """:func:`build_step` whose step takes the model's arrays first: ``step(model_arrays, x, ...)``
   with ``logits_fn = rebuild(model_arrays)``."""
   items = tuple(attacks.values())
   certify = tuple((certifiers or {}).values())
-  options = dict(eps_batch_size=eps_batch_size, unroll=unroll, chunk_size=chunk_size)
+  options = dict(eps_batch_size=eps_batch_size, unroll=unroll, chunk_size=chunk_size,
+                 early_exit=early_exit)
 
   def step(model_arrays, x, y, mask, index, epsilons, key_data, lower, upper):
     logits_fn = rebuild(model_arrays)
@@ -298,7 +302,8 @@ _STEP_CACHE_SIZE = 8
 
 
 def _jitted_step(model: _Model, trace: _Trace, attacks, key_impl, keep_per_example,
-                 eps_batch_size, unroll, chunk_size, mesh, axis, use_shard_map, certifiers=None):
+                 eps_batch_size, unroll, chunk_size, early_exit, mesh, axis, use_shard_map,
+                 certifiers=None):
   """The ``jax.jit``-ed step, reused only where it computes what a fresh one would.
 
   A compiled step depends on its arguments (data, eps, key and the model's arrays in
@@ -310,7 +315,7 @@ def _jitted_step(model: _Model, trace: _Trace, attacks, key_impl, keep_per_examp
   steps of the same model with other captured arrays are dropped (they can only be stale).
   """
   base = (model.identity, trace.program, tuple(attacks.items()), str(key_impl), keep_per_example,
-          eps_batch_size, unroll, chunk_size, mesh, axis, use_shard_map,
+          eps_batch_size, unroll, chunk_size, early_exit, mesh, axis, use_shard_map,
           tuple((certifiers or {}).items()))
   cache_key = (base, tuple(_constant_key(c) for c in trace.constants))
   try:
@@ -322,7 +327,8 @@ def _jitted_step(model: _Model, trace: _Trace, attacks, key_impl, keep_per_examp
   step_fn = _build_step(model.rebuild, attacks, key_impl=key_impl,
                         keep_per_example=keep_per_example, eps_batch_size=eps_batch_size,
                         unroll=unroll, chunk_size=chunk_size,
-                        axis_name=axis if use_shard_map else None, certifiers=certifiers)
+                        axis_name=axis if use_shard_map else None, certifiers=certifiers,
+                        early_exit=early_exit)
   if use_shard_map:  # data parallel: the model's arrays are replicated on every device
     batch_spec = P(axis)
     step_fn = jax.shard_map(

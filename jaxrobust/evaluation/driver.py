@@ -34,7 +34,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
              use_shard_map: bool = False, keep_per_example: bool = False,
              eps_batch_size: int | None = None, unroll: int | bool = 1,
              chunk_size: int | None = None, allow_large_eps: bool = False,
-             certifiers: Mapping[str, Any] | None = None) -> Report:
+             certifiers: Mapping[str, Any] | None = None, early_exit: bool = True) -> Report:
   r"""Evaluates ``logits_fn`` against ``attacks`` over a whole data set, batch by batch.
 
   For each batch and attack this computes the robustness curve of
@@ -72,11 +72,15 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     keep_per_example: keep per-example arrays in the report (``Report.per_example``).
     eps_batch_size: how fixed-budget attacks loop over eps (see :func:`robustness_curve`).
     unroll: attack-loop unrolling (see :func:`jaxrobust.run`).
-    chunk_size: cross-eps skipping: each fixed-budget attack runs the eps in increasing order
-      and attacks only the points it has not broken at a smaller eps, compacted into chunks of
-      this many rows (see :func:`jaxrobust.robustness_curve`; the report is the same, the model
-      evaluations fewer); needs ``eps_batch_size=None``. With a ``mesh`` this selects the
-      ``shard_map`` path, so the compaction stays per device.
+    chunk_size: rows per chunk of the compaction behind early exit and cross-eps skipping
+      (``None``: a backend default; without early exit, ``None`` turns compaction off); needs
+      ``eps_batch_size=None``. With a ``mesh`` it selects the ``shard_map`` path, so the
+      compaction stays per device.
+    early_exit: each attack stops attacking a point once broken, and each fixed-budget attack
+      runs the eps in increasing order attacking only the points it has not broken at a smaller
+      eps (see :func:`jaxrobust.robustness_curve`; the report is the same, the model evaluations
+      fewer). With a ``mesh`` it selects the ``shard_map`` path, so rows never move between
+      devices.
     allow_large_eps: accept budgets that cover the whole box.
     certifiers: optional name -> :class:`jaxrobust.certify.Certifier` (e.g.
       ``{"ibp": jr.certify.bounds_certifier()}``), run on every batch beside the attacks; their
@@ -109,8 +113,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   """
   start_time = time.perf_counter()
   plan = host.plan_run(attacks, epsilons, key, batch_size, mesh, batch_axis, use_shard_map, lower,
-                       upper, eps_batch_size, chunk_size)
-  options = (keep_per_example, eps_batch_size, unroll, chunk_size)
+                       upper, eps_batch_size, chunk_size, early_exit)
+  options = (keep_per_example, eps_batch_size, unroll, chunk_size, early_exit)
   certifiers = _check_certifiers(certifiers, plan.attacks)
   if certifiers and plan.mesh is not None:  # bounds trace the model per example: keep it local
     plan = plan._replace(use_shard_map=True)
@@ -167,7 +171,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   timing = host.timing(start_time, time.perf_counter(), clock["after_first"], clock["compile"],
                        clock["step"], clock["evaluated"], clock["first_n"])
   run = {"batch_size": batch_size, "keep_per_example": keep_per_example,
-         "eps_batch_size": eps_batch_size, "unroll": unroll, "chunk_size": chunk_size,
+         "eps_batch_size": eps_batch_size, "unroll": unroll, "chunk_size": chunk_size, "early_exit": early_exit,
          "use_shard_map": use_shard_map, "devices": 1 if mesh is None else int(mesh.size),
          "processes": plan.num_processes}
   return _report(plan, state, timing, run, certifiers)

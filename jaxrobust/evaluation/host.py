@@ -76,7 +76,7 @@ def _as_attacks(attacks: Attack | Mapping[str, Attack]) -> dict[str, Attack]:
 
 def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, batch_axis: Any,
              use_shard_map: bool, lower: Any, upper: Any, eps_batch_size: Any,
-             chunk_size: Any) -> Plan:
+             chunk_size: Any, early_exit: bool = False) -> Plan:
   """Checks the configuration of :func:`jaxrobust.evaluate` and returns its :class:`Plan`."""
   attacks = _as_attacks(attacks)
   epsilons = np.asarray(epsilons, np.float32)
@@ -103,7 +103,7 @@ def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, 
     # Compaction moves rows within the batch: run it per device, where it stays local (under jit,
     # Explicit axes cannot close over the mesh-placed parameters inside the compaction's own
     # shard_map, and Auto axes would move rows between devices).
-    use_shard_map = use_shard_map or chunk_size is not None
+    use_shard_map = use_shard_map or chunk_size is not None or early_exit
   elif use_shard_map:
     raise ValueError("use_shard_map=True needs a mesh=.")
   elif num_processes > 1:

@@ -10,7 +10,9 @@
 * :mod:`jaxrobust.metrics.rates` -- exact Clopper--Pearson bounds (:func:`binomial_interval`),
   the mergeable :class:`Rate` (hits out of trials, with its interval) and the generative-model
   rates built on it (:func:`attack_success_rate_generative`, :func:`prompt_injection_rate`,
-  :func:`paraphrase_consistency`).
+  :func:`paraphrase_consistency`);
+* :mod:`jaxrobust.metrics.model_evaluations` -- :func:`count_evaluations`, the rows an attack
+  sends through the model with and without a gradient (the hardware-independent cost).
 
 Examples:
   >>> import jax.numpy as jnp
@@ -25,6 +27,7 @@ from jaxrobust.metrics.formulas import (accuracy, adversarial_accuracy, attack_s
                                         median_perturbation, perturbation_quantiles,
                                         robust_accuracy)
 from jaxrobust.metrics.reducers import Counts, CurveCounts, NormHistogram, Reducer, psum
+from jaxrobust.metrics.model_evaluations import EvaluationCounter, count_evaluations
 from jaxrobust.metrics.rates import (Rate, attack_success_rate_generative, binomial_interval,
                                      binomial_interval_table, paraphrase_consistency,
                                      prompt_injection_rate)
@@ -37,4 +40,6 @@ __all__ = [
     # Rates with exact binomial intervals (jaxrobust.metrics.rates).
     "Rate", "attack_success_rate_generative", "binomial_interval", "binomial_interval_table",
     "paraphrase_consistency", "prompt_injection_rate",
+    # The cost of an evaluation in model rows (jaxrobust.metrics.model_evaluations).
+    "EvaluationCounter", "count_evaluations",
 ]

@@ -22,7 +22,8 @@ Array = jax.Array
 
 def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
                   budget: Budget | tuple, key: Array, *, attack: Optional[Attack] = None,
-                  mask: Optional[Array] = None, unroll: int | bool = 1) -> Counts:
+                  mask: Optional[Array] = None, unroll: int | bool = 1,
+                  early_exit: bool = True) -> Counts:
   r"""Clean and robust accuracy counts of one batch: a mergeable :class:`~jaxrobust.metrics.Counts`.
 
   The attack (default ``jr.attacks.pgd("linf", steps=10)``) runs with :func:`jaxrobust.run`'s
@@ -51,6 +52,9 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
     unroll: passed to the attack's ``jax.lax.scan`` (see :func:`jaxrobust.run`): ``True``
       unrolls it, much faster on CPU for convolutional models (XLA:CPU runs a strided
       convolution's input gradient several times slower inside a loop body), slower to compile.
+    early_exit: stop attacking a point once broken (see :func:`jaxrobust.run`): the same counts
+      of robust points, fewer model evaluations; the perturbation sums are then those of each
+      broken point's first adversarial point.
 
   Returns:
     :class:`jaxrobust.metrics.Counts` of the batch (with the attack-norm perturbation sums).
@@ -79,6 +83,6 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   clean_correct = is_correct(logits_clean, y)
   active = None if mask is None else jnp.asarray(mask, bool)
   result, _ = run_attack(attack, model, x, y, budget, key, clean_correct=clean_correct,
-                         active=active, unroll=unroll)
+                         active=active, unroll=unroll, early_exit=early_exit)
   return Counts.from_batch(predict(logits_clean), predict(result.logits), y, x=x,
                            x_adv=result.x_adv, norm=attack.norm, mask=mask)

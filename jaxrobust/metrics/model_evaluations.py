@@ -1,0 +1,112 @@
+r"""Counting the work an attack does: rows through the model, with and without a backward pass.
+
+Wall-clock time depends on the machine and its load; the number of rows that went through the
+model does not. :func:`count_evaluations` wraps a ``logits_fn`` so that every executed call adds
+its rows to a host-side :class:`EvaluationCounter`:
+
+* ``forward`` -- rows evaluated without a gradient (scoring, Square's queries, re-scoring);
+* ``gradient`` -- rows evaluated with a backward pass (one row of ``jax.grad``/``jax.vjp``
+  through the model counts once, forward and backward together).
+
+The counts are taken when the compiled program *runs* (a ``jax.debug.callback``), so loop
+iterations that early exit or compute skipping never execute are not counted, and a program run
+twice counts twice. This is the model-evaluation counter of the benchmarks and of the tests that
+check that a broken point stops costing model evaluations; it adds a host callback per call, so
+time the unwrapped model.
+
+Examples:
+  >>> import jax, jax.numpy as jnp
+  >>> from jaxrobust.metrics import count_evaluations
+  >>> logits_fn, counter = count_evaluations(lambda x: x @ jnp.ones((3, 2)))
+  >>> x = jnp.ones((4, 3))
+  >>> _ = jax.jit(jax.grad(lambda x: logits_fn(x).sum()))(x)
+  >>> _ = jax.jit(logits_fn)(x[:2])
+  >>> jax.effects_barrier()
+  >>> counter.forward, counter.gradient
+  (2, 4)
+
+References:
+  Croce & Hein, *Reliable evaluation of adversarial robustness with an ensemble of diverse
+  parameter-free attacks*, ICML 2020 (model queries as the cost of an evaluation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable
+
+import jax
+import numpy as np
+
+Array = jax.Array
+
+
+@dataclasses.dataclass
+class EvaluationCounter:
+  """Rows that went through the model: ``forward`` (no gradient) and ``gradient`` (with one)."""
+
+  forward: int = 0
+  gradient: int = 0
+  _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False,
+                                            compare=False)
+
+  @property
+  def total(self) -> int:
+    """All rows, with or without a gradient."""
+    return self.forward + self.gradient
+
+  def reset(self) -> None:
+    """Sets both counts to zero (call :func:`jax.effects_barrier` first)."""
+    with self._lock:
+      self.forward = self.gradient = 0
+
+  def _add(self, kind: str, rows: np.ndarray) -> None:
+    with self._lock:  # callbacks of different devices may run on different threads
+      setattr(self, kind, getattr(self, kind) + int(np.size(rows)))
+
+
+def count_evaluations(logits_fn: Callable[..., Array]
+                      ) -> tuple[Callable[..., Array], EvaluationCounter]:
+  """``(counted_logits_fn, counter)``: the same model, counting the rows of every executed call.
+
+  Args:
+    logits_fn: ``x [B, ...] (, *more) -> logits [B, C]``; extra arguments (e.g. the keys of a
+      randomized model) are passed through without gradient.
+
+  Returns:
+    ``counted_logits_fn`` computes exactly what ``logits_fn`` computes (the same gradients);
+    ``counter`` accumulates ``forward`` and ``gradient`` rows as the program runs. Under
+    ``vmap`` every mapped row counts. Call :func:`jax.effects_barrier` before reading the counter.
+  """
+  counter = EvaluationCounter()
+
+  def rows(x: Array) -> Array:
+    # One value per row of x (batched along with x under vmap), so np.size is the row count.
+    return x.reshape(x.shape[:1] + (-1,))[:, 0]
+
+  @jax.custom_vjp
+  def counted(x, *more):
+    jax.debug.callback(lambda r: counter._add("forward", r), rows(x))
+    return logits_fn(x, *more)
+
+  def forward(x, *more):
+    jax.debug.callback(lambda r: counter._add("gradient", r), rows(x))
+    logits, pullback = jax.vjp(lambda x: logits_fn(x, *more), x)
+    return logits, (pullback, more)
+
+  def backward(residuals, cotangent):
+    pullback, more = residuals
+    zeros = tuple(jax.tree.map(_zero_cotangent, m) for m in more)
+    return pullback(cotangent) + zeros
+
+  counted.defvjp(forward, backward)
+  return counted, counter
+
+
+def _zero_cotangent(value):
+  """The cotangent of a non-differentiated extra argument (float0 for keys and integers)."""
+  dtype = getattr(value, "dtype", None)
+  if dtype is not None and jax.numpy.issubdtype(dtype, jax.numpy.floating):
+    return jax.numpy.zeros_like(value)
+  return np.zeros(np.shape(value), jax.dtypes.float0)

@@ -1,0 +1,227 @@
+"""Early exit and cross-eps skipping (jaxrobust.engine.early_exit): the same verdicts as the dense
+computation, for a fraction of the model evaluations.
+
+* The attacks of the conformance registry: the curve with early exit and skipping (default
+  chunking, and chunks of 4 rows so that the rows left are re-compacted across several chunks)
+  has exactly the flags (and per-member breakdown) of the dense curve, on one device and on an
+  Explicit 8-device mesh. The suite runs ``QUICK``, one or more configurations of every attack
+  family that exits early; ``JAXROBUST_EARLY_EXIT=all`` runs the whole registry (minimum-norm
+  and EOT attacks included: they take the same path minus the early exit).
+* Counting rows through the model (``jr.metrics.count_evaluations``): on a linear model where
+  every point breaks at the first update, a 100-step attack costs about two gradient rows per
+  point instead of 101; a curve over eight eps costs about what its first eps costs.
+* A broken row's result depends only on the row: the same under any chunk size or batch order.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jaxrobust as jr
+from tests.models import mlp, random_linear
+from tests.test_attack_conformance import REGISTRY
+
+pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
+
+SHAPE = (4, 4, 1)
+CLASSES = 5
+BATCH = 24
+SCALES = np.array([0.25, 0.5, 1.0, 1.5], np.float32)  # times the registry's eps for the norm
+EPS = {"linf": 0.1, "l2": 0.5, "l1": 2.0}
+QUICK = ("fgsm-linf", "fgsm-linf-targeted", "pgd-l1", "pgd-linf-restarts-margin",
+         "pgd-l2-dlr-targeted", "apgd-l1-ce", "apgd-l2-dlr", "apgd-t-linf", "apgd-linf-targeted",
+         "fab-l1", "fab-t-linf", "fab-l2-targeted", "square-l2", "square-linf-targeted",
+         "ensemble-l2-targeted", "auto_attack-linf")
+SELECTED = sorted(REGISTRY) if os.environ.get("JAXROBUST_EARLY_EXIT") == "all" else QUICK
+
+
+@functools.lru_cache(maxsize=None)
+def _problem():
+  logits_fn = mlp(0, int(np.prod(SHAPE)), 16, CLASSES)
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.uniform(0, 1, size=(BATCH,) + SHAPE), jnp.float32)
+  y = jnp.asarray(rng.integers(0, CLASSES, size=BATCH), jnp.int32)
+  target = (y + 1 + jnp.asarray(rng.integers(0, CLASSES - 1, size=BATCH), jnp.int32)) % CLASSES
+  return logits_fn, x, y, target
+
+
+def _curves(name: str):
+  """The attack and a jitted ``(x, y, target) -> (dense, early, early in chunks of 4)`` curves."""
+  attack = REGISTRY[name]()
+  logits_fn, *_ = _problem()
+  model = (lambda x, keys: logits_fn(x)) if attack.samples else logits_fn
+  eps = jnp.asarray(SCALES * EPS[attack.norm])
+
+  @jax.jit
+  def curves(x, y, target):
+    curve = functools.partial(jr.robustness_curve, attack, model, x, y, eps, jax.random.key(7),
+                              target=target if attack.targeted else None)
+    return curve(early_exit=False), curve(), curve(chunk_size=4)
+
+  return attack, curves
+
+
+def _same(a: jr.Curve, b: jr.Curve, what: str) -> None:
+  np.testing.assert_array_equal(np.asarray(a.robust), np.asarray(b.robust), err_msg=what)
+  if "robust_after" in (a.info or {}):
+    np.testing.assert_array_equal(np.asarray(a.info["robust_after"]),
+                                  np.asarray(b.info["robust_after"]), err_msg=what)
+
+
+def test_quick_selection_is_in_the_registry():
+  assert set(QUICK) <= set(REGISTRY)
+
+
+@pytest.mark.parametrize("name", SELECTED)
+def test_curve_flags_equal_the_dense_computation(name):
+  _, x, y, target = _problem()
+  _, curves = _curves(name)
+  dense, early, chunked = curves(x, y, target)
+  # Not vacuous: on this grid some points are broken and some survive.
+  robust = np.asarray(dense.robust)
+  assert robust.any() and not robust.all(), robust.sum(1)
+  _same(dense, early, f"{name}: early exit, default chunks")
+  _same(dense, chunked, f"{name}: early exit, chunks of 4")
+
+
+@pytest.mark.parametrize("name", ["pgd-linf-restarts-margin", "apgd-t-linf", "fab-t-linf"])
+def test_curve_flags_on_eight_devices_equal_one(name):
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
+  _, x, y, target = _problem()
+  _, curves = _curves(name)
+  dense = curves(x, y, target)[0]
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+  with jax.set_mesh(mesh):
+    put = lambda a: jax.device_put(a, NamedSharding(mesh, P("data")))
+    sharded = curves(put(x), put(y), put(target))
+  _same(dense, sharded[1], f"{name}: 8 devices, early exit")
+  _same(dense, sharded[2], f"{name}: 8 devices, early exit in chunks of 4 per device")
+
+
+# ------------------------------------------------------------------------------------------------
+# The work falls as it should.
+
+def _linear_problem(batch: int, eps_scale: float):
+  """A 3-class linear model on flat inputs, its points, and eps: ``eps_scale`` times the largest
+  Linf distance of a point (``eps_scale > 1``: every point breaks at the first update), or times
+  the smallest (``eps_scale < 1``: no point can break)."""
+  model = random_linear(0, 8, 3)
+  rng = np.random.default_rng(1)
+  x = rng.uniform(0.45, 0.55, size=(batch, 8)).astype(np.float32)
+  y = np.argmax(np.asarray(model.logits_fn(jnp.asarray(x))), axis=1).astype(np.int32)
+  distance = model.min_distance(x, y, "linf")
+  eps = float(eps_scale * (distance.max() if eps_scale > 1 else distance.min()))
+  return model.logits_fn, jnp.asarray(x), jnp.asarray(y), eps
+
+
+@pytest.mark.parametrize("attack, dense_gradient_rows", [
+    (jr.attacks.pgd("linf", steps=100), 101),
+])
+def test_a_point_broken_at_the_first_update_costs_about_one_step(attack, dense_gradient_rows):
+  batch = 64
+  logits_fn, x, y, eps = _linear_problem(batch, 20.0)
+  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  run = jax.jit(lambda x, early: jr.run(attack, counted, x, y, jr.Budget(eps), jax.random.key(0),
+                                        early_exit=early), static_argnums=1)
+  rows = {}
+  for early in (False, True):
+    counter.reset()
+    result = run(x, early)
+    jax.effects_barrier()
+    assert bool(jnp.all(result.success))
+    rows[early] = (counter.gradient, counter.forward)
+  # Dense: the clean check plus one gradient per step for every point.
+  assert rows[False][0] >= dense_gradient_rows * batch
+  # Early exit: the clean check, the step that moves the point and the one that finds it broken
+  # (chunks of 32 rows, every chunk leaves after its second step).
+  assert rows[True][0] <= 3 * batch, rows
+  assert rows[True][1] <= rows[False][1]
+
+
+def test_a_curve_costs_what_its_first_eps_costs_when_every_point_breaks_there():
+  batch = 64
+  logits_fn, x, y, eps = _linear_problem(batch, 20.0)
+  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  attack = jr.attacks.pgd("linf", steps=50)
+  curve = jax.jit(lambda eps: jr.robustness_curve(attack, counted, x, y, eps, jax.random.key(0)))
+  rows = []
+  for grid in (jnp.array([eps]), eps * jnp.linspace(1.0, 2.0, 8)):
+    counter.reset()
+    result = curve(grid)
+    jax.effects_barrier()
+    assert float(result.robust_accuracy[-1]) == 0.0
+    rows.append(counter.total)
+  # The seven larger eps attack nobody: no model evaluation beyond the first eps's.
+  assert rows[1] == rows[0], rows
+
+
+def test_a_robust_point_runs_every_step():
+  """Early exit must not cut the search short for points it has not broken."""
+  batch = 64  # two chunks of 32 rows
+  logits_fn, x, y, eps = _linear_problem(batch, 0.5)  # below every point's distance
+  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  attack = jr.attacks.pgd("linf", steps=30)
+  result = jax.jit(lambda x: jr.run(attack, counted, x, y, jr.Budget(eps), jax.random.key(0)))(x)
+  jax.effects_barrier()
+  assert not bool(jnp.any(result.success))
+  assert counter.gradient == (1 + 30) * batch
+
+
+# ------------------------------------------------------------------------------------------------
+# A row's result is its own.
+
+@pytest.mark.parametrize("name", ["pgd-linf-restarts-margin", "apgd-t-linf", "square-linf"])
+def test_result_of_a_row_does_not_depend_on_chunks_or_batch_order(name):
+  attack = REGISTRY[name]()
+  logits_fn, x, y, target = _problem()
+  keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(5), i))(jnp.arange(BATCH))
+  eps = jnp.full((BATCH,), EPS[attack.norm], jnp.float32)
+  perm = np.random.default_rng(0).permutation(BATCH)
+
+  @jax.jit
+  def runs(x, y, eps, keys):
+    run = functools.partial(jr.run, attack, logits_fn, x, y, jr.Budget(eps), keys)
+    permuted = jr.run(attack, logits_fn, x[perm], y[perm], jr.Budget(eps[perm]), keys[perm],
+                      chunk_size=4)
+    return run(), run(chunk_size=4), run(chunk_size=8), permuted
+
+  whole, by_4, by_8, permuted = runs(x, y, eps, keys)
+  assert 0 < int(whole.success.sum()) < BATCH
+  for other in (by_4, by_8):
+    np.testing.assert_allclose(np.asarray(other.x_adv), np.asarray(whole.x_adv), atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(other.success), np.asarray(whole.success))
+  np.testing.assert_allclose(np.asarray(permuted.x_adv), np.asarray(whole.x_adv)[perm], atol=1e-6)
+
+
+def test_the_default_curve_does_not_unroll_the_attack():
+  """One model evaluation per loop body, not one per step: compile time stays bounded."""
+  logits_fn, x, y, eps = _linear_problem(8, 2.0)
+  attack = jr.attacks.pgd("linf", steps=40)
+  jaxpr = jax.make_jaxpr(lambda eps: jr.robustness_curve(attack, logits_fn, x, y, eps,
+                                                         jax.random.key(0)))(jnp.array([eps]))
+  text = str(jaxpr)
+  assert "while" in text
+  assert text.count("dot_general") < 20, text.count("dot_general")
+
+
+def test_early_exit_false_is_differentiable():
+  """Adversarial training differentiates through the dense scan; early exit's loop cannot be."""
+  logits_fn, x, y, eps = _linear_problem(8, 2.0)
+  w = jnp.ones((8, 3))
+  attack = jr.attacks.pgd("linf", steps=3)
+
+  def loss(w, early):
+    f = lambda x: x @ w
+    x_adv = jr.run(attack, f, x, y, jr.Budget(eps), jax.random.key(0), early_exit=early).x_adv
+    return jnp.sum(f(x_adv))
+
+  assert jnp.all(jnp.isfinite(jax.jit(jax.grad(loss), static_argnums=1)(w, False)))
