@@ -44,6 +44,20 @@ Examples::
   # compare jaxrobust with the stored reference numbers
   python benchmarks/bench_autoattack.py --jaxrobust-only
 
+Fast version and model rows (issue #16). ``--version standard fast`` also runs
+``auto_attack("linf", version="fast")`` (APGD on the probability-margin loss, then APGD-T towards
+MALT's nearest targets) on the jaxrobust side; its final robust counts are compared with the
+reference's final counts (same tolerance). Both sides count the rows that go through the model,
+with and without a backward pass: jaxrobust with :func:`jaxrobust.metrics.count_evaluations`
+(one extra, untimed run of the curve on the counted model), the reference with a forward hook on
+the torch model (a row counts as "gradient" when autograd records the call: grad enabled and the
+input requires grad). ``--arch mlp`` attacks ``bench_peers.DigitsMLP`` (64-128-64-10, trained
+with a fixed seed by ``bench_peers.train_mlp``) instead of the CNN; its reference numbers are not
+stored, so run both sides::
+
+  python benchmarks/bench_autoattack.py --arch mlp --version standard fast \\
+      --autoattack-path /tmp/autoattack_ref --out /tmp/aa_mlp.json
+
 Timings are only meaningful while nothing else loads the cores; the 1-min load average is
 recorded before and after every measurement.
 """
@@ -83,6 +97,8 @@ DEFAULT_JSON = REFERENCE_DIR / "autoattack_digits.json"
 EXAMPLES_FILE = REFERENCE_DIR / "digits_examples.npz"
 MEMBERS = ("apgd-ce", "apgd-t", "fab-t", "square")
 """AutoAttack's standard Linf suite, in the order it runs."""
+FAST_MEMBERS = ("apgd-pm", "apgd-t-malt")
+"""jaxrobust's ``version="fast"``, in the order it runs."""
 DEFAULT_EPS = (0.05, 0.1, 0.15, 0.2)
 DEFAULT_N = 360
 TOLERANCE = 2
@@ -119,7 +135,11 @@ def load_frozen_params(kind: str) -> dict[str, Any]:
   return {"params": params}
 
 
-def load_params(kind: str, source: str) -> Any:
+def load_params(kind: str, source: str, arch: str = "cnn") -> Any:
+  if arch == "mlp":  # trained with a fixed seed in seconds; never frozen
+    from bench_peers import train_mlp
+
+    return train_mlp(kind == "adversarial")
   if source == "frozen":
     return load_frozen_params(kind)
   from jaxrobust.demo.train import train
@@ -159,8 +179,16 @@ def str_to_flags(s: str) -> np.ndarray:
   return np.frombuffer(s.encode("ascii"), np.uint8) == ord("1")
 
 
-def jax_logits(params: Any, x: np.ndarray) -> np.ndarray:
-  return np.asarray(jax.jit(SmallCNN().apply)(params, jnp.asarray(x)))
+def flax_model(arch: str):
+  if arch == "mlp":
+    from bench_peers import DigitsMLP
+
+    return DigitsMLP()
+  return SmallCNN()
+
+
+def jax_logits(params: Any, x: np.ndarray, arch: str = "cnn") -> np.ndarray:
+  return np.asarray(jax.jit(flax_model(arch).apply)(params, jnp.asarray(x)))
 
 
 def load_average() -> float:
@@ -197,6 +225,31 @@ def autoattack_commit(path: str | None) -> str:
           return target.read_text().strip()
       return ref
   return os.environ.get("AUTOATTACK_COMMIT", "a39220048b3c9f2cca9a4d3a54604793c68eca7e (stated)")
+
+
+@contextlib.contextmanager
+def counting_rows(model):
+  """A forward hook on ``model`` counting rows: ``{"forward": ..., "gradient": ...}``.
+
+  A call counts as "gradient" when autograd records it (grad enabled and the input requires
+  grad), i.e. when a backward pass through it can follow; AutoAttack's APGD and FAB call the model
+  so for every gradient, and Square and the scoring passes under ``torch.no_grad``.
+  """
+  import torch
+
+  rows = {"forward": 0, "gradient": 0}
+
+  def hook(module, inputs, output):
+    del module, output
+    x = inputs[0]
+    kind = "gradient" if torch.is_grad_enabled() and x.requires_grad else "forward"
+    rows[kind] += int(x.shape[0])
+
+  handle = model.register_forward_hook(hook)
+  try:
+    yield rows
+  finally:
+    handle.remove()
 
 
 @contextlib.contextmanager
@@ -237,7 +290,8 @@ def reference_eval(aa_module, model, x: np.ndarray, y: np.ndarray, eps: float, s
   log = io.StringIO()
   load_before = load_average()
   start = time.perf_counter()
-  with recording_state(aa_module) as records, contextlib.redirect_stdout(log):
+  with (recording_state(aa_module) as records, contextlib.redirect_stdout(log),
+        counting_rows(model) as model_rows):
     x_adv = adversary.run_standard_evaluation(xt, yt, bs=batch_size)
   seconds = time.perf_counter() - start
   load_after = load_average()
@@ -272,6 +326,7 @@ def reference_eval(aa_module, model, x: np.ndarray, y: np.ndarray, eps: float, s
     "members_run": [name for name, _ in records],
     "max_linf_perturbation": dist,
     "time_s": seconds,
+    "rows": dict(model_rows),
     "load_average": [load_before, load_after],
     "log": [line for line in log.getvalue().splitlines() if line.strip()],
     "n": n,
@@ -295,16 +350,22 @@ def run_reference(args, kinds, epsilons, x, y) -> dict[str, Any]:
     "models": {},
   }
   for kind in kinds:
-    params = load_params(kind, args.weights)
-    model = torch_port(params)
+    params = load_params(kind, args.weights, args.arch)
+    if args.arch == "mlp":
+      from bench_peers import torch_mlp_port
+
+      model = torch_mlp_port(params)
+    else:
+      model = torch_port(params)
     from bench_peers import nchw, torch_logits
 
-    diff = float(np.max(np.abs(torch_logits(model, nchw(x)) - jax_logits(params, x))))
+    diff = float(np.max(np.abs(torch_logits(model, nchw(x)) - jax_logits(params, x, args.arch))))
     if not diff <= PORT_TOLERANCE:
       raise AssertionError(f"the torch port disagrees with the Flax model by {diff:g}")
-    clean = np.argmax(jax_logits(params, x), -1) == y
-    print(f"\n=== reference AutoAttack, {kind} model: clean accuracy {clean.mean():.4f} "
-          f"({int(clean.sum())}/{x.shape[0]}); torch port max |dlogits| {diff:.2g} ===")
+    clean = np.argmax(jax_logits(params, x, args.arch), -1) == y
+    print(f"\n=== reference AutoAttack, {args.arch} {kind} model: clean accuracy "
+          f"{clean.mean():.4f} ({int(clean.sum())}/{x.shape[0]}); torch port max |dlogits| "
+          f"{diff:.2g} ===")
     per_eps, total = [], 0.0
     for eps in epsilons:
       result = reference_eval(aa_module, model, x, y, float(eps), args.seed, args.reference_bs)
@@ -313,10 +374,12 @@ def run_reference(args, kinds, epsilons, x, y) -> dict[str, Any]:
       print(f"  eps={eps:.4g}: robust after " + ", ".join(
         f"{m} {c}" for m, c in zip(MEMBERS, result["robust_count_after"]))
         + f" (of {x.shape[0]}); {result['time_s']:.1f} s, load {result['load_average'][0]:.1f}"
-        f"->{result['load_average'][1]:.1f}", flush=True)
+        f"->{result['load_average'][1]:.1f}; rows {result['rows']}", flush=True)
     out["models"][kind] = {"clean_accuracy": float(clean.mean()), "clean": flags_to_str(clean),
                            "torch_port_max_abs_logit_diff": diff, "eps": per_eps,
-                           "total_time_s": total}
+                           "total_time_s": total,
+                           "rows": {k: sum(r["rows"][k] for r in per_eps)
+                                    for k in ("forward", "gradient")}}
   return out
 
 
@@ -324,22 +387,32 @@ def run_reference(args, kinds, epsilons, x, y) -> dict[str, Any]:
 # jaxrobust side.
 
 
-def jaxrobust_attack():
+def jaxrobust_attack(version: str = "standard"):
   factory = getattr(jr.attacks, "auto_attack", None)
   if factory is None:
     raise SystemExit("jaxrobust side unavailable: jr.attacks.auto_attack does not exist yet "
                      "(use --reference-only to measure the reference alone)")
-  return factory("linf", version="standard")
+  return factory("linf", version=version)
 
 
-def run_jaxrobust(args, kinds, epsilons, x, y) -> dict[str, Any]:
-  attack = jaxrobust_attack()
-  model = SmallCNN()
-  out: dict[str, Any] = {"version": jr.__version__, "attack": attack.name, "seed": args.seed,
-                         "models": {}}
+def count_curve_rows(attack, model, params, x, y, eps, key, chunk_size) -> dict[str, int]:
+  """Rows through the model in one run of the curve (an extra, untimed run on a counted model)."""
+  counted, counter = jr.metrics.count_evaluations(functools.partial(model.apply, params))
+  jax.block_until_ready(jax.jit(lambda x, y, eps, key: jr.robustness_curve(
+    attack, counted, x, y, eps, key, chunk_size=chunk_size).robust)(x, y, eps, key))
+  jax.effects_barrier()
+  return {"forward": counter.forward, "gradient": counter.gradient}
+
+
+def run_jaxrobust(args, kinds, epsilons, x, y, version: str = "standard") -> dict[str, Any]:
+  attack = jaxrobust_attack(version)
+  members = MEMBERS if version == "standard" else FAST_MEMBERS
+  model = flax_model(args.arch)
+  out: dict[str, Any] = {"version": jr.__version__, "suite": version, "members": list(members),
+                         "attack": attack.name, "seed": args.seed, "models": {}}
   xj, yj = jnp.asarray(x), jnp.asarray(y)
   for kind in kinds:
-    params = load_params(kind, args.weights)
+    params = load_params(kind, args.weights, args.arch)
 
     @jax.jit
     def run_fn(params, x, y, eps, key):
@@ -356,7 +429,7 @@ def run_jaxrobust(args, kinds, epsilons, x, y) -> dict[str, Any]:
                                  chunk_size=args.chunk_size)
 
     key = jax.random.key(args.seed)
-    print(f"\n=== jaxrobust auto_attack, {kind} model ===")
+    print(f"\n=== jaxrobust auto_attack {version}, {args.arch} {kind} model ===")
     start = time.perf_counter()
     compiled_run = run_fn.lower(params, xj, yj, jnp.float32(epsilons[0]), key).compile()
     run_compile = time.perf_counter() - start
@@ -368,9 +441,9 @@ def run_jaxrobust(args, kinds, epsilons, x, y) -> dict[str, Any]:
         compiled_run(params, xj, yj, jnp.float32(eps), key))
       seconds = time.perf_counter() - start
       robust_after = np.asarray(robust_after, bool)
-      if robust_after.shape != (len(MEMBERS), x.shape[0]):
+      if robust_after.shape != (len(members), x.shape[0]):
         raise AssertionError(f"info['robust_after'] has shape {robust_after.shape}, expected "
-                             f"{(len(MEMBERS), x.shape[0])}")
+                             f"{(len(members), x.shape[0])}")
       final = ~np.asarray(success, bool)
       if not np.array_equal(final, robust_after[-1]):
         raise AssertionError(f"eps={eps}: robust_after[-1] disagrees with ~result.success")
@@ -381,7 +454,7 @@ def run_jaxrobust(args, kinds, epsilons, x, y) -> dict[str, Any]:
         "load_average": [load_before, load_average()],
       })
       print(f"  eps={eps:.4g}: robust after " + ", ".join(
-        f"{m} {c}" for m, c in zip(MEMBERS, per_eps[-1]["robust_count_after"]))
+        f"{m} {c}" for m, c in zip(members, per_eps[-1]["robust_count_after"]))
         + f"; {seconds:.1f} s", flush=True)
     eps_arr = jnp.asarray(epsilons, jnp.float32)
     start = time.perf_counter()
@@ -391,15 +464,18 @@ def run_jaxrobust(args, kinds, epsilons, x, y) -> dict[str, Any]:
     start = time.perf_counter()
     curve = jax.block_until_ready(compiled_curve(params, xj, yj, eps_arr, key))
     curve_s = time.perf_counter() - start
+    curve_load = [load_before, load_average()]
+    rows = count_curve_rows(attack, model, params, xj, yj, eps_arr, key, args.chunk_size)
     out["models"][kind] = {
       "eps": per_eps, "run_compile_s": run_compile,
       "curve": {"robust_accuracy": np.asarray(curve.robust_accuracy).tolist(),
                 "robust_count": np.asarray(curve.robust).sum(1).tolist(),
-                "compile_s": curve_compile, "time_s": curve_s,
-                "load_average": [load_before, load_average()]},
+                "compile_s": curve_compile, "time_s": curve_s, "rows": rows,
+                "load_average": curve_load},
     }
     print(f"  run compile {run_compile:.1f} s; curve compile {curve_compile:.1f} s, "
-          f"curve {curve_s:.1f} s")
+          f"curve {curve_s:.1f} s (load {curve_load[0]:.1f}->{curve_load[1]:.1f}); "
+          f"curve rows {rows}")
   return out
 
 
@@ -422,13 +498,17 @@ def compare(reference: dict[str, Any], ours: dict[str, Any], n: int) -> tuple[st
                  f"> reference + {TOLERANCE})")
     lines.append("| eps | member | reference | jaxrobust | diff | |")
     lines.append("|---|---|---|---|---|---|")
+    fast = ours.get("suite", "standard") != "standard"
     for row in mine["eps"]:
       ref = ref_by_eps.get(round(row["eps"], 6))
       if ref is None or ref["n"] < n:
         lines.append(f"| {row['eps']:.4g} | - | (no reference) | | | |")
         continue
       ref_after = [int(str_to_flags(s)[:n].sum()) for s in ref["robust_after"]]
-      for member, r, j in zip(MEMBERS, ref_after, row["robust_count_after"]):
+      pairs = zip(MEMBERS, ref_after, row["robust_count_after"])
+      if fast:  # other members: compare the final counts only
+        pairs = [("final (fast)", ref_after[-1], row["robust_count_after"][-1])]
+      for member, r, j in pairs:
         verdict = "PASS" if j <= r + TOLERANCE else "FAIL"
         ok &= verdict == "PASS"
         compared += 1
@@ -454,6 +534,12 @@ def compare(reference: dict[str, Any], ours: dict[str, Any], n: int) -> tuple[st
                    f"{curve['compile_s']:.1f} s) / reference total {ref_total:.1f} s = "
                    f"{curve['time_s'] / ref_total:.3f} (with compile "
                    f"{(curve['time_s'] + curve['compile_s']) / ref_total:.3f})")
+    ref_rows = ref_model.get("rows")
+    if ref_rows and curve.get("rows") and ref_model["eps"][0]["n"] == n:
+      ours_total = curve["rows"]["forward"] + curve["rows"]["gradient"]
+      ref_sum = ref_rows["forward"] + ref_rows["gradient"]
+      lines.append(f"rows: jaxrobust curve {curve['rows']} = {ours_total} / reference per-eps "
+                   f"runs {ref_rows} = {ref_sum}: {ours_total / max(ref_sum, 1):.3f}")
   return "\n".join(lines), ok, compared
 
 
@@ -461,6 +547,11 @@ def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--model", choices=("plain", "adversarial", "both"), default="both")
+  parser.add_argument("--arch", choices=("cnn", "mlp"), default="cnn",
+                      help="cnn: the frozen demo SmallCNN; mlp: bench_peers.DigitsMLP trained "
+                           "with a fixed seed (no stored reference: run both sides)")
+  parser.add_argument("--version", nargs="+", choices=("standard", "fast"),
+                      default=["standard"], help="jaxrobust suites to run (default standard)")
   parser.add_argument("--n", type=int, default=DEFAULT_N, help="first n stored test examples")
   parser.add_argument("--eps", default=",".join(str(e) for e in DEFAULT_EPS),
                       help="comma-separated Linf radii (default %(default)s)")
@@ -491,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
   args.chunk_size = args.chunk_size or None
   kinds = ["plain", "adversarial"] if args.model == "both" else [args.model]
 
+  if args.arch == "mlp" and args.jaxrobust_only:
+    raise SystemExit("--arch mlp has no stored reference numbers: drop --jaxrobust-only")
   if args.freeze:
     from jaxrobust.demo.train import train
 
@@ -516,7 +609,13 @@ def main(argv: list[str] | None = None) -> int:
                                                      "sha256": sha256_file(weights_path(kind))}
                                                     if args.weights == "frozen" else {})}
                 for kind in kinds},
+    "arch": args.arch,
   }
+  if args.arch == "mlp":
+    from bench_peers import params_digest
+
+    report["weights"] = {kind: {"source": "bench_peers.train_mlp", "digest": params_digest(
+      load_params(kind, args.weights, "mlp"))} for kind in kinds}
   if not args.jaxrobust_only:
     report["reference"] = run_reference(args, kinds, epsilons, x, y)
   if not args.reference_only:
@@ -531,9 +630,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"WARNING: {args.reference_json} was measured on other examples")
     else:
       reference = report.get("reference", {})
-    report["jaxrobust"] = run_jaxrobust(args, kinds, epsilons, x, y)
-    table, ok, compared = compare(reference, report["jaxrobust"], x.shape[0])
-    print(table)
+    ok, compared = True, 0
+    for version in args.version:
+      field = "jaxrobust" if version == "standard" else f"jaxrobust_{version}"
+      report[field] = run_jaxrobust(args, kinds, epsilons, x, y, version)
+      table, version_ok, version_compared = compare(reference, report[field], x.shape[0])
+      print(f"\n--- jaxrobust {version} against the reference ---" + table)
+      ok &= version_ok
+      compared += version_compared
     if compared:
       print(f"\noverall: {'PASS' if ok else 'FAIL'} ({compared} eps/member rows compared)")
       report["pass"] = ok

@@ -149,6 +149,47 @@ def targeted_dlr(logits: Array, labels: Array, target: Array) -> Array:
   return -gap / (z[:, 0] - 0.5 * (z[:, 2] + z[:, 3]) + 1e-12)
 
 
+def probability_margin(logits: Array, labels: Array) -> Array:
+  r"""Probability margin (untargeted), the loss of the Probability Margin Attack (PMA).
+
+  .. math:: \mathrm{PM}(z, y) = \max_{j \ne y} p_j - p_y, \qquad p = \operatorname{softmax}(z)
+
+  Positive iff misclassified, like :func:`margin`, but on probabilities: bounded in
+  :math:`[-1, 1]` and its gradient :math:`\partial p_i / \partial z_k = p_i([i = k] - p_k)`
+  fades where the prediction is confident, so the ascent spends its steps where the decision is
+  close (the paper's argument for it over the logit margin and the cross-entropy). Needs 2
+  classes.
+
+  References:
+    Xie et al., "Towards Million-Scale Adversarial Robustness Evaluation With Stronger Individual
+    Attacks" (PMA), arXiv:2411.15210, 2024.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> probability_margin(jnp.array([[0.0, 0.0, -jnp.inf]]), jnp.array([0]))  # p = (.5, .5, 0)
+    Array([0.], dtype=float32)
+    >>> probability_margin(jnp.array([[0.0, -jnp.inf, -jnp.inf]]), jnp.array([0]))  # p = (1, 0, 0)
+    Array([-1.], dtype=float32)
+  """
+  p = jax.nn.softmax(logits.astype(jnp.promote_types(logits.dtype, jnp.float32)), axis=-1)
+  return max_other_logit(p, labels) - label_logit(p, labels)
+
+
+def targeted_probability_margin(logits: Array, labels: Array, target: Array) -> Array:
+  r"""Targeted probability margin, :math:`p_t - \max_{j \ne t} p_j`; positive iff argmax = t.
+
+  The PMA paper defines the untargeted loss only (:func:`probability_margin`); this is its
+  targeted form, built as :func:`targeted_margin` is from :func:`margin`.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> targeted_probability_margin(jnp.array([[0.0, -jnp.inf]]), jnp.array([0]), jnp.array([1]))
+    Array([-1.], dtype=float32)
+  """
+  del labels
+  return -probability_margin(logits, target)
+
+
 def _require_classes(logits: Array, minimum: int, name: str) -> None:
   if logits.ndim != 2:
     raise ValueError(f"{name}: logits must be [B, C], got shape {logits.shape}.")
@@ -158,18 +199,21 @@ def _require_classes(logits: Array, minimum: int, name: str) -> None:
         "use loss='ce' or loss='margin' instead.")
 
 
-UNTARGETED = {"ce": cross_entropy, "margin": margin, "dlr": dlr}
-TARGETED = {"ce": targeted_cross_entropy, "margin": targeted_margin, "dlr": targeted_dlr}
+UNTARGETED = {"ce": cross_entropy, "margin": margin, "dlr": dlr,
+              "probability_margin": probability_margin}  # new names go last: LOSSES keeps order
+TARGETED = {"ce": targeted_cross_entropy, "margin": targeted_margin, "dlr": targeted_dlr,
+            "probability_margin": targeted_probability_margin}
 LOSSES = tuple(UNTARGETED)
-MIN_CLASSES = {"ce": 2, "margin": 2, "dlr": 3}
-MIN_CLASSES_TARGETED = {"ce": 2, "margin": 2, "dlr": 4}
+MIN_CLASSES = {"ce": 2, "margin": 2, "dlr": 3, "probability_margin": 2}
+MIN_CLASSES_TARGETED = {"ce": 2, "margin": 2, "dlr": 4, "probability_margin": 2}
 
 
 def resolve(loss: str | LossFn, targeted: bool) -> LossFn:
   """Turns a loss name or function into a function of the right signature.
 
   Args:
-    loss: ``"ce"``, ``"margin"``, ``"dlr"``, or a function ``(logits, labels) -> [B]``
+    loss: ``"ce"``, ``"margin"``, ``"dlr"``, ``"probability_margin"``, or a function
+      ``(logits, labels) -> [B]``
       (untargeted) / ``(logits, labels, target) -> [B]`` (targeted), larger = more adversarial.
     targeted: whether the attack is targeted.
 

@@ -219,6 +219,41 @@ def test_ordinary_targeted_mode_needs_target_and_hits_it():
     jr.run(attack, model.logits_fn, x, y, jr.Budget(0.1), jax.random.key(0))
 
 
+@pytest.mark.parametrize("mode", ["untargeted", "apgd-t", "targeted"])
+def test_done_rows_are_the_ones_finalize_returns_adversarial(mode):
+  """``Attack.done`` (early exit freezes such rows): after every step, a row marked done is one
+  whose ``finalize`` point succeeds as the mode judges it (APGD-T untargeted, ordinary targeted
+  towards ``target``); rows become done during the run and some never do."""
+  model, dim = _third_class_model()
+  x = jnp.full((8, dim), 0.5, jnp.float32)
+  y = jnp.zeros(8, jnp.int32)
+  eps = jnp.asarray([0.02, 0.05, 0.1, 0.3] * 2, jnp.float32)
+  target = jnp.asarray([1, 2] * 4, jnp.int32) if mode == "targeted" else None
+  attack = {"untargeted": apgd("l2", steps=8, loss="ce"),
+            "apgd-t": apgd("l2", targeted=True, n_target_classes=2, steps=8),
+            "targeted": apgd("l2", targeted=True, n_target_classes=None, steps=8, loss="ce")}[mode]
+  assert attack.done is not None
+
+  @jax.jit
+  def trace(x, y, eps):
+    budget = jr.Budget(eps)
+    keys = jax.random.split(jax.random.key(0), 8)
+    state = attack.init(model.logits_fn, x, y, budget, keys, target)
+
+    def body(state, _):
+      state = attack.step(model.logits_fn, state, x, y, budget, target)
+      x_adv = attack.finalize(model.logits_fn, state, x, y, budget, target)
+      prediction = jnp.argmax(model.logits_fn(x_adv), axis=-1)
+      success = prediction == target if mode == "targeted" else prediction != y
+      return state, (attack.done(state), success)
+
+    return jax.lax.scan(body, state, None, length=attack.num_steps)[1]
+
+  done, success = map(np.asarray, trace(x, y, eps))
+  assert not np.any(done & ~success)
+  assert done[-1].any() and not done[-1].all() and not done[0].all()
+
+
 # ---------------------------------------------------------------------------------------------
 # Bad inputs.
 

@@ -125,6 +125,7 @@ def _linear_problem(batch: int, eps_scale: float):
 
 @pytest.mark.parametrize("attack, dense_gradient_rows", [
     (jr.attacks.pgd("linf", steps=100), 101),
+    (jr.attacks.apgd("linf", steps=100), 101),
 ])
 def test_a_point_broken_at_the_first_update_costs_about_one_step(attack, dense_gradient_rows):
   batch = 64

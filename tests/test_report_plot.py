@@ -211,7 +211,8 @@ def test_every_factory_records_its_full_configuration():
   assert json.loads(configs["pgd"].config)["steps"] == 7
   assert json.loads(configs["apgd"].config) == {
       "factory": "apgd", "norm": "l1", "loss": None, "targeted": True, "n_target_classes": 9,
-      "steps": 100, "restarts": 1, "rho": 0.75, "momentum": 0.75}
+      "steps": 100, "restarts": 1, "rho": 0.75, "momentum": 0.75, "targets": "logits",
+      "malt_candidates": 100}
   assert json.loads(configs["eot"].config)["attack"]["factory"] == "pgd"
   assert [m["factory"] for m in json.loads(configs["ensemble"].config)["attacks"]] == [
       "pgd", "fgsm"]

@@ -63,6 +63,21 @@ one is returned.
 APGD-T (``targeted=True`` with ``n_target_classes = n``) is AutoAttack's untargeted attack made of
 ``n`` targeted runs: run ``k`` maximises the targeted loss towards the class with the
 :math:`(k+2)`-th largest clean logit, and success is untargeted (:math:`\arg\max \ne y`).
+
+MALT targeting (``targets="malt"``, Melamed, Yehudai & Shamir, 2024) ranks the classes instead by
+the distance to their decision boundary that the model's linearisation at the clean input
+predicts,
+
+.. math::
+   d_c = \frac{z_y(x) - z_c(x)}{\|\nabla_x z_y(x) - \nabla_x z_c(x)\|_*},
+
+with :math:`\|\cdot\|_*` the dual of the attack norm (L1 for Linf, L2 for L2, Linf for L1): on a
+linear model :math:`z = Wx + b` and without the box, :math:`d_c` is exactly the smallest
+perturbation that makes :math:`z_c` reach :math:`z_y` (Hölder's inequality is tight), so the
+targets are the nearest boundaries, while the logit rank ignores how steep each boundary is. Only
+the ``malt_candidates`` classes with the largest clean logits (other than ``y``) are scored, as in
+the paper (it scores the top 100 of ImageNet's classes); run ``k`` targets the class with the
+:math:`(k+1)`-th smallest :math:`d_c`.
 """
 
 from __future__ import annotations
@@ -157,7 +172,7 @@ class APGDState(NamedTuple):
   coordinates: Array  # [B] int32: L1 only, how many coordinates a step moves, run.
   support_at_check: Array  # [B] float32: L1 only, ||x_best - x||_0 at the last checkpoint, run.
   best: Best  # the best point seen in any run (success first, then loss).
-  targets: Array | None  # [B, n_target_classes] int32 for APGD-T, else None.
+  targets: Array | None  # [B, n_target_classes] int32 for APGD-T (in run order), else None.
   keys: Array  # [B] typed PRNG keys, one per example.
   t: Array  # [] int32: evaluations done.
 
@@ -253,6 +268,8 @@ class _Config(NamedTuple):
   targeted: bool
   multi: bool  # APGD-T: n_target_classes runs of targeted losses, untargeted success
   n_target_classes: int | None
+  targets: str  # APGD-T's target order: "logits" (AutoAttack) or "malt"
+  malt_candidates: int  # classes MALT scores (the largest clean logits other than y)
   restarts: int
   runs: Runs  # all runs (restarts, times the targets of APGD-T) laid end to end
   table: np.ndarray  # [steps + 1] int32: window length at each checkpoint, 0 elsewhere
@@ -372,14 +389,68 @@ def _l1_update(config: _Config, x: Array, x_cur: Array, x_prev: Array, g: Array,
   return jnp.clip(x + delta, lower, upper)
 
 
+def malt_distances(logits_fn, x: Array, y: Array, candidates: Array, norm: str) -> Array:
+  r"""MALT's linear estimate of each candidate class's boundary distance at ``x``.
+
+  :math:`d_c = (z_y - z_c) / \|\nabla z_y - \nabla z_c\|_*` (dual norm of ``norm``), ``[B, K]``
+  for ``candidates`` ``[B, K]``. The gradients are one ``jax.grad`` per candidate, vmapped over
+  the ``K`` candidates with ``x`` repeated: ``K`` forward-and-backward rows per example, which is
+  what a counting ``logits_fn`` (:func:`jaxrobust.metrics.count_evaluations`) records. (One
+  forward and ``K`` pullbacks of a shared ``jax.vjp`` would save the ``K - 1`` extra forwards but
+  hide the ``K`` backward passes from the counter.) A zero gradient difference gives
+  :math:`d_c = +\infty` (never chosen first), a negative margin (already misclassified towards
+  ``c``) a negative distance.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> w = jnp.array([[1.0, 0.0, 3.0], [0.0, 1.0, 0.0]])  # z = x @ w
+    >>> x, y = jnp.array([[1.0, 0.5]]), jnp.array([0])  # z = (1, 0.5, 3)
+    >>> malt_distances(lambda x: x @ w, x, y, jnp.array([[1, 2]]), "l2")  # 0.5/sqrt 2, -2/2
+    Array([[ 0.35355338, -1.        ]], dtype=float32)
+  """
+  classes = jnp.arange(candidates.shape[1], dtype=jnp.int32)
+
+  def margin_grad(k: Array, x: Array) -> tuple[Array, Array]:
+    def margin(x):
+      logits = logits_fn(x).astype(jnp.float32)
+      candidate = jnp.sum(candidates * (classes == k).astype(jnp.int32)[None, :], axis=1)
+      per_example = losses_lib.label_logit(logits, y) - losses_lib.label_logit(logits, candidate)
+      return jnp.sum(per_example), per_example
+
+    grad, per_example = jax.grad(margin, has_aux=True)(x)
+    return per_example, grad.reshape(grad.shape[0], -1)
+
+  repeated = jnp.broadcast_to(x, (candidates.shape[1],) + x.shape)
+  gaps, grads = jax.vmap(margin_grad)(classes, repeated)  # [K, B], [K, B, D]
+  steepness = projections.dual_norm(grads.astype(jnp.float32), norm)  # [K, B]
+  distances = jnp.where(steepness > 0, gaps / jnp.where(steepness > 0, steepness, 1.0), jnp.inf)
+  return distances.T
+
+
+def _malt_targets(config: _Config, logits_fn, x: Array, y: Array, logits: Array) -> Array:
+  """``[B, n_target_classes]``: the candidates with the smallest MALT distances, nearest first."""
+  num_classes = logits.shape[-1]
+  count = min(config.malt_candidates, num_classes - 1)
+  others = jnp.where(losses_lib._label_mask(logits, y), -jnp.inf, logits.astype(jnp.float32))
+  candidates = jax.lax.top_k(others, count)[1].astype(jnp.int32)  # [B, K]
+  distances = malt_distances(logits_fn, x, y, candidates, config.norm)
+  order = jax.lax.top_k(-distances, config.n_target_classes)[1]  # [B, n], nearest first
+  # One-hot look-up, not a gather: the rows may be batch-sharded (see losses._label_mask).
+  pick = order[:, :, None] == jnp.arange(count, dtype=order.dtype)[None, None, :]
+  return jnp.sum(candidates[:, None, :] * pick.astype(jnp.int32), axis=2)
+
+
 def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> APGDState:
-  del y, target
+  del target
   x, eps, lower, upper = unpack_budget(x, budget)
   if config.multi:
     logits = logits_fn(x)
     _check_classes(config, logits.shape[-1])
-    # Classes by decreasing clean logit; the target of group k is the (k + 2)-th.
-    targets = jax.lax.top_k(logits, config.n_target_classes + 1)[1][:, 1:].astype(jnp.int32)
+    if config.targets == "malt":
+      targets = _malt_targets(config, logits_fn, x, y, logits)
+    else:
+      # Classes by decreasing clean logit; the target of group k is the (k + 2)-th.
+      targets = jax.lax.top_k(logits, config.n_target_classes + 1)[1][:, 1:].astype(jnp.int32)
   else:
     _check_classes(config, logits_shape(logits_fn, x)[-1])
     targets = None
@@ -444,9 +515,16 @@ def _finalize(config: _Config, logits_fn, state: APGDState, x, y, budget: Budget
                             None if config.multi else target, loss).x
 
 
+def _done(state: APGDState) -> Array:
+  """Rows whose best point already succeeds (APGD-T: untargeted; targeted: towards ``target``):
+  ``finalize`` keeps a successful best point (:meth:`Best.update` never trades success away)."""
+  return state.best.success
+
+
 def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
          targeted: bool = False, n_target_classes: int | None = 9, steps: int = 100,
-         restarts: int = 1, rho: float = 0.75, momentum: float = 0.75) -> Attack:
+         restarts: int = 1, rho: float = 0.75, momentum: float = 0.75,
+         targets: str = "logits", malt_candidates: int = 100) -> Attack:
   r"""Auto-PGD: step-size-free projected gradient ascent (AutoAttack's APGD and APGD-T).
 
   See the module docstring for the algorithm. In short, each run makes ``steps`` momentum
@@ -466,7 +544,12 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     :math:`(k+2)`-th largest clean logit with the targeted loss (``loss="dlr"`` by default, the
     targeted DLR of :func:`jaxrobust.losses.targeted_dlr`; ``"ce"`` the targeted cross-entropy).
     Success is untargeted, :math:`\arg\max \ne y`, so a point broken towards any target stays
-    broken. No ``target=`` is taken; ``n`` must be smaller than the number of classes.
+    broken. No ``target=`` is taken; ``n`` must be smaller than the number of classes. With
+    ``targets="malt"`` the groups target instead the ``n`` classes nearest by MALT's linear
+    estimate :math:`(z_y - z_c) / \|\nabla z_y - \nabla z_c\|_*` (:func:`malt_distances`),
+    nearest first, among the ``malt_candidates`` largest clean logits; this costs one gradient
+    row per candidate and example at ``init`` (``min(malt_candidates, C - 1)`` rows, e.g. 9 for
+    10 classes, against the ``n * (steps + 1)`` rows of the runs).
   * ``targeted=True`` with ``n_target_classes=None``: an ordinary targeted attack; pass
     ``target=``; success is :math:`\arg\max = \text{target}`.
 
@@ -480,13 +563,19 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     restarts: runs per target (or in total, untargeted), each from a fresh random start.
     rho: the fraction of loss-increasing steps below which the step size is halved (Linf/L2).
     momentum: the weight :math:`\alpha` of the new step against the previous one (Linf/L2).
+    targets: APGD-T's target classes: ``"logits"`` (the clean logit rank, AutoAttack's rule) or
+      ``"malt"`` (MALT's nearest boundaries, see above). Only with ``n_target_classes``.
+    malt_candidates: how many classes (the largest clean logits other than the label) MALT
+      scores; the paper's 100. Fewer save gradient rows at ``init`` on models with many classes.
 
   Returns:
     A :class:`jaxrobust.Attack` for :func:`jaxrobust.run` or :func:`jaxrobust.robustness_curve`.
 
   Raises:
     ValueError: unknown norm or loss, ``steps``/``restarts``/``n_target_classes`` < 1, ``rho``
-      outside (0, 1], ``momentum`` outside [0, 1]; at ``init``, too few classes for the loss or
+      outside (0, 1], ``momentum`` outside [0, 1], unknown ``targets``, ``targets="malt"``
+      without APGD-T's ``n_target_classes``, ``malt_candidates`` < ``n_target_classes``; at
+      ``init``, too few classes for the loss or
       for ``n_target_classes``.
 
   Examples:
@@ -508,6 +597,7 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     parameter-free attacks", ICML 2020.
     Croce & Hein, "Mind the box: l1-APGD for sparse adversarial attacks on image classifiers",
     ICML 2021.
+    Melamed, Yehudai & Shamir, "MALT Powers Up Adversarial Attacks", NeurIPS 2024.
   """
   check_norm(norm)
   steps = check_positive_int("steps", steps)
@@ -517,12 +607,23 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     n_target_classes = check_positive_int("n_target_classes", n_target_classes)
   rho = check_number("rho", rho, low=0.0, high=1.0, low_open=True)
   momentum = check_number("momentum", momentum, low=0.0, high=1.0)
+  if targets not in ("logits", "malt"):
+    raise ValueError(f"Unknown targets {targets!r}; supported: 'logits', 'malt'.")
+  malt_candidates = check_positive_int("malt_candidates", malt_candidates)
+  if targets == "malt":
+    if not multi:
+      raise ValueError("targets='malt' chooses APGD-T's target classes: pass targeted=True with "
+                       "n_target_classes.")
+    if malt_candidates < n_target_classes:
+      raise ValueError(f"malt_candidates={malt_candidates} must be at least "
+                       f"n_target_classes={n_target_classes}.")
   if loss is None:
     loss = "dlr" if targeted else "ce"
   loss_fn = losses_lib.resolve(loss, bool(targeted))
   loss_name = loss if isinstance(loss, str) else "custom"
   if multi:
-    name = f"apgd-t-{loss_name}-{norm}-{steps}x{n_target_classes}targets"
+    name = (f"apgd-t-{loss_name}-{norm}-{steps}x{n_target_classes}"
+            + ("malt" if targets == "malt" else "") + "targets")
     if restarts > 1:
       name += f"x{restarts}"
   else:
@@ -539,10 +640,12 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     table[w] = 1 if lengths is None else lengths[j]
   config = _Config(
       norm=norm, name=name, loss=loss, loss_name=loss_name, loss_fn=loss_fn,
-      targeted=bool(targeted), multi=multi, n_target_classes=n_target_classes,
-      restarts=restarts, runs=runs, table=table, initial_step=INITIAL_STEP[norm], rho=rho,
+      targeted=bool(targeted), multi=multi, n_target_classes=n_target_classes, targets=targets,
+      malt_candidates=malt_candidates, restarts=restarts, runs=runs, table=table,
+      initial_step=INITIAL_STEP[norm], rho=rho,
       momentum=momentum, checkpoint=_l1_checkpoint if norm == "l1" else _momentum_checkpoint,
       update=_l1_update if norm == "l1" else _momentum_update)
   return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
                 finalize=functools.partial(_finalize, config), num_steps=runs.num_steps,
-                norm=norm, targeted=bool(targeted) and not multi, minimum_norm=False, name=name)
+                norm=norm, targeted=bool(targeted) and not multi, minimum_norm=False, name=name,
+                done=_done)
