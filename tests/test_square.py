@@ -443,3 +443,86 @@ def test_float64_inputs_under_x64(norm):
   below = (np.arange(N) % 3 == 0) & (eps > 0)
   assert not success[below].any() and success[~below & (eps > 0)].mean() >= 0.9
   np.testing.assert_array_equal(success, np.argmax(x_adv @ p.model.w + p.model.b, 1) != p.y)
+
+
+def _frozen_scan(attack, logits_fn, x, y, budget, keys, target=None):
+  """The dense scan, and the same scan freezing every row once ``attack.done`` says so (what the
+  engine's early exit does: batch leaves keep their value, the step counter advances). Returns
+  ``(done, finalize)`` after one step, after the dense scan and after the frozen scan."""
+  batch = x.shape[0]
+
+  def freeze(old, new):
+    done = attack.done(old)
+    return jax.tree.map(
+        lambda a, b: jnp.where(done.reshape((batch,) + (1,) * (a.ndim - 1)), a, b)
+        if a.ndim and a.shape[0] == batch else b, old, new)
+
+  def outcomes():
+    step = lambda s: attack.step(logits_fn, s, x, y, budget, target)
+    state = attack.init(logits_fn, x, y, budget, keys, target)
+    dense = jax.lax.scan(lambda s, _: (step(s), None), state, None, length=attack.num_steps)[0]
+    frozen = jax.lax.scan(lambda s, _: (freeze(s, step(s)), None), state, None,
+                          length=attack.num_steps)[0]
+    return [(attack.done(s), attack.finalize(logits_fn, s, x, y, budget, target))
+            for s in (step(state), dense, frozen)]
+
+  return jax.jit(outcomes)()
+
+
+def test_done_marks_exactly_the_broken_rows_and_freezing_them_changes_nothing():
+  """``done`` is True exactly where ``finalize`` returns an adversarial point, and freezing done
+  rows (early exit) gives the same verdicts: a broken Square point is never attacked again."""
+  model, x, y, d = _problem("linf", seed=21)
+  group = np.arange(N) % 4
+  eps = np.select([group == 0, group == 1, group == 2], [0.0, 4.0, 2.0], 1.5) * d
+  budget = jr.Budget(jnp.asarray(eps, jnp.float32))
+  attack = square("linf", queries=60, restarts=2)
+  (first, x_first), (done, x_dense), (done_frozen, x_frozen) = _frozen_scan(
+      attack, model.logits_fn, jnp.asarray(x), jnp.asarray(y), budget, _keys(N, seed=22))
+  first, done, done_frozen = (np.asarray(v) for v in (first, done, done_frozen))
+  adversarial = lambda v: np.argmax(np.asarray(model.logits_fn(v)), axis=1) != y
+  np.testing.assert_array_equal(first, adversarial(x_first))
+  np.testing.assert_array_equal(done, adversarial(x_dense))
+  np.testing.assert_array_equal(done_frozen, done)
+  np.testing.assert_array_equal(adversarial(x_frozen), done)
+  # Rows never done are untouched by freezing, bitwise; done rows may differ only because the
+  # dense scan banks the next run's start when it is adversarial with a larger loss.
+  np.testing.assert_array_equal(np.asarray(x_frozen)[~done], np.asarray(x_dense)[~done])
+  assert not done[group == 0].any() and done[group == 1].all() and not (first & ~done).any()
+  assert 0 < done[group > 1].sum() < 16
+
+
+def test_next_runs_start_is_drawn_only_at_a_runs_end():
+  """With restarts, a step draws only its candidate's ``5 + C`` words per example; the next run's
+  start (``W * C`` more for Linf) is drawn and built inside a ``cond`` that runs at a run's end,
+  instead of on every step and then discarded (same points: see the restart tests)."""
+  model = random_linear(0, 48, 3)
+  attack = square("linf", queries=5, restarts=2)
+  x, y, budget = jnp.full((4, 4, 4, 3), 0.5), jnp.zeros(4, jnp.int32), jr.Budget(0.1)
+  state = attack.init(model.logits_fn, x, y, budget, _keys(4), None)
+  jaxpr = jax.make_jaxpr(lambda s: attack.step(model.logits_fn, s, x, y, budget, None))(state)
+  draws = [e.outvars[0].aval.shape for e in jaxpr.jaxpr.eqns if e.primitive.name == "random_bits"]
+  assert draws == [(4, 5 + 3)], draws
+  assert [e.primitive.name for e in jaxpr.jaxpr.eqns].count("cond") == 1
+
+
+def test_early_exit_stops_querying_broken_points():
+  """Every point breaks at the start (any Linf perturbation of size eps flips this model), so
+  with early exit (``jr.run``'s default) a 400-query run costs a few queries per point, where
+  the dense run (``early_exit=False``) queries every point 400 times."""
+  def logits_fn(x):  # class 1 wins once the mean |x - 0.5| exceeds 0.01
+    spread = 10 * jnp.mean(jnp.abs(x - 0.5).reshape(x.shape[0], -1), axis=1)
+    return jnp.stack([jnp.full_like(spread, 0.1), spread], axis=1)
+
+  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  x, y = jnp.full((N, 4, 4, 1), 0.5), jnp.zeros(N, jnp.int32)
+  attack = square("linf", queries=400)
+  rows = []
+  for early_exit in (True, False):
+    counter.reset()
+    result = jax.jit(lambda x, y: jr.run(attack, counted, x, y, jr.Budget(0.05), _keys(N),
+                                         early_exit=early_exit))(x, y)
+    jax.effects_barrier()
+    assert np.asarray(result.success).all()
+    rows.append(counter.total)
+  assert rows[0] <= 8 * N and rows[1] >= 400 * N, rows

@@ -25,11 +25,18 @@ feasible if and only if :math:`\sum_i v_i m_i \ge r`. Its solutions (KKT conditi
   has the same L1 norm).
 
 For L2 and Linf, :math:`g(\lambda) = \sum_i v_i a_i(\lambda)` is piecewise linear and
-non-decreasing with breakpoints :math:`\beta_i` (:math:`m_i / v_i` for L2, :math:`m_i` for Linf):
-after one sort of the breakpoints, the segment that contains :math:`g = r` is found from prefix
-sums, and :math:`\lambda = (r - \sum_{\text{saturated}} v_i m_i) / \sum_{\text{free}} \omega_i`
-with :math:`\omega_i = v_i^2` (L2) or :math:`v_i` (Linf). Each projection costs one sort of the
-``D`` coordinates and a few passes over them, with no gather along the batch axis.
+non-decreasing with breakpoints :math:`\beta_i` (:math:`m_i / v_i` for L2, :math:`m_i` for Linf).
+The coordinates saturated at the solution are those with :math:`\beta_i < \lambda^*`, where
+:math:`\lambda^* = \min\{\lambda : g(\lambda) \ge r\}`; then
+:math:`\lambda = (r - \sum_{\text{saturated}} v_i m_i) / \sum_{\text{free}} \omega_i` with
+:math:`\omega_i = v_i^2` (L2) or :math:`v_i` (Linf). For L1 the greedy fill stops at the pivot
+value :math:`v^* = \max\{\tau : \sum_{v_i \ge \tau} v_i m_i \ge r\}`. Both thresholds are found
+by bisection on the bit pattern of a non-negative float (whose order is that of the numbers):
+31 halvings for float32 (63 for float64) end on two adjacent floats around the threshold, so
+the partition is exact, each halving one fused pass over the ``D`` coordinates. This replaces a
+sort of the coordinates, which XLA:CPU runs with a comparator call per comparison (on ``[720,
+64]``, the two projections of one FAB step at batch 360, a sort costs about 8 times the whole
+bisection). Nothing is gathered along the batch axis.
 
 When the problem is infeasible (the box does not reach the hyperplane), the box corner that
 moves furthest towards it is returned, :math:`a_i = m_i` where :math:`v_i > 0` and 0 elsewhere
@@ -41,12 +48,41 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
 
+def _bisect(predicate, like: Array, dtype) -> tuple[Array, Array]:
+  """``(lo, hi)`` ``[B]``: adjacent non-negative floats of ``dtype`` (``hi`` may be ``inf``) with
+  ``predicate(lo)`` True and ``predicate(hi)`` False, for a ``predicate(tau [B]) -> [B] bool``
+  that is True on ``[0, threshold)`` (or ``[0, threshold]``) and False above.
+
+  Bisects on the bit patterns of ``[0, inf]``, which are ordered as the numbers; ``lo`` stays 0
+  where ``predicate(0)`` is False. The bounds are built from ``like`` (``[B]``), so that they
+  carry its batch sharding.
+  """
+  bits = jnp.uint32 if jnp.dtype(dtype).itemsize == 4 else jnp.uint64
+  top = np.array(np.inf, dtype).view(bits)  # the bit pattern of +inf
+  lo = jnp.full_like(like, 0, dtype=bits)
+  hi = jnp.full_like(like, top, dtype=bits)
+
+  def halve(_, bounds):
+    lo, hi = bounds
+    mid = lo + (hi - lo) // 2
+    below = predicate(jax.lax.bitcast_convert_type(mid, dtype))
+    return jnp.where(below, mid, lo), jnp.where(below, hi, mid)
+
+  lo, hi = jax.lax.fori_loop(0, int(top).bit_length(), halve, (lo, hi))
+  return (jax.lax.bitcast_convert_type(lo, dtype), jax.lax.bitcast_convert_type(hi, dtype))
+
+
 def _lambda_from_breakpoints(breaks: Array, saturated: Array, slope: Array, r: Array) -> Array:
   r"""Solves :math:`\sum_{\beta_i \le \lambda} s_i + \lambda \sum_{\beta_i > \lambda} \omega_i = r`.
+
+  The left side :math:`g(\lambda)` is continuous and non-decreasing; bisection finds the first
+  float :math:`\tau` with :math:`g(\tau) \ge r`, the coordinates with :math:`\beta_i < \tau` are
+  the saturated ones, and :math:`\lambda` follows in closed form from that partition.
 
   Args:
     breaks: ``[B, D]`` breakpoints :math:`\beta_i \ge 0` (``inf`` for inactive coordinates).
@@ -58,15 +94,13 @@ def _lambda_from_breakpoints(breaks: Array, saturated: Array, slope: Array, r: A
   Returns:
     ``[B]`` :math:`\lambda \ge 0`, ``inf`` when no finite :math:`\lambda` reaches ``r``.
   """
-  breaks, saturated, slope = jax.lax.sort((breaks, saturated, slope), dimension=1, num_keys=1)
-  done = jnp.cumsum(saturated, axis=1)  # sum of s_j over j <= k
-  rest = jnp.flip(jnp.cumsum(jnp.flip(slope, axis=1), axis=1), axis=1) - slope  # j > k
-  rest = jnp.maximum(rest, 0.0)
-  finite = jnp.isfinite(breaks)
-  value = jnp.where(finite, done + jnp.where(finite, breaks, 0.0) * rest, jnp.inf)  # g(beta_k)
-  below = value < r[:, None]
-  count = jnp.sum(below, axis=1, dtype=jnp.int32)  # int32 under jax_enable_x64 too
-  prefix = jnp.arange(breaks.shape[1], dtype=jnp.int32)[None, :] < count[:, None]
+
+  def below(tau):  # g(tau) < r
+    tau = tau[:, None]
+    return jnp.sum(jnp.where(breaks <= tau, saturated, tau * slope), axis=1) < r
+
+  _, first = _bisect(below, r, breaks.dtype)
+  prefix = breaks < first[:, None]  # the saturated coordinates
   fixed = jnp.sum(jnp.where(prefix, saturated, 0.0), axis=1)
   free = jnp.sum(jnp.where(prefix, 0.0, slope), axis=1)
   ok = free > 0
@@ -75,12 +109,17 @@ def _lambda_from_breakpoints(breaks: Array, saturated: Array, slope: Array, r: A
 
 
 def _l1_amounts(v: Array, room: Array, cap: Array, r: Array) -> Array:
-  """The L1 solution ``a [B, D]``: greedy fill by decreasing ``v``, ties share the remainder."""
-  neg_v, cap_sorted = jax.lax.sort((-v, cap), dimension=1, num_keys=1)
-  filled = jnp.cumsum(cap_sorted, axis=1)
-  count = jnp.sum(filled < r[:, None], axis=1, dtype=jnp.int32)  # index of the pivot
-  at_pivot = jnp.arange(v.shape[1], dtype=jnp.int32)[None, :] == count[:, None]
-  pivot = -jnp.sum(jnp.where(at_pivot, neg_v, 0.0), axis=1)  # [B] the pivot's v (0 past the end)
+  """The L1 solution ``a [B, D]``: greedy fill by decreasing ``v``, ties share the remainder.
+
+  The pivot is the largest ``v`` whose coordinates, with all larger ones, can cover ``r``
+  (``0`` when even all of them cannot: every coordinate with ``v > 0`` is then filled).
+  """
+
+  def covers(tau):  # the coordinates with v >= tau can cover r
+    return jnp.sum(jnp.where(v >= tau[:, None], cap, 0.0), axis=1) >= r
+
+  pivot, _ = _bisect(covers, r, v.dtype)
+  pivot = jnp.minimum(pivot, jnp.max(v, axis=1))  # r = 0: the largest v, as a greedy fill has
   above = v > pivot[:, None]
   tied = (v == pivot[:, None]) & (v > 0)
   remainder = r - jnp.sum(jnp.where(above, cap, 0.0), axis=1)

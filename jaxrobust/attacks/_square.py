@@ -713,16 +713,22 @@ def _step(config: _Config, logits_fn, state: SquareState, x, y, budget: Budget,
           target=None) -> SquareState:
   x, eps, lower, upper = unpack_budget(x, budget)
   runs = config.runs
-  # Step t draws from fold_in(key, t + 1) (init used fold_in(key, 0)); with restarts, one draw
-  # also holds the words of the next run's start.
-  bits = _draw(config, x, fold_in(state.keys, state.t + 1), candidate=True,
-               start=config.restarts > 1)
+  # Step t draws from fold_in(key, t + 1) (init used fold_in(key, 0)); with restarts, the draw of
+  # a run's last step also holds the words of the next run's start, after the candidate's.
+  step_keys = fold_in(state.keys, state.t + 1)
   channels = grid(x.shape[1:], config.layout).channels
-  proposal = config.candidate(config, x, state.x_cur, eps, lower, upper, bits[:, :5 + channels],
+  bits = _draw(config, x, step_keys, candidate=True, start=False)
+  proposal = config.candidate(config, x, state.x_cur, eps, lower, upper, bits,
                               runs.index(state.t))
-  proposal = runs.next_start(state.t, proposal,
-                             lambda run: _start(config, x, eps, lower, upper,
-                                                bits[:, 5 + channels:]))
+  if config.restarts > 1:
+    # The next run's start is drawn and built only on the step that needs it (a scalar
+    # condition: one branch runs), not on every step. Its words follow the candidate's in one
+    # draw, so the candidate words above are the same (threefry bits are prefix-consistent).
+    def fresh():
+      words = _draw(config, x, step_keys, candidate=True, start=True)[:, 5 + channels:]
+      return _start(config, x, eps, lower, upper, words)
+
+    proposal = jax.lax.cond(runs.at_end(state.t), fresh, lambda: proposal)
   value, success = _objective(config, logits_fn, proposal, y, target)
   # Only points not yet adversarial move, and only to a lower objective or an adversarial point.
   active = ~state.success & ~state.best.success
@@ -747,6 +753,17 @@ def _finalize(config: _Config, logits_fn, state: SquareState, x, y, budget: Budg
   del config, logits_fn, x, y, budget, target
   # The last run's point is scored already (Square queries every point it accepts).
   return state.best.update(state.x_cur, -state.objective, state.success).x
+
+
+def _done(state: SquareState) -> Array:
+  """Rows that are adversarial already: ``finalize`` returns a successful point for them.
+
+  Either the current run's point succeeds (``finalize`` banks it: success ranks first) or a
+  finished run's best did. Such a row is never moved again, so freezing it (early exit) keeps
+  its verdict; only with restarts may the dense run return another adversarial point (the next
+  run's start, when it is adversarial with a larger loss).
+  """
+  return state.success | state.best.success
 
 
 def square(norm: str = "linf", *, queries: int = 5000, p_init: float = 0.8,
@@ -851,4 +868,4 @@ def square(norm: str = "linf", *, queries: int = 5000, p_init: float = 0.8,
   name += "" if layout == "auto" else f"-{layout}"
   return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
                 finalize=functools.partial(_finalize, config), num_steps=runs.num_steps,
-                norm=norm, targeted=targeted, minimum_norm=False, name=name)
+                norm=norm, targeted=targeted, minimum_norm=False, name=name, done=_done)
