@@ -49,6 +49,16 @@ skipped with a note, so the script runs wherever jaxrobust runs. Example::
   python benchmarks/bench_peers.py --arch cnn mlp --model both --norm linf l2 --steps 20 \\
       --repeats 3 --out /tmp/peers.json
 
+Model rows: beside each time, the rows that went through the model during one curve (random-start
+seed 0), split into rows with a backward pass ("grad") and without ("fwd"), measured in a separate
+untimed run. jaxrobust counts with ``jr.metrics.count_evaluations`` (a counting wrapper around the
+``logits_fn``, read when the compiled program runs); the peers with a forward hook on the PyTorch
+model, counting a call as "grad" when autograd records it (``torch.is_grad_enabled()`` and the
+logits require grad; the weights are frozen, so only an input that requires grad makes them) and
+as "fwd" otherwise. Both sides count everything their curve computes, including the final
+predictions that decide robustness (for the peers, the benchmark's own ``no_grad`` prediction on
+each eps's adversarial points; the clean prediction is made once, outside the timed run).
+
 Timings are only meaningful while nothing else loads the cores: PyTorch's OpenMP threads slow
 down many times over when the cores are oversubscribed, XLA far less. The 1-min load average is
 printed with every table; repeats are interleaved across libraries and the best one is reported.
@@ -348,6 +358,8 @@ class Runner(NamedTuple):
   note: str
   run: Callable[[int], np.ndarray]
   info: dict[str, Any]
+  # () -> (rows without gradient, rows with gradient) of one untimed curve with seed 0.
+  count_rows: Optional[Callable[[], tuple[int, int]]] = None
 
 
 def step_label(rel_step: float, random_start: bool) -> str:
@@ -393,12 +405,53 @@ def jaxrobust_runner(apply_fn, params, problem: Problem, step_size: Optional[flo
     curve = jax.block_until_ready(compiled(*args, jax.random.key(problem.seed + repeat)))
     return np.asarray(curve.robust)
 
+  def count_rows() -> tuple[int, int]:
+    # A second program with a counting logits_fn: its host callbacks would distort the timing.
+    counters = []
+
+    def counted_curve_fn(params, x, y, eps, key):
+      logits_fn, counter = jr.metrics.count_evaluations(functools.partial(apply_fn, params))
+      counters.append(counter)
+      return jr.robustness_curve(attack, logits_fn, x, y, eps, key,
+                                 eps_batch_size=eps_batch_size, unroll=True if unroll else 1)
+
+    jax.block_until_ready(jax.jit(counted_curve_fn)(*args, jax.random.key(problem.seed)))
+    jax.effects_barrier()
+    return counters[-1].forward, counters[-1].gradient
+
   label = "jaxrobust" + ("" if eps_batch_size is None else f" (eps_batch_size={eps_batch_size})")
   label += ", unrolled" if unroll else ""
   setting = "defaults" if step_size is None else step_label(step_size, True)
   return Runner(label, jr.__version__, setting,
                 "one jitted program for the whole curve; best iterate; worst case over smaller eps",
-                run, {"compile_s": compile_s})
+                run, {"compile_s": compile_s}, count_rows)
+
+
+def torch_row_counter(model, run: Callable[[int], np.ndarray]) -> Callable[[], tuple[int, int]]:
+  """``() -> (fwd, grad)``: the rows ``run(0)`` puts through the PyTorch ``model``.
+
+  A forward hook counts each call's batch rows as "grad" when autograd records the call (grad
+  mode on and logits that require grad: the weights are frozen, so the input requires grad) and
+  as "fwd" otherwise.
+  """
+
+  def count_rows() -> tuple[int, int]:
+    import torch
+
+    rows = {"fwd": 0, "grad": 0}
+
+    def hook(module, inputs, output):
+      recorded = torch.is_grad_enabled() and output.requires_grad
+      rows["grad" if recorded else "fwd"] += int(inputs[0].shape[0])
+
+    handle = model.register_forward_hook(hook)
+    try:
+      run(0)
+    finally:
+      handle.remove()
+    return rows["fwd"], rows["grad"]
+
+  return count_rows
 
 
 def _per_eps(problem: Problem, model, clean: np.ndarray, attack_at: Callable, name: str,
@@ -437,7 +490,8 @@ def torchattacks_runner(model, problem: Problem, rel_step: float,
 
   attack_at(float(problem.epsilons[-1]), xt[:8], yt[:8])  # warm-up
   return Runner("torchattacks", torchattacks.__version__, step_label(rel_step, random_start),
-                f"{cls.__name__}, one call per eps; last iterate", run, {})
+                f"{cls.__name__}, one call per eps; last iterate", run, {},
+                torch_row_counter(model, run))
 
 
 def foolbox_runner(model, problem: Problem, rel_step: float,
@@ -472,7 +526,8 @@ def foolbox_runner(model, problem: Problem, rel_step: float,
 
   attack(fmodel, xt[:8], yt[:8], epsilons=eps_list[-1:])  # warm-up
   return Runner("foolbox", fb.__version__, step_label(rel_step, random_start),
-                f"{cls.__name__}, one call with epsilons=[...]; last iterate", run, {})
+                f"{cls.__name__}, one call with epsilons=[...]; last iterate", run, {},
+                torch_row_counter(model, run))
 
 
 def art_runner(model, problem: Problem, rel_step: float, random_start: bool) -> Optional[Runner]:
@@ -504,14 +559,18 @@ def art_runner(model, problem: Problem, rel_step: float, random_start: bool) -> 
 
   attack_at(float(problem.epsilons[-1]), xn[:8], labels[:8])  # warm-up
   return Runner("ART", art.__version__, step_label(rel_step, random_start),
-                f"one generate per eps, batch_size={batch}; last iterate", run, {})
+                f"one generate per eps, batch_size={batch}; last iterate", run, {},
+                torch_row_counter(model, run))
 
 
 PEERS = {"torchattacks": torchattacks_runner, "foolbox": foolbox_runner, "art": art_runner}
 
 
 def measure(runners: list[Runner], epsilons: np.ndarray, repeats: int) -> list[dict[str, Any]]:
-  """Round-robin over the runners ``repeats`` times; the best time and repeat 0's flags."""
+  """Round-robin over the runners ``repeats`` times; the best time and repeat 0's flags.
+
+  Then, untimed, each runner's model rows of one curve (seed 0), where it can count them.
+  """
   times: list[list[float]] = [[] for _ in runners]
   accuracies: list[list[np.ndarray]] = [[] for _ in runners]
   flags: list[Optional[np.ndarray]] = [None for _ in runners]
@@ -523,13 +582,16 @@ def measure(runners: list[Runner], epsilons: np.ndarray, repeats: int) -> list[d
       accuracies[i].append(envelope(robust, epsilons).mean(axis=1))
       if repeat == 0:
         flags[i] = robust
+  rows = [runner.count_rows() if runner.count_rows is not None else (None, None)
+          for runner in runners]
   results = []
-  for runner, t, acc, robust in zip(runners, times, accuracies, flags):
+  for runner, t, acc, robust, (fwd, grad) in zip(runners, times, accuracies, flags, rows):
     acc = np.stack(acc)
     results.append({
       "library": runner.library, "version": runner.version, "setting": runner.setting,
       "note": runner.note, **runner.info,
       "time_s": min(t), "median_s": statistics.median(t), "times_s": t,
+      "model_rows_forward": fwd, "model_rows_gradient": grad,
       "robust_accuracy": robust.mean(axis=1).tolist(),
       "robust_accuracy_envelope": envelope(robust, epsilons).mean(axis=1).tolist(),
       "envelope_seeds": acc.tolist(),
@@ -546,12 +608,14 @@ def measure(runners: list[Runner], epsilons: np.ndarray, repeats: int) -> list[d
 def format_table(results: list[dict[str, Any]], epsilons: np.ndarray, reference: float,
                  key: str) -> str:
   eps_cols = [f"{e:.3g}" for e in epsilons]
-  header = (["library", "setting", "curve time (s, best)", "x jaxrobust"]
-            + [f"eps={c}" for c in eps_cols])
+  header = (["library", "setting", "curve time (s, best)", "x jaxrobust", "model rows fwd",
+             "model rows grad"] + [f"eps={c}" for c in eps_cols])
+  count = lambda n: "-" if n is None else str(n)
   rows = []
   for r in results:
     rows.append([r["library"], r["setting"], f"{r['time_s']:.3f}",
-                 f"{r['time_s'] / reference:.1f}"] + [f"{a:.3f}" for a in r[key]])
+                 f"{r['time_s'] / reference:.1f}", count(r.get("model_rows_forward")),
+                 count(r.get("model_rows_gradient"))] + [f"{a:.3f}" for a in r[key]])
   lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
   lines += ["| " + " | ".join(row) + " |" for row in rows]
   return "\n".join(lines)

@@ -4,6 +4,10 @@ The ratio says how much jaxrobust's attack machinery (projections, best-point bo
 restart logic, the clean and re-scoring forward passes) costs on top of the gradients PGD cannot
 avoid. Both sides run the same NHWC SmallCNN on the same batch, jitted once, timed after warm-up.
 
+The third column wraps the whole ``jr.run`` in ``canonical_convolutions`` (from
+``bench_loop_conv.py``): XLA:CPU runs convolution gradients inside a loop body on a slow path
+unless their dimension numbers are canonical, which that rewrite ensures (see bench_loop_conv.py).
+
 Usage:
   python benchmarks/bench_pgd_overhead.py [--batch 512] [--steps 10 20 50] [--repeats 5]
 """
@@ -15,12 +19,19 @@ import functools
 import statistics
 import time
 
+import pathlib
+import sys
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jaxrobust as jr
-from jaxrobust.demo.model import SmallCNN
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+sys.path.insert(1, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jaxrobust as jr  # noqa: E402
+from bench_loop_conv import canonical_convolutions  # noqa: E402
+from jaxrobust.demo.model import SmallCNN  # noqa: E402
 
 
 def median_time(fn, *args, repeats: int) -> float:
@@ -53,17 +64,21 @@ def main() -> None:
   t_grad = median_time(grad, x, repeats=args.repeats * 4)
   print(f"backend={jax.default_backend()} devices={len(jax.devices())} batch={args.batch} "
         f"(ratios only; this machine: 2 cores, CPU)")
-  print(f"{'norm':>5} {'K':>4} {'scan loop':>10} {'unrolled':>10}   (PGD-K / (K x grad))")
+  print(f"{'norm':>5} {'K':>4} {'scan loop':>10} {'unrolled':>10} {'canonical':>10}   "
+        "(PGD-K / (K x grad); canonical: scan loop, canonical_convolutions)")
   for norm in args.norms:
     for k in args.steps:
       attack = jr.attacks.pgd(norm, steps=k)
       ratios = []
-      for unroll in (1, True):
-        run = jax.jit(lambda x, y, e: jr.run(attack, logits_fn, x, y, jr.Budget(e),
-                                             jax.random.key(0), unroll=unroll))
+      for unroll, canonical in ((1, False), (True, False), (1, True)):
+        def pgd(x, y, e, unroll=unroll):
+          # No early exit: every row runs all K steps, so the ratio is the machinery's overhead.
+          return jr.run(attack, logits_fn, x, y, jr.Budget(e), jax.random.key(0), unroll=unroll,
+                        early_exit=False)
+        run = jax.jit(canonical_convolutions(pgd) if canonical else pgd)
         t_pgd = median_time(run, x, y, jnp.float32(eps[norm]), repeats=args.repeats)
         ratios.append(t_pgd / (k * t_grad))
-      print(f"{norm:>5} {k:>4} {ratios[0]:>10.3f} {ratios[1]:>10.3f}")
+      print(f"{norm:>5} {k:>4} {ratios[0]:>10.3f} {ratios[1]:>10.3f} {ratios[2]:>10.3f}")
 
 
 if __name__ == "__main__":
