@@ -50,6 +50,11 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   broken (the prediction is not ``y``): :func:`jaxrobust.robustness_curve` counts a point as
   robust only where the prediction on the returned point is still ``y``.
 
+  On CPU, an attack on a model that holds a convolution is traced once more with every
+  convolution in XLA:CPU's canonical form (the same values): XLA canonicalises convolutions only
+  outside loops, and the input gradient's convolution would otherwise run 3-7 times slower per
+  step (:mod:`jaxrobust.engine.canonical_conv`).
+
   Inputs are validated here when they are concrete; inside a user's ``jax.jit`` only shapes are
   checked, so call :func:`jaxrobust.check_inputs` on the host once if values may be wrong.
 
@@ -64,21 +69,19 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
     target: ``[B]`` int target classes, for targeted attacks only.
     allow_large_eps: accept budgets that cover the whole box (otherwise a ``ValueError``, since
       they usually mean eps in 0-255 units).
-    unroll: passed to ``jax.lax.scan``. ``True`` unrolls the whole attack loop (and so turns early
-      exit off: no loop is left to leave): compilation takes
-      longer, but on XLA:CPU the input gradient of a strided convolution runs several times
-      slower inside a loop body than outside one (the kernel keeps a non-canonical layout there;
-      see ``benchmarks/RESULTS.md``), so short attacks on convolutional models run faster fully
-      unrolled on CPU. Results agree up to float rounding. Unrolling is not free: XLA:CPU's
-      compile time grows quickly with unrolled L2 PGD steps (about 4 s at 10 steps, a minute at
-      14 on the demo CNN), so unroll short attacks only.
+    unroll: passed to ``jax.lax.scan`` (with early exit: steps per iteration of its inner loop).
+      ``True`` unrolls the whole attack loop and so turns early exit off (no loop is left to
+      leave). It used to be the fast setting on CPU for convolutional models; now that the
+      attack's convolutions are made canonical on CPU (see below) the loops run as fast, and
+      unrolling only costs compile time (about 4 s at 10 unrolled L2 PGD steps, a minute at 14
+      on the demo CNN). Results agree up to float rounding.
     chunk_size: skip the points that need no attack (misclassified ones; for an ensemble, those an
       earlier member broke): the points to attack are compacted into chunks of this many rows and
       only chunks holding such points are computed. Results equal the dense run (``None``). The
       chunk loop is a ``lax.while_loop``, which JAX cannot differentiate in reverse mode: to take
       ``jax.grad`` through an attack (adversarial training), leave ``chunk_size=None`` and pass
       ``early_exit=False``. With early exit, the rows per chunk of its re-compaction (``None``:
-      32 on CPU, 512 on accelerators).
+      up to 128 rows on CPU, 512 on accelerators, balanced across the batch).
     early_exit: stop attacking a point once it is broken (see above).
 
   Returns:
@@ -101,4 +104,4 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
                allow_large_eps=allow_large_eps, samples=attack.samples, name=attack.name)
   check_chunk_size(chunk_size)
   return run_attack(attack, logits_fn, x, y, budget, key, target, unroll=unroll,
-                    chunk_size=chunk_size, early_exit=early_exit)[0]
+                    chunk_size=chunk_size, early_exit=early_exit, canonical=True)[0]

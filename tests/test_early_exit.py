@@ -143,7 +143,7 @@ def test_a_point_broken_at_the_first_update_costs_about_one_step(attack, dense_g
   # Dense: the clean check plus one gradient per step for every point.
   assert rows[False][0] >= dense_gradient_rows * batch
   # Early exit: the clean check, the step that moves the point and the one that finds it broken
-  # (chunks of 32 rows, every chunk leaves after its second step).
+  # (one chunk of 64 rows: it leaves after its second step).
   assert rows[True][0] <= 3 * batch, rows
   assert rows[True][1] <= rows[False][1]
 
@@ -167,7 +167,7 @@ def test_a_curve_costs_what_its_first_eps_costs_when_every_point_breaks_there():
 
 def test_a_robust_point_runs_every_step():
   """Early exit must not cut the search short for points it has not broken."""
-  batch = 64  # two chunks of 32 rows
+  batch = 64
   logits_fn, x, y, eps = _linear_problem(batch, 0.5)  # below every point's distance
   counted, counter = jr.metrics.count_evaluations(logits_fn)
   attack = jr.attacks.pgd("linf", steps=30)

@@ -100,7 +100,7 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
   epsilons = jnp.asarray(epsilons, jnp.float32)
   active = jnp.ones_like(correct) if active is None else active
   common = dict(unroll=unroll, clean_correct=correct, active=active, chunk_size=chunk_size,
-                early_exit=early_exit, score_skipped_rows=False)
+                early_exit=early_exit, score_skipped_rows=False, canonical=True)
   if attack.minimum_norm:
     budget = Budget(rows_like(x, jnp.inf, jnp.float32), lower, upper)
     result, _ = run_attack(attack, logits_fn, x, y, budget, keys, target, **common)

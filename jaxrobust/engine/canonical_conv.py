@@ -1,0 +1,225 @@
+r"""Canonical convolutions: the workaround for XLA:CPU's loop-body convolution penalty.
+
+``jax.grad`` of a convolution with respect to its input is a convolution with the kernel's feature
+axes swapped: JAX emits it with ``dim_labels=b01f_01oi->b01f``. XLA:CPU's fast convolution path
+needs the canonical ``b01f_01io->b01f`` (NHWC input, HWIO kernel), and its pass
+``ConvCanonicalization`` (``xla/service/cpu/conv_canonicalization.cc``) rewrites non-canonical
+convolutions by inserting transposes -- in the program's entry computation only. A convolution in
+a ``while`` body (every ``lax.scan``/``while_loop``, i.e. every attack loop) keeps ``01oi`` and
+runs on XLA's generic emitter, 3-7 times slower per step on the demo CNN
+(``benchmarks/bench_loop_conv.py`` reproduces it and rules out parameters carried through the
+loop, optimisation barriers, partial unrolling and the XLA flags tried).
+
+:func:`canonical_convolutions` re-traces a function to a jaxpr and evaluates it with every
+``conv_general_dilated`` written as transposes around an NHWC/HWIO/NHWC convolution (exact:
+dimension numbers only name axes), recursing into the jaxprs of loops, conditionals and calls, so
+that XLA sees canonical convolutions inside the loop bodies too. The engine applies it on CPU to
+every attack whose model contains a convolution (:func:`jaxrobust.engine.attack_loop.run_attack`).
+
+References:
+  XLA, ``xla/service/cpu/conv_canonicalization.cc`` (entry computation only).
+  JAX issue 12868 (convolutions slow inside loops on CPU).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from jax import lax
+from jax.extend import core
+
+_INLINED_CALLS = frozenset({"closed_call", "core_call"})
+"""Call primitives whose jaxpr is evaluated in place (so its convolutions get rewritten too).
+Nested ``jit`` calls are not inlined but re-bound with a rewritten jaxpr: their in/out shardings
+may reshard operands (explicit sharding), which inlining would drop."""
+
+_KEPT_CALLS = frozenset({"custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr"})
+"""Calls bound unchanged, so that their custom derivative rules still hold if the rewritten
+function is differentiated. The backward convolutions of an attack's own ``jax.grad`` are plain
+equations by the time the function is traced, so this only leaves a custom rule's *primal*
+convolutions (forward passes, canonical already in NHWC models) as written."""
+
+
+def _canonical_conv(lhs, rhs, *, dimension_numbers, **params):
+  """``conv_general_dilated`` with NHWC/HWIO/NHWC dimension numbers (any rank), same result.
+
+  The operands are transposed into canonical order (batch, spatial..., feature) and
+  (spatial..., in, out), and the result back; dimension numbers only name axes, so this is exact.
+  """
+  lhs_spec, rhs_spec, out_spec = dimension_numbers
+  rank = len(lhs_spec)
+  lhs_perm = (lhs_spec[0], *lhs_spec[2:], lhs_spec[1])
+  rhs_perm = (*rhs_spec[2:], rhs_spec[1], rhs_spec[0])
+  out_perm = (out_spec[0], *out_spec[2:], out_spec[1])
+  identity = tuple(range(rank))
+  if lhs_perm == rhs_perm == out_perm == identity:
+    return lax.conv_general_dilated_p.bind(lhs, rhs, dimension_numbers=dimension_numbers,
+                                           **params)
+  spatial = tuple(range(1, rank - 1))
+  canonical = lax.ConvDimensionNumbers(lhs_spec=(0, rank - 1, *spatial),
+                                       rhs_spec=(rank - 1, rank - 2, *range(rank - 2)),
+                                       out_spec=(0, rank - 1, *spatial))
+  lhs = lhs if lhs_perm == identity else lax.transpose(lhs, lhs_perm)
+  rhs = rhs if rhs_perm == identity else lax.transpose(rhs, rhs_perm)
+  out = lax.conv_general_dilated_p.bind(lhs, rhs, dimension_numbers=canonical, **params)
+  return out if out_perm == identity else lax.transpose(out, tuple(np.argsort(out_perm)))
+
+
+def _shape_of(aval) -> jax.ShapeDtypeStruct:
+  """``aval`` as an example argument, keeping an explicit-mesh sharding where there is one."""
+  sharding = getattr(aval, "sharding", None)
+  if sharding is not None and not getattr(getattr(sharding, "mesh", None), "empty", True):
+    return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type,
+                                sharding=sharding)
+  return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
+
+
+def _rewrite_closed_jaxpr(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
+  avals = [_shape_of(a) for a in closed.in_avals]
+  return jax.make_jaxpr(lambda *args: _eval_canonical(closed.jaxpr, closed.consts, *args))(*avals)
+
+
+def _rewrite_param(value: Any) -> Any:
+  """A primitive's parameter with its jaxprs rewritten (loops, conditionals); else unchanged."""
+  try:
+    if isinstance(value, core.ClosedJaxpr):
+      # Constants of inlined calls become the rewritten jaxpr's own: loops and branches take a
+      # closed jaxpr's constants as they are (its operands keep their order and count).
+      return _rewrite_closed_jaxpr(value)
+    if isinstance(value, core.Jaxpr):
+      rewritten = _rewrite_closed_jaxpr(core.ClosedJaxpr(value, ()))
+      return value if rewritten.consts else rewritten.jaxpr
+    if (isinstance(value, tuple) and value
+        and all(isinstance(v, (core.ClosedJaxpr, core.Jaxpr)) for v in value)):
+      return tuple(_rewrite_param(v) for v in value)
+  except Exception:  # noqa: BLE001 -- an exotic sub-jaxpr (e.g. shard_map's) stays as it was
+    return value
+  return value
+
+
+def _eval_canonical(jaxpr: core.Jaxpr, consts, *args) -> list[Any]:
+  """``jax.core.eval_jaxpr`` with every convolution made canonical, recursively."""
+  env: dict[Any, Any] = {}
+
+  def read(var):
+    return var.val if isinstance(var, core.Literal) else env[var]
+
+  env.update(zip(jaxpr.constvars, consts))
+  env.update(zip(jaxpr.invars, args))
+  for eqn in jaxpr.eqns:
+    invals = [read(v) for v in eqn.invars]
+    name = eqn.primitive.name
+    if eqn.primitive is lax.conv_general_dilated_p:
+      outs = [_canonical_conv(*invals, **eqn.params)]
+    elif name in _INLINED_CALLS and any(k in eqn.params for k in ("jaxpr", "call_jaxpr")):
+      sub = eqn.params["jaxpr" if "jaxpr" in eqn.params else "call_jaxpr"]
+      if isinstance(sub, core.ClosedJaxpr):
+        outs = _eval_canonical(sub.jaxpr, sub.consts, *invals)
+      else:
+        outs = _eval_canonical(sub, (), *invals)
+    else:
+      params = eqn.primitive.get_bind_params(eqn.params)
+      if name not in _KEPT_CALLS:
+        params = {k: _rewrite_param(v) for k, v in params.items()}
+      with eqn.ctx.manager:
+        outs = eqn.primitive.bind(*invals, **params)
+      if not eqn.primitive.multiple_results:
+        outs = [outs]
+    for var, value in zip(eqn.outvars, outs):
+      if not isinstance(var, core.DropVar):
+        env[var] = value
+  return [read(v) for v in jaxpr.outvars]
+
+
+def canonical_convolutions(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """``fn`` with every convolution it computes in XLA:CPU's canonical form (same values).
+
+  ``fn`` is traced to a jaxpr (its closed-over arrays, tracers included, become constants) and
+  evaluated with each ``conv_general_dilated`` rewritten as transposes around an NHWC/HWIO/NHWC
+  convolution, inside nested scans, while loops, conditionals and jitted calls too. Use it on a
+  loop body that takes gradients: the backward convolutions ``jax.grad`` emits (kernel features
+  swapped, ``01oi``) are canonicalised by XLA:CPU only in a program's entry computation.
+
+  Args:
+    fn: any function of pytrees of arrays that JAX can trace.
+
+  Returns:
+    a function with ``fn``'s signature, values and derivatives (calls with custom derivative
+    rules are kept as they are, with their convolutions: see ``_KEPT_CALLS``).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> kernel = jnp.ones((3, 3, 1, 4))
+    >>> def loss(x):
+    ...   return jnp.sum(jax.lax.conv_general_dilated(
+    ...       x, kernel, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) ** 2)
+    >>> x = jnp.linspace(0, 1, 2 * 8 * 8).reshape(2, 8, 8, 1)
+    >>> bool(jnp.allclose(canonical_convolutions(jax.grad(loss))(x), jax.grad(loss)(x)))
+    True
+
+  References:
+    XLA ``ConvCanonicalization`` (``xla/service/cpu/conv_canonicalization.cc``).
+  """
+
+  @functools.wraps(fn)
+  def wrapped(*args):
+    leaves, tree = jax.tree.flatten(args)
+    closed, out_shape = jax.make_jaxpr(lambda *xs: fn(*jax.tree.unflatten(tree, xs)),
+                                       return_shape=True)(*leaves)
+    outs = _eval_canonical(closed.jaxpr, closed.consts, *leaves)
+    return jax.tree.unflatten(jax.tree.structure(out_shape), outs)
+
+  return wrapped
+
+
+def noncanonical_convolutions(fn: Callable[..., Any], *args) -> int:
+  """How many ``conv_general_dilated`` in ``fn``'s jaxpr (nested jaxprs included) are not in
+  NHWC/HWIO/NHWC form: 0 for ``canonical_convolutions(fn)`` (a check for tests).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> kernel = jnp.ones((3, 3, 1, 4))
+    >>> def loss(x):
+    ...   return jnp.sum(jax.lax.conv_general_dilated(
+    ...       x, kernel, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")))
+    >>> x = jnp.ones((2, 8, 8, 1))
+    >>> noncanonical_convolutions(jax.grad(loss), x), noncanonical_convolutions(
+    ...     canonical_convolutions(jax.grad(loss)), x)
+    (1, 0)
+  """
+
+  def count(jaxpr: core.Jaxpr) -> int:
+    total = 0
+    for eqn in jaxpr.eqns:
+      if eqn.primitive is lax.conv_general_dilated_p:
+        lhs, rhs, out = eqn.params["dimension_numbers"]
+        rank = len(lhs)
+        spatial = tuple(range(1, rank - 1))
+        total += ((lhs, rhs, out) != ((0, rank - 1, *spatial), (rank - 1, rank - 2,
+                                                                *range(rank - 2)),
+                                      (0, rank - 1, *spatial)))
+      total += sum(count(sub) for sub in core.jaxprs_in_params(eqn.params))
+    return total
+
+  return count(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def has_convolution(fn: Callable[..., Any], *args) -> bool:
+  """Whether ``fn`` (traced on ``args``, arrays or ``jax.ShapeDtypeStruct``) holds a
+  ``conv_general_dilated`` anywhere, nested jaxprs included.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> has_convolution(lambda x: x @ jnp.ones((3, 2)), jnp.ones((1, 3)))
+    False
+  """
+
+  def found(jaxpr: core.Jaxpr) -> bool:
+    return any(eqn.primitive is lax.conv_general_dilated_p
+               or any(found(sub) for sub in core.jaxprs_in_params(eqn.params))
+               for eqn in jaxpr.eqns)
+
+  return found(jax.make_jaxpr(fn)(*args).jaxpr)
