@@ -158,8 +158,11 @@ class Runs(NamedTuple):
   def next_start(self, t: Array, moved: Array, fresh: Callable[[Array], Array]) -> Array:
     """``moved`` (the update), or at a run's end ``fresh(r + 1)``, the next run's first point.
 
-    With a single run nothing is drawn (the scan ends before the run's end).
+    With a single run nothing is drawn (the scan ends before the run's end); with several, the
+    fresh start is drawn only at a run's end (a ``lax.cond``: drawing and building a start every
+    step and discarding it was most of APGD-T's non-model work per step).
     """
     if self.count == 1:
       return moved
-    return jnp.where(self.at_end(t), fresh(self.run(t) + 1), moved)
+    return jax.lax.cond(self.at_end(t), lambda: fresh(self.run(t) + 1).astype(moved.dtype),
+                        lambda: moved)
