@@ -85,3 +85,27 @@ def assert_explicit_sharding_matches_one_device(run, *args, sharded_args):
     assert len(sharded.x_adv.sharding.device_set) == 8
   np.testing.assert_allclose(np.asarray(sharded.x_adv), np.asarray(single.x_adv), atol=1e-6)
   np.testing.assert_array_equal(np.asarray(sharded.success), np.asarray(single.success))
+
+
+def frozen_scan(attack, logits_fn, x, y, budget, keys, target=None):
+  """The dense scan, and the same scan freezing every row once ``attack.done`` says so (what the
+  engine's early exit does: batch leaves keep their value, the step counter advances). Returns
+  ``(done, finalize)`` after one step, after the dense scan and after the frozen scan."""
+  batch = x.shape[0]
+
+  def freeze(old, new):
+    done = attack.done(old)
+    return jax.tree.map(
+        lambda a, b: jnp.where(done.reshape((batch,) + (1,) * (a.ndim - 1)), a, b)
+        if a.ndim and a.shape[0] == batch else b, old, new)
+
+  def outcomes():
+    step = lambda s: attack.step(logits_fn, s, x, y, budget, target)
+    state = attack.init(logits_fn, x, y, budget, keys, target)
+    dense = jax.lax.scan(lambda s, _: (step(s), None), state, None, length=attack.num_steps)[0]
+    frozen = jax.lax.scan(lambda s, _: (freeze(s, step(s)), None), state, None,
+                          length=attack.num_steps)[0]
+    return [(attack.done(s), attack.finalize(logits_fn, s, x, y, budget, target))
+            for s in (step(state), dense, frozen)]
+
+  return jax.jit(outcomes)()

@@ -16,6 +16,7 @@ from jaxrobust.attacks._fab_projections import project_hyperplane_box
 from jaxrobust.attacks._fab import fab
 from tests.models import (
   assert_explicit_sharding_matches_one_device,
+  frozen_scan,
   linear_points,
   mlp,
   random_linear,
@@ -252,30 +253,6 @@ def test_too_many_target_classes_raise():
 # --- done: the rows early exit may freeze --------------------------------------------------------
 
 
-def _frozen_scan(attack, logits_fn, x, y, budget, keys, target=None):
-  """``(done, finalize)`` after one step, after the dense scan and after the same scan freezing
-  every row once ``attack.done`` says so (the engine's early exit: batch leaves keep their value,
-  the step counter advances)."""
-  batch = x.shape[0]
-
-  def freeze(old, new):
-    done = attack.done(old)
-    return jax.tree.map(
-        lambda a, b: jnp.where(done.reshape((batch,) + (1,) * (a.ndim - 1)), a, b)
-        if a.ndim and a.shape[0] == batch else b, old, new)
-
-  def outcomes():
-    step = lambda s: attack.step(logits_fn, s, x, y, budget, target)
-    state = attack.init(logits_fn, x, y, budget, keys, target)
-    dense = jax.lax.scan(lambda s, _: (step(s), None), state, None, length=attack.num_steps)[0]
-    frozen = jax.lax.scan(lambda s, _: (freeze(s, step(s)), None), state, None,
-                          length=attack.num_steps)[0]
-    return [(attack.done(s), attack.finalize(logits_fn, s, x, y, budget, target))
-            for s in (step(state), dense, frozen)]
-
-  return jax.jit(outcomes)()
-
-
 def test_done_only_inside_a_finite_ball_and_freezing_keeps_the_verdicts():
   """FAB-T at a finite eps is done once it holds an adversarial point inside the ball (what
   ``finalize`` returns); at ``eps = inf`` (the minimum-norm search) never, since the point keeps
@@ -288,7 +265,7 @@ def test_done_only_inside_a_finite_ball_and_freezing_keeps_the_verdicts():
   budget = jr.Budget(jnp.asarray(eps, jnp.float32))
   attack = fab(norm, targeted=True, n_target_classes=CLASSES - 1, steps=4)
   keys = jax.random.split(jax.random.key(0), BATCH)
-  (first, x_first), (done, x_dense), (done_frozen, x_frozen) = _frozen_scan(
+  (first, x_first), (done, x_dense), (done_frozen, x_frozen) = frozen_scan(
       attack, model.logits_fn, jnp.asarray(x), jnp.asarray(y), budget, keys)
   first, done, done_frozen = (np.asarray(v) for v in (first, done, done_frozen))
   changed = lambda v: np.any(np.asarray(v) != x, axis=(1, 2))

@@ -31,6 +31,7 @@ from tests.ground_truth import linear_problem
 from tests.models import (
   Linear,
   assert_explicit_sharding_matches_one_device,
+  frozen_scan,
   random_linear,
 )
 
@@ -445,30 +446,6 @@ def test_float64_inputs_under_x64(norm):
   np.testing.assert_array_equal(success, np.argmax(x_adv @ p.model.w + p.model.b, 1) != p.y)
 
 
-def _frozen_scan(attack, logits_fn, x, y, budget, keys, target=None):
-  """The dense scan, and the same scan freezing every row once ``attack.done`` says so (what the
-  engine's early exit does: batch leaves keep their value, the step counter advances). Returns
-  ``(done, finalize)`` after one step, after the dense scan and after the frozen scan."""
-  batch = x.shape[0]
-
-  def freeze(old, new):
-    done = attack.done(old)
-    return jax.tree.map(
-        lambda a, b: jnp.where(done.reshape((batch,) + (1,) * (a.ndim - 1)), a, b)
-        if a.ndim and a.shape[0] == batch else b, old, new)
-
-  def outcomes():
-    step = lambda s: attack.step(logits_fn, s, x, y, budget, target)
-    state = attack.init(logits_fn, x, y, budget, keys, target)
-    dense = jax.lax.scan(lambda s, _: (step(s), None), state, None, length=attack.num_steps)[0]
-    frozen = jax.lax.scan(lambda s, _: (freeze(s, step(s)), None), state, None,
-                          length=attack.num_steps)[0]
-    return [(attack.done(s), attack.finalize(logits_fn, s, x, y, budget, target))
-            for s in (step(state), dense, frozen)]
-
-  return jax.jit(outcomes)()
-
-
 def test_done_marks_exactly_the_broken_rows_and_freezing_them_changes_nothing():
   """``done`` is True exactly where ``finalize`` returns an adversarial point, and freezing done
   rows (early exit) gives the same verdicts: a broken Square point is never attacked again."""
@@ -477,7 +454,7 @@ def test_done_marks_exactly_the_broken_rows_and_freezing_them_changes_nothing():
   eps = np.select([group == 0, group == 1, group == 2], [0.0, 4.0, 2.0], 1.5) * d
   budget = jr.Budget(jnp.asarray(eps, jnp.float32))
   attack = square("linf", queries=60, restarts=2)
-  (first, x_first), (done, x_dense), (done_frozen, x_frozen) = _frozen_scan(
+  (first, x_first), (done, x_dense), (done_frozen, x_frozen) = frozen_scan(
       attack, model.logits_fn, jnp.asarray(x), jnp.asarray(y), budget, _keys(N, seed=22))
   first, done, done_frozen = (np.asarray(v) for v in (first, done, done_frozen))
   adversarial = lambda v: np.argmax(np.asarray(model.logits_fn(v)), axis=1) != y
