@@ -81,7 +81,7 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
       chunk loop is a ``lax.while_loop``, which JAX cannot differentiate in reverse mode: to take
       ``jax.grad`` through an attack (adversarial training), leave ``chunk_size=None`` and pass
       ``early_exit=False``. With early exit, the rows per chunk of its re-compaction (``None``:
-      up to 128 rows on CPU, 512 on accelerators, balanced across the batch).
+      up to 64 rows on CPU, 512 on accelerators, balanced across the batch).
     early_exit: stop attacking a point once it is broken (see above).
 
   Returns:
