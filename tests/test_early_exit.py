@@ -225,3 +225,30 @@ def test_early_exit_false_is_differentiable():
     return jnp.sum(f(x_adv))
 
   assert jnp.all(jnp.isfinite(jax.jit(jax.grad(loss), static_argnums=1)(w, False)))
+
+
+def test_rows_left_over_by_full_chunks_run_in_small_chunks():
+  """``compaction.chunk_loop``: each active row's output is its own, wherever it ran, and the
+  rows evaluated are the full chunks plus at most ``most_small`` small ones."""
+  from jaxrobust.engine import compaction
+
+  batch, chunk, small = 100, 16, 2
+  counted, counter = jr.metrics.count_evaluations(lambda v: v * 10.0)
+  x = jnp.arange(batch, dtype=jnp.float32)[:, None] * jnp.ones((1, 3), jnp.float32)
+
+  @jax.jit
+  def loop(active):
+    fn = lambda out, v: (counted(v), None, jnp.ones((), jnp.int32))
+    return compaction.chunk_loop(fn, active, chunk, (x,), jnp.full_like(x, -1.0), small=small)[0]
+
+  rng = np.random.default_rng(0)
+  for n in (0, 1, 5, 16, 23, 31, 100):
+    active = np.zeros(batch, bool)
+    active[rng.permutation(batch)[:n]] = True
+    counter.reset()
+    out = np.asarray(loop(jnp.asarray(active)))
+    jax.effects_barrier()
+    np.testing.assert_array_equal(out[active], 10.0 * np.asarray(x)[active])
+    smalls = -(-(n % chunk) // small)
+    expected = chunk * (n // chunk) + small * smalls if smalls <= 4 else chunk * -(-n // chunk)
+    assert counter.forward == expected, (n, counter.forward, expected)

@@ -147,9 +147,9 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
           attack, logits_fn, x, y, eps, keys, target, frozen, lower=budget.lower,
           upper=budget.upper, unroll=unroll, chunk_size=chunk_size)
       if chunk_size is not None and compaction.batch_axis(todo) is not None:
-        # Compact per device first (shard_map), then exit early inside each chunk.
-        x_adv = compaction.compacted(lambda *r: until_done(jnp.zeros_like(r[1], bool), *r),
-                                     todo, chunk_size, x, y, eps, keys, target)
+        # Per device (shard_map): each device re-compacts its own rows every segment.
+        x_adv = compaction.per_device(lambda todo, *rows: until_done(~todo, *rows), todo, x, y,
+                                      eps, keys, target)
       else:
         x_adv = until_done(~todo, x, y, eps, keys, target)
     elif chunk_size is None:

@@ -1,10 +1,13 @@
 r"""Compute skipping with static shapes: run a per-example function only on the active points.
 
 XLA needs static shapes, so "skip the points that are already broken" cannot shrink the batch.
-Instead the active points are moved to the front (a stable sort of the batch by ``~active``), cut
-into ``ceil(B / c)`` chunks of ``c`` rows, and a ``lax.while_loop`` runs the function on the first
-:math:`\lceil n_\text{active} / c\rceil` chunks only; the outputs are put back in the original
-order. With few active points the cost falls to a few chunks; with none, to nothing.
+Instead the active points are moved to the front (a stable sort of the batch by ``~active``), and
+a ``lax.while_loop`` runs the function on consecutive chunks of ``c`` rows covering them,
+:math:`\lceil n_\text{active} / c\rceil` chunks; the outputs are put back in the original order.
+With few active points the cost falls to a few chunks; with none, to nothing. Optionally the
+last :math:`n_\text{active} \bmod c` rows run in smaller chunks of ``s`` rows (a second traced copy
+of the function), so that a chunk holding one active row costs ``s`` rows instead of ``c``:
+about :math:`n_\text{active} + s` rows in all (:func:`chunk_loop`).
 
 The result equals running the function on the whole batch and keeping the active rows, provided
 the function treats rows independently (every attack here does, and per-example keys travel with
@@ -16,10 +19,10 @@ through the loop); forward mode (``jax.jvp``) works. Drivers document this for `
 
 The sort and the gathers move rows across the batch. When the batch axis is sharded over a mesh
 axis that the array's type shows (an Explicit mesh axis), the compaction runs per device under
-``jax.shard_map`` over that axis: each device compacts and attacks its own rows, ``chunk_size`` rows
-at a time, and nothing crosses devices. Under Auto axes the sharding is not visible while tracing;
-XLA then partitions the sort itself (correct, but it moves rows between devices), so sharded
-drivers should call this inside their own ``shard_map``.
+``jax.shard_map`` over that axis (:func:`per_device`): each device compacts and attacks its own
+rows, ``chunk_size`` rows at a time, and nothing crosses devices. Under Auto axes the sharding is
+not visible while tracing; XLA then partitions the sort itself (correct, but it moves rows between
+devices), so sharded drivers should call this inside their own ``shard_map``.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
+
+from jaxrobust._batch import expand
 
 Array = jax.Array
 
@@ -60,60 +65,117 @@ def compacted(fn: Callable[..., Any], active: Array, chunk_size: int, *rows: Any
     >>> out.tolist()
     [0.0, 0.0, 20.0]
   """
+  return per_device(lambda active, *rows: _compacted(fn, active, chunk_size, *rows), active,
+                    *rows)
+
+
+def per_device(local: Callable[..., Any], active: Array, *rows: Any) -> Any:
+  """``local(active, *rows)``, run per device under ``jax.shard_map`` when ``active``'s batch axis
+  is sharded over an Explicit mesh axis (so that rows moved by ``local`` never cross devices),
+  else called directly. ``local`` must return per-row outputs (leading axis the batch)."""
   sharded = batch_axis(active)
-  if sharded is not None:
-    mesh, axis = sharded
-    spec = P(axis)
-    local = lambda active, *rows: _compacted(fn, active, chunk_size, *rows)
-    # Rows built by broadcasting (e.g. a scalar eps) are replicated: slice them like the batch.
-    # A NamedSharding on the array's own mesh, so no jax.set_mesh context is needed.
-    rows = jax.tree.map(lambda a: jax.reshard(a, jax.sharding.NamedSharding(mesh, spec)),
-                        rows)
-    in_specs = (spec,) + jax.tree.map(lambda _: spec, rows)
-    try:
-      return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=spec,
-                           check_vma=False)(active, *rows)
-    except NotImplementedError as e:
-      raise ValueError(
-          "chunk_size with a batch sharded over an Explicit mesh axis compacts per device under "
-          "shard_map, which cannot close over traced arrays placed on the mesh (e.g. model "
-          "parameters passed to your jit). Run the attack inside your own jax.shard_map "
-          "(jr.evaluate does this when given chunk_size), or close over concrete parameters."
-      ) from e
-  return _compacted(fn, active, chunk_size, *rows)
+  if sharded is None:
+    return local(active, *rows)
+  mesh, axis = sharded
+  spec = P(axis)
+  # Rows built by broadcasting (e.g. a scalar eps) are replicated: slice them like the batch.
+  # A NamedSharding on the array's own mesh, so no jax.set_mesh context is needed.
+  rows = jax.tree.map(lambda a: jax.reshard(a, jax.sharding.NamedSharding(mesh, spec)), rows)
+  in_specs = (spec,) + jax.tree.map(lambda _: spec, rows)
+  try:
+    return jax.shard_map(local, mesh=mesh, in_specs=in_specs, out_specs=spec,
+                         check_vma=False)(active, *rows)
+  except NotImplementedError as e:
+    raise ValueError(
+        "chunk_size with a batch sharded over an Explicit mesh axis compacts per device under "
+        "shard_map, which cannot close over traced arrays placed on the mesh (e.g. model "
+        "parameters passed to your jit). Run the attack inside your own jax.shard_map "
+        "(jr.evaluate does this when given chunk_size), or close over concrete parameters."
+    ) from e
+
+
+def chunk_loop(fn: Callable[..., tuple[Any, Any, Array]], active: Array, chunk: int,
+               rows: Any, outputs: Any, shared: Any = None, *,
+               small: int | None = None, most_small: int = 4) -> tuple[Any, Any]:
+  r"""The loop under every compaction: ``fn`` on chunks of rows that cover the active ones.
+
+  The active rows are moved to the front of the batch (a stable sort, so they keep their order),
+  and of :math:`n` active rows the first :math:`\lfloor n / c\rfloor c` run in chunks of ``chunk``
+  rows :math:`c`; the other :math:`r = n \bmod c` run in chunks of ``small`` rows :math:`s` when
+  given and :math:`\lceil r / s\rceil \le` ``most_small`` (``fn`` is traced a second time, for
+  that shape), else in one more chunk of :math:`c`. A chunk may hold inactive rows after the
+  active ones; chunks holding none do not run.
+
+  Args:
+    fn: ``(output_rows, *row_chunks) -> (output_rows, shared, rank)`` on one chunk: its
+      per-row outputs given their current value, a candidate for the shared outputs and an int32
+      scalar ranking that candidate.
+    active: ``[B]`` bool.
+    chunk: :math:`c` (static).
+    rows: a tuple of pytrees of ``[B, ...]`` inputs (``None`` leaves are passed through).
+    outputs: a pytree of ``[B, ...]`` initial per-row outputs (kept by rows that do not run).
+    shared: initial shared outputs; replaced by a chunk's candidate when its rank is larger than
+      every earlier chunk's (and than 0).
+    small: :math:`s < c` (static), or ``None``.
+    most_small: the most chunks of :math:`s` rows for the remainder (static).
+
+  Returns:
+    ``(outputs, shared)``: ``outputs`` with the rows of every chunk that ran updated, in the
+    batch's order.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> times_ten = lambda out, v: (v * 10, None, jnp.int32(1))
+    >>> out, _ = chunk_loop(times_ten, jnp.array([True, False, True]), 2, (jnp.arange(3.0),),
+    ...                     jnp.full(3, -1.0))
+    >>> out.tolist()  # rows 0 and 2 ran as one chunk; row 1 kept its initial output
+    [0.0, -1.0, 20.0]
+  """
+  batch = active.shape[0]
+  small = chunk if small is None or small >= chunk else small
+  order = jnp.argsort(~active, stable=True).astype(jnp.int32)  # active rows first, in order
+  # A chunk starting at an active row ends at most ``chunk - 1`` rows past the batch: pad so that
+  # no dynamic slice is clamped (padding rows repeat a row; their outputs are dropped).
+  padded = batch + chunk - 1
+  order = jnp.concatenate([order, jnp.broadcast_to(order[-1:], (padded - batch,))])
+  take = lambda leaf: jnp.take(leaf, order, axis=0)
+  rows, outputs = jax.tree.map(take, rows), jax.tree.map(take, outputs)
+  count = jnp.sum(active, dtype=jnp.int32)
+  full, rest = -(-count // chunk), jnp.zeros((), jnp.int32)
+  if small < chunk:
+    smalls = -(-(count % chunk) // small)
+    # Small chunks only where they save rows at little loop overhead (a model costs less per
+    # row in larger chunks): for a remainder that fits in ``most_small`` of them.
+    use_small = smalls <= most_small
+    full, rest = jnp.where(use_small, count // chunk, full), jnp.where(use_small, smalls, rest)
+
+  def loop(size, trips, carry):
+    def body(carry):
+      i, start, outputs, shared, best = carry
+      piece = lambda a: jax.lax.dynamic_slice_in_dim(a, start, size)
+      out, candidate, rank = fn(jax.tree.map(piece, outputs), *jax.tree.map(piece, rows))
+      outputs = jax.tree.map(lambda a, o: jax.lax.dynamic_update_slice_in_dim(a, o, start, 0),
+                             outputs, out)
+      better = rank > best
+      shared = jax.tree.map(lambda new, old: jnp.where(better, new, old), candidate, shared)
+      return i + 1, start + size, outputs, shared, jnp.maximum(rank, best)
+
+    carry = (jnp.zeros((), jnp.int32),) + carry
+    return jax.lax.while_loop(lambda c: c[0] < trips, body, carry)[1:]
+
+  carry = (jnp.zeros((), jnp.int32), outputs, shared, jnp.zeros((), jnp.int32))
+  carry = loop(chunk, full, carry)
+  if small < chunk:
+    carry = loop(small, rest, carry)
+  _, outputs, shared, _ = carry
+  inverse = jnp.argsort(order[:batch]).astype(jnp.int32)
+  return jax.tree.map(lambda leaf: jnp.take(leaf[:batch], inverse, axis=0), outputs), shared
 
 
 def _compacted(fn: Callable[..., Any], active: Array, chunk_size: int, *rows: Any) -> Any:
-  batch = active.shape[0]
-  chunks = -(-batch // chunk_size)
-  padded = chunks * chunk_size
-  order = jnp.argsort(~active, stable=True).astype(jnp.int32)  # active rows first, in order
-  order = jnp.concatenate([order, jnp.broadcast_to(order[-1:], (padded - batch,))])
-  needed = -(-jnp.sum(active, dtype=jnp.int32) // chunk_size)
-
-  def take(leaf):
-    return jnp.take(leaf, order, axis=0).reshape((chunks, chunk_size) + leaf.shape[1:])
-
-  gathered = jax.tree.map(take, rows)
-  chunk_rows = jax.tree.map(lambda a: a[0], gathered)
-  out_shapes = jax.eval_shape(lambda r: fn(*r), chunk_rows)
-  outputs = jax.tree.map(lambda s: jnp.zeros((chunks,) + s.shape, s.dtype), out_shapes)
-
-  def body(carry):
-    i, outputs = carry
-    chunk = jax.tree.map(lambda a: jax.lax.dynamic_index_in_dim(a, i, keepdims=False), gathered)
-    result = fn(*chunk)
-    outputs = jax.tree.map(lambda o, r: jax.lax.dynamic_update_index_in_dim(o, r, i, 0),
-                           outputs, result)
-    return i + 1, outputs
-
-  _, outputs = jax.lax.while_loop(lambda c: c[0] < needed, body, (jnp.zeros((), jnp.int32),
-                                                                   outputs))
-
-  def scatter(out):
-    flat = out.reshape((padded,) + out.shape[2:])[:batch]
-    flat = jnp.zeros_like(flat).at[order[:batch]].set(flat)
-    keep = active.reshape((batch,) + (1,) * (flat.ndim - 1))
-    return jnp.where(keep, flat, jnp.zeros_like(flat))
-
-  return jax.tree.map(scatter, outputs)
+  template = jax.eval_shape(fn, *jax.tree.map(lambda a: a[:chunk_size], rows))
+  outputs = jax.tree.map(lambda s: jnp.zeros((active.shape[0],) + s.shape[1:], s.dtype), template)
+  outputs, _ = chunk_loop(lambda _, *chunk: (fn(*chunk), None, jnp.zeros((), jnp.int32)),
+                          active, chunk_size, rows, outputs)
+  return jax.tree.map(lambda out: jnp.where(expand(active, out.ndim), out,
+                                            jnp.zeros((), out.dtype)), outputs)
