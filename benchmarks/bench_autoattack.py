@@ -575,9 +575,10 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--torch-threads", type=int, default=1,
                       help="torch.set_num_threads for the reference (default 1: on a loaded "
                            "2-core machine two OpenMP threads ran AutoAttack 9x slower)")
-  parser.add_argument("--chunk-size", type=int, default=40,
-                      help="jaxrobust's compute skipping: survivors run in chunks of this many "
-                           "rows (0: dense, no skipping)")
+  parser.add_argument("--chunk-size", type=int, default=0,
+                      help="jaxrobust's compute skipping and early exit: survivors run in chunks "
+                           "of at most this many rows (0, the default: the library's default, "
+                           "64 rows on CPU)")
   args = parser.parse_args(argv)
   args.chunk_size = args.chunk_size or None
   kinds = ["plain", "adversarial"] if args.model == "both" else [args.model]
