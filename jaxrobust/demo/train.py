@@ -86,11 +86,11 @@ ATTACK_STEPS = 7
 start; TRADES: the reference's sign steps of 7/31 eps from ``x + 0.001 N(0, I)``)."""
 
 UNROLL_ATTACK = True
-"""Unroll the inner attack's loop (``unroll=True`` of the losses): XLA:CPU runs the strided
-convolution's input gradient several times slower inside a loop body (``benchmarks/RESULTS.md``);
-unrolled, PGD-7 training runs about 2.5x faster on CPU for a few seconds more compilation. Results
-equal the looped ones up to float rounding; it is part of the configuration (and the cache key)
-because rounding differences change the trained weights."""
+"""Unroll the inner attack's loop (``unroll=True`` of the losses). Chosen when XLA:CPU ran a
+convolution's input gradient several times slower inside a loop body; since ``jr.training``
+writes its loops' convolutions in canonical form the looped attack is as fast, but the setting is
+kept: results equal the looped ones only up to float rounding, which changes the trained weights,
+and it is part of the configuration (and the cache key) of the models users have cached."""
 
 TRADES_BETA = 6.0
 """TRADES' weight of the KL term (the paper's default)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import threading
-from typing import Callable
+from typing import Callable, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +21,7 @@ from jaxrobust.engine import canonical_conv, compaction, early_exit as early_exi
 from jaxrobust.engine.scoring import clean_diagnosis, score
 
 Array = jax.Array
+T = TypeVar("T")
 
 
 def _zero_logits(logits_fn: Callable[..., Array], x: Array) -> Array:
@@ -87,13 +88,9 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
                  active=active, chunk_size=chunk_size, early_exit=early_exit,
                  score_skipped_rows=score_skipped_rows)
   run = lambda: _run_attack(attack, logits_fn, x, y, budget, key, target, **options)
-  if not (canonical and _needs_canonical_convolutions(attack, logits_fn, x)):
+  if not canonical or attack.samples:  # a randomized model takes keys: left as it is
     return run()
-  _CANONICAL.depth += 1
-  try:
-    return canonical_conv.canonical_convolutions(run)()
-  finally:
-    _CANONICAL.depth -= 1
+  return on_cpu_canonical(run, logits_fn, x)
 
 
 class _Depth(threading.local):
@@ -104,15 +101,53 @@ _CANONICAL = _Depth()
 """How many canonical rewrites are being traced on this thread (nested ones are redundant)."""
 
 
-def _needs_canonical_convolutions(attack: Attack, logits_fn: Callable[..., Array],
-                                  x: Array) -> bool:
-  """On CPU, outside another rewrite, a deterministic model holding a convolution."""
-  if jax.default_backend() != "cpu" or attack.samples or _CANONICAL.depth:
+def needs_canonical_convolutions(fn: Callable[[Array], object], x: Array) -> bool:
+  """Whether attack loops on ``fn`` (``x -> logits``, or any ``x -> ...`` objective) should be
+  traced with canonical convolutions: on CPU, outside another such rewrite, ``fn`` holding a
+  convolution (:func:`jaxrobust.engine.canonical_conv.has_convolution`).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> kernel = jnp.ones((3, 3, 1, 2))
+    >>> conv = lambda v: jax.lax.conv_general_dilated(
+    ...     v, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    >>> x = jnp.ones((2, 4, 4, 1))
+    >>> needs_canonical_convolutions(conv, x) == (jax.default_backend() == "cpu")
+    True
+    >>> needs_canonical_convolutions(lambda v: v.reshape(2, -1) @ jnp.ones((16, 3)), x)
+    False
+  """
+  if jax.default_backend() != "cpu" or _CANONICAL.depth:
     return False
   try:
-    return canonical_conv.has_convolution(logits_fn, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    return canonical_conv.has_convolution(fn, jax.ShapeDtypeStruct(x.shape, work_dtype(x)))
   except Exception:  # noqa: BLE001 - a model that cannot be traced alone: leave it as it is
     return False
+
+
+def on_cpu_canonical(compute: Callable[[], T], fn: Callable[[Array], object], x: Array) -> T:
+  """``compute()``, traced with every convolution in XLA:CPU's canonical form where
+  :func:`needs_canonical_convolutions` says so (else as it is): the same values, and loops whose
+  convolutions run on XLA:CPU's fast path. Nested calls (``compute`` calling this again, e.g.
+  ensemble members or a training loss's inner attack) are not rewritten twice.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> kernel = jnp.arange(6.0).reshape(3, 2, 1, 1)
+    >>> conv = lambda v: jnp.sum(jax.lax.conv_general_dilated(
+    ...     v, kernel, (2, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) ** 2)
+    >>> x = jnp.linspace(0.0, 1.0, 32).reshape(2, 4, 4, 1)
+    >>> gradient = lambda: jax.grad(conv)(x)  # the input gradient's convolution is 01oi
+    >>> bool(jnp.allclose(on_cpu_canonical(gradient, conv, x), gradient()))
+    True
+  """
+  if not needs_canonical_convolutions(fn, x):
+    return compute()
+  _CANONICAL.depth += 1
+  try:
+    return canonical_conv.canonical_convolutions(compute)()
+  finally:
+    _CANONICAL.depth -= 1
 
 
 def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,

@@ -61,8 +61,8 @@ def adversarial_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array,
     attack_logits_fn: the model the attack runs (default ``logits_fn``), e.g. an eval-mode view
       ``nnx.view(model, deterministic=True, use_running_average=True)``.
     unroll: passed to the attack's ``jax.lax.scan`` (see :func:`jaxrobust.run`): ``True``
-      unrolls it, much faster on CPU for convolutional models (XLA:CPU runs a strided
-      convolution's input gradient several times slower inside a loop body), slower to compile.
+      unrolls it, which only costs compile time now: on CPU the loop's convolutions are made
+      canonical (:mod:`jaxrobust.training._inner`), so it runs as fast as the unrolled steps.
 
   Returns:
     ``(loss [], Aux(x_adv, None, logits_adv))``.

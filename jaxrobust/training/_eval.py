@@ -30,7 +30,8 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   evaluation semantics: clean-misclassified points are not attacked (they already count as
   wrong), every returned point is re-predicted, non-finite logits never count as correct. The
   model is evaluated as given, without state updates (put it in eval mode); nothing is
-  differentiated.
+  differentiated. On CPU a convolutional model's attack loop runs with every convolution in
+  XLA:CPU's canonical form (as in :func:`jaxrobust.run`): the same counts, faster steps.
 
   The counts are exact int32 sums: merge them across steps with
   :meth:`~jaxrobust.metrics.Counts.merge` (or ``update``), across devices with
@@ -50,8 +51,8 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
       points lie inside ``budget.eps``); ``None``: ``pgd("linf", steps=10)``.
     mask: optional ``[B]`` bool; ``False`` rows (padding) are neither attacked nor counted.
     unroll: passed to the attack's ``jax.lax.scan`` (see :func:`jaxrobust.run`): ``True``
-      unrolls it, much faster on CPU for convolutional models (XLA:CPU runs a strided
-      convolution's input gradient several times slower inside a loop body), slower to compile.
+      unrolls it, which only costs compile time now: on CPU the loop's convolutions are made
+      canonical (:mod:`jaxrobust.training._inner`), so it runs as fast as the unrolled steps.
     early_exit: stop attacking a point once broken (see :func:`jaxrobust.run`): the same counts
       of robust points, fewer model evaluations; the perturbation sums are then those of each
       broken point's first adversarial point.
@@ -83,6 +84,6 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   clean_correct = is_correct(logits_clean, y)
   active = None if mask is None else jnp.asarray(mask, bool)
   result, _ = run_attack(attack, model, x, y, budget, key, clean_correct=clean_correct,
-                         active=active, unroll=unroll, early_exit=early_exit)
+                         active=active, unroll=unroll, early_exit=early_exit, canonical=True)
   return Counts.from_batch(predict(logits_clean), predict(result.logits), y, x=x,
                            x_adv=result.x_adv, norm=attack.norm, mask=mask)

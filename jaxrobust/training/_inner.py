@@ -12,6 +12,12 @@ Two ways to find the adversarial point a loss trains on:
   objective, returning the last iterate (not the best one).
 
 Both return a ``stop_gradient`` point inside the box and the ball, finite, of ``x``'s dtype.
+
+On CPU, for a model holding a convolution, both loops are traced with every convolution in XLA:CPU's
+canonical form (:func:`jaxrobust.engine.attack_loop.on_cpu_canonical`): the same
+points, 3-7 times faster per step, since XLA:CPU canonicalises the input gradient's convolution
+only outside loops. The loss's value and parameter gradient do not change: they are computed
+outside the rewrite, at the ``stop_gradient`` point it returns.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from jaxrobust._batch import (as_keys, expand, finite_or_zero, fold_in, like_bat
                               rows_like, work_dtype)
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_inputs
-from jaxrobust.engine.attack_loop import run_attack
+from jaxrobust.engine.attack_loop import on_cpu_canonical, run_attack
 from jaxrobust.engine.scoring import round_toward
 
 Array = jax.Array
@@ -74,13 +80,14 @@ def attack_every_point(attack: Attack, logits_fn: Callable[[Array], Array], x: A
 
   The engine's attack loop is told that every row is clean-correct, which is how a driver says
   "attack this row"; the returned point is scored as usual (finite, in the box and the ball,
-  rounded towards ``x`` in ``x``'s dtype).
+  rounded towards ``x`` in ``x``'s dtype). On CPU a convolutional model's loop runs with
+  canonical convolutions (``canonical=True``, see the module docstring).
   """
   check_attack(attack)
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, name=attack.name)
   every_row = rows_like(x, True, bool)  # carries x's batch sharding
   result, _ = run_attack(attack, logits_fn, x, y, budget, key, clean_correct=every_row,
-                         unroll=unroll)
+                         unroll=unroll, canonical=True)
   return jax.lax.stop_gradient(result.x_adv)
 
 
@@ -126,7 +133,17 @@ def gaussian_start_ascent(objective: Callable[[Array], Array], x: Array, budget:
     to the box, then :math:`\delta` scaled back onto the ball if it left it.
 
   Non-finite gradient entries count as 0 (as in every jaxrobust attack), so the point is finite.
+  On CPU, when ``objective`` holds a convolution, the loop is traced with canonical convolutions
+  (:func:`jaxrobust.engine.attack_loop.on_cpu_canonical`): the same point, faster steps.
   """
+  ascend = lambda: _gaussian_start_ascent(objective, x, budget, key, steps=steps,
+                                          step_size=step_size, norm=norm, unroll=unroll)
+  return on_cpu_canonical(ascend, objective, x)
+
+
+def _gaussian_start_ascent(objective: Callable[[Array], Array], x: Array, budget: Budget,
+                           key: Array, *, steps: int, step_size: Array | float, norm: str,
+                           unroll: int | bool) -> Array:
   dtype = work_dtype(x)
   xw = x.astype(dtype)
   batch = x.shape[0]

@@ -90,8 +90,8 @@ def trades_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget:
     norm: ``"linf"`` or ``"l2"``.
     attack_logits_fn: the model the inner attack runs (default ``logits_fn``).
     unroll: passed to the attack's ``jax.lax.scan`` (see :func:`jaxrobust.run`): ``True``
-      unrolls it, much faster on CPU for convolutional models (XLA:CPU runs a strided
-      convolution's input gradient several times slower inside a loop body), slower to compile.
+      unrolls it, which only costs compile time now: on CPU the loop's convolutions are made
+      canonical (:mod:`jaxrobust.training._inner`), so it runs as fast as the unrolled steps.
 
   Returns:
     ``(loss [], Aux(x_adv, logits_clean, logits_adv))``.
