@@ -30,6 +30,10 @@ Usage::
 
   python benchmarks/bench_loop_bodies.py --autoattack-path /tmp/autoattack_ref
   python benchmarks/bench_loop_bodies.py --attacks square fab-t --no-reference --json out.json
+  python benchmarks/bench_loop_bodies.py --attacks apgd-t --no-reference --apgd-loss ce
+
+``--apgd-loss`` changes jaxrobust's APGD-T loss only (the reference's APGD-T is DLR-targeted
+always): with ``ce`` beside the default ``dlr`` it prices what DLR's top logits add per step.
 
 ``--jaxrobust-path DIR`` imports ``jaxrobust`` from ``DIR`` (e.g. an export of an older revision,
 ``git archive HEAD jaxrobust | tar -x -C /tmp/before``) to measure before/after on one machine.
@@ -60,6 +64,9 @@ def _parse() -> argparse.Namespace:
   parser.add_argument("--queries", type=int, default=5000)
   parser.add_argument("--steps", type=int, default=100)
   parser.add_argument("--targets", type=int, default=9)
+  parser.add_argument("--apgd-loss", default="dlr",
+                      choices=["dlr", "ce", "margin", "probability_margin"],
+                      help="APGD-T's targeted loss (AutoAttack: dlr); ce prices DLR's top logits")
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--no-reference", action="store_true")
   parser.add_argument("--autoattack-path", default=os.environ.get("AUTOATTACK_PATH"))
@@ -117,8 +124,8 @@ def make_attack(name: str):
     return jr.attacks.square("linf", queries=ARGS.queries, rescale_schedule=False)
   if name == "fab-t":
     return jr.attacks.fab("linf", targeted=True, n_target_classes=ARGS.targets, steps=ARGS.steps)
-  return jr.attacks.apgd("linf", loss="dlr", targeted=True, n_target_classes=ARGS.targets,
-                         steps=ARGS.steps)
+  return jr.attacks.apgd("linf", loss=ARGS.apgd_loss, targeted=True,
+                         n_target_classes=ARGS.targets, steps=ARGS.steps)
 
 
 def best_time(fn, *args) -> float:
@@ -197,6 +204,8 @@ def measure_jax(name: str, shape: str, w, x_np, y_np) -> dict:
          "iter_ms": 1e3 * total / attack.num_steps, "model_ms": 1e3 * floor,
          "robust": 1 - success, "rows_forward": counter.forward,
          "rows_gradient": counter.gradient, "load_before": before, "load_after": load()}
+  if name == "apgd-t":
+    out["loss"] = ARGS.apgd_loss
   if has_early_exit:  # jr.run's default: broken rows stop costing model evaluations
     default = jax.jit(lambda x, y: jr.run(attack, logits_fn, x, y, budget, key))
     out["early_exit_total_s"] = best_time(default, x, y)
@@ -280,7 +289,8 @@ def main() -> None:
     for shape in ARGS.shapes:
       r = measure_jax(name, shape, w, x_np, y_np)
       results.append(r)
-      print(f"jaxrobust {name:7s} {shape:5s} iter {r['iter_ms']:.3f} ms (model alone "
+      loss = f" ({ARGS.apgd_loss})" if name == "apgd-t" else ""
+      print(f"jaxrobust {name}{loss} {shape:5s} iter {r['iter_ms']:.3f} ms (model alone "
             f"{r['model_ms']:.3f} ms, x{r['iter_ms'] / r['model_ms']:.1f}) total "
             f"{r['total_s']:.2f} s robust {r['robust']:.3f} rows fwd {r['rows_forward']} grad "
             f"{r['rows_gradient']} hlo_ops {r['hlo_ops']} kernels {r['kernels']} "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +55,130 @@ def test_dlr_is_invariant_to_shift_and_positive_scale():
                                rtol=1e-4, atol=1e-5)
 
 
+def _tied_logits(classes: int, rows: int = 24, seed: int = 0) -> np.ndarray:
+  """``[rows, classes]`` float32 logits full of ties: small integers, equal rows, ``+-inf``,
+  ``-0.0`` beside ``+0.0``, and a few rows of distinct values."""
+  rng = np.random.default_rng(seed)
+  z = rng.integers(-2, 3, size=(rows, classes)).astype(np.float32)
+  z[:3] = rng.normal(size=(3, classes)) * 3
+  z[3] = 1.5  # all tied
+  z[4] = -np.inf
+  z[4, -1] = 2.0  # one finite logit, the rest -inf
+  z[5] = 0.0
+  z[5, ::2] = -0.0  # total order: -0.0 < +0.0
+  z[6, :2] = np.inf
+  z[7, 1] = -np.inf
+  z[8, : min(4, classes)] = 7.0  # the top 4 tied
+  return z
+
+
+def _labels_and_targets(classes: int, rows: int = 24, seed: int = 1):
+  rng = np.random.default_rng(seed)
+  y = rng.integers(0, classes, rows).astype(np.int32)
+  return y, ((y + rng.integers(1, classes, rows)) % classes).astype(np.int32)
+
+
+def _numpy_dlrs(z: np.ndarray, y: np.ndarray, t: np.ndarray) -> dict[str, np.ndarray]:
+  """DLR and targeted DLR in float32 NumPy, the top logits by a full sort."""
+  rows, columns = np.arange(len(z)), np.arange(z.shape[1])
+  top = -np.sort(-z, axis=1)  # decreasing, equal values counted apart
+  zy, zt = z[rows, y], z[rows, t]
+  other = np.where(columns[None] == y[:, None], -np.inf, z).max(1).astype(np.float32)
+  tiny, half = np.float32(1e-12), np.float32(0.5)
+  with np.errstate(invalid="ignore", divide="ignore"):
+    out = {"dlr": (other - zy) / (top[:, 0] - top[:, 2] + tiny)}
+    if z.shape[1] >= 4:
+      out["targeted_dlr"] = -(zy - zt) / (top[:, 0] - half * (top[:, 2] + top[:, 3]) + tiny)
+  return out
+
+
+def _top_k_dlr(z, y):
+  """The former formulation (``lax.top_k``), kept as the reference for values and gradients."""
+  top = jax.lax.top_k(z, 3)[0]
+  return jr.losses.margin(z, y) / (top[:, 0] - top[:, 2] + 1e-12)
+
+
+def _top_k_targeted_dlr(z, y, t):
+  top = jax.lax.top_k(z, 4)[0]
+  gap = jr.losses.label_logit(z, y) - jr.losses.label_logit(z, t)
+  return -gap / (top[:, 0] - 0.5 * (top[:, 2] + top[:, 3]) + 1e-12)
+
+
+@functools.lru_cache
+def _dlr_values_and_grads(classes: int):
+  """One compiled program per class count: both DLRs, new and former, values and gradients."""
+  pairs = {"dlr": (jr.losses.dlr, _top_k_dlr, 1)}
+  if classes >= 4:
+    pairs["targeted_dlr"] = (jr.losses.targeted_dlr, _top_k_targeted_dlr, 2)
+
+  def run(z, y, t):
+    out = {}
+    for name, (new, former, extra) in pairs.items():
+      for tag, fn in (("new", new), ("former", former)):
+        loss = lambda z, fn=fn, extra=extra: fn(z, *(y, t)[:extra])
+        out[name, tag] = (loss(z), jax.grad(lambda z, loss=loss: jnp.sum(loss(z)))(z))
+    return out
+
+  return jax.jit(run, compiler_options={"xla_backend_optimization_level": 0})
+
+
+def _bits(a) -> np.ndarray:
+  """float32 bits, so that equality is bitwise (every NaN payload and the sign of zero)."""
+  return np.asarray(a, np.float32).view(np.int32)
+
+
+@pytest.mark.parametrize("classes", [3, 4, 10, 100])
+def test_dlr_top_logits_without_sort_match_sorting_references(classes):
+  """The masked-argmax top logits give DLR and targeted DLR bit for bit as the former
+  ``lax.top_k`` formulation, values and gradients, on logits full of ties, and the values of an
+  independent NumPy sort."""
+  z = _tied_logits(classes)
+  y, t = _labels_and_targets(classes)
+  got = _dlr_values_and_grads(classes)(jnp.asarray(z), jnp.asarray(y), jnp.asarray(t))
+  expected = _numpy_dlrs(z, y, t)
+  assert sorted({name for name, _ in got}) == sorted(expected)
+  for name, reference in expected.items():
+    (value, grad), (former_value, former_grad) = got[name, "new"], got[name, "former"]
+    np.testing.assert_array_equal(_bits(value), _bits(former_value), err_msg=name)
+    np.testing.assert_array_equal(_bits(grad), _bits(former_grad), err_msg=name)
+    np.testing.assert_array_equal(np.asarray(value), reference, err_msg=name)
+    assert np.isfinite(np.asarray(value)[:4]).all() and np.isfinite(np.asarray(grad)[:3]).all()
+
+
+def test_dlr_orders_nan_logits_as_top_k_does():
+  """``lax.top_k`` orders by IEEE total order (a negative NaN below ``-inf``, a positive one
+  above ``+inf``); the masked maxima keep that order, so the same rows come out NaN."""
+  z = _tied_logits(10)
+  z[9, 3] = np.nan
+  z[10, 5] = -np.nan
+  z[11, 0] = np.array(0xFFC00000, np.uint32).view(np.float32)  # x86's default NaN: negative
+  z[12, 2] = np.array(0xFFFFFFFF, np.uint32).view(np.float32)  # the pattern keyed as its neighbour
+  y, t = _labels_and_targets(10)
+  got = _dlr_values_and_grads(10)(jnp.asarray(z), jnp.asarray(y), jnp.asarray(t))
+  for name in ("dlr", "targeted_dlr"):
+    (value, grad), (former_value, former_grad) = got[name, "new"], got[name, "former"]
+    np.testing.assert_array_equal(_bits(value), _bits(former_value), err_msg=name)
+    np.testing.assert_array_equal(_bits(grad), _bits(former_grad), err_msg=name)
+
+
+def test_dlr_value_and_gradient_need_no_sort_gather_or_scatter():
+  """APGD-T evaluates the targeted DLR and its gradient every step: the top logits come from
+  masked maxima and one-hot look-ups, not from ``top_k``'s sort and its gradient's scatter."""
+  z, y, t = jnp.asarray(Z), jnp.asarray(Y), jnp.asarray(T)
+  for loss in (lambda z: jr.losses.dlr(z, y), lambda z: jr.losses.targeted_dlr(z, y, t)):
+    program = str(jax.make_jaxpr(jax.value_and_grad(lambda z: jnp.sum(loss(z))))(z))
+    assert not re.findall(r"\b(top_k|sort|gather|scatter[-\w]*)\b", program)
+
+
+def test_dlr_class_count_errors():
+  with pytest.raises(ValueError, match="dlr needs at least 3 classes, the model has 2"):
+    jr.losses.dlr(jnp.zeros((2, 2)), jnp.zeros(2, jnp.int32))
+  with pytest.raises(ValueError, match="targeted_dlr needs at least 4 classes, the model has 3"):
+    jr.losses.targeted_dlr(jnp.zeros((2, 3)), jnp.zeros(2, jnp.int32), jnp.ones(2, jnp.int32))
+  with pytest.raises(ValueError, match=r"dlr: logits must be \[B, C\], got shape \(5,\)"):
+    jr.losses.dlr(jnp.zeros(5), jnp.zeros(1, jnp.int32))
+
+
 def test_margin_sign_is_misclassification():
   m = np.asarray(jr.losses.margin(jnp.asarray(Z), jnp.asarray(Y)))
   np.testing.assert_array_equal(m > 0, np.argmax(Z, 1) != Y)
@@ -77,8 +204,12 @@ def test_label_lookups_work_on_batch_sharded_arrays(axis_type):
   tnames = ["targeted_cross_entropy", "targeted_margin", "targeted_dlr"]
 
   def all_losses(z, y, t):
+    # With the DLRs' gradients: the gradient of jnp.sort fails on batch-sharded logits under an
+    # Explicit mesh; the top logits' one-hot look-ups must not.
+    dlr_grads = [jax.grad(lambda z: jnp.sum(jr.losses.dlr(z, y)))(z),
+                 jax.grad(lambda z: jnp.sum(jr.losses.targeted_dlr(z, y, t)))(z)]
     return ([getattr(jr.losses, n)(z, y) for n in names]
-            + [getattr(jr.losses, n)(z, y, t) for n in tnames])
+            + [getattr(jr.losses, n)(z, y, t) for n in tnames] + dlr_grads)
 
   expected = all_losses(jnp.asarray(Z), jnp.asarray(Y), jnp.asarray(T))
   with jax.set_mesh(mesh):
