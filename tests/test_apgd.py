@@ -1,6 +1,6 @@
 """Tests for Auto-PGD (jaxrobust.attacks.apgd): schedule, closed-form linear ground truth,
-strength against PGD, monotonicity in restarts, APGD-T's multi-target semantics, bad inputs and
-batch sharding."""
+strength against PGD, monotonicity in restarts, the reference's Linf iteration step by step,
+APGD-T's multi-target semantics, bad inputs and batch sharding."""
 
 from __future__ import annotations
 
@@ -163,6 +163,158 @@ def test_more_restarts_never_raise_robust_accuracy(mlp_problem, apgd_one_restart
   """Run 0 is the same in both attacks (same key, same start), so success can only be added."""
   three = _robust(apgd("linf", steps=STEPS, restarts=3), mlp_problem)
   assert np.all(three <= apgd_one_restart), np.flatnonzero(three & ~apgd_one_restart)
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference's iteration, step by step, on a ReLU network written in numpy.
+
+REF_DIM, REF_HIDDEN, REF_CLASSES, REF_N, REF_STEPS = 16, 24, 5, 64, 30
+REF_EPS = np.where(np.arange(REF_N) % 2 == 0, 0.08, 0.12).astype(np.float32)  # per row
+
+
+def _relu_net():
+  rng = np.random.default_rng(7)
+  w1 = rng.normal(size=(REF_DIM, REF_HIDDEN)).astype(np.float32) / np.float32(2.0)
+  b1 = rng.normal(size=REF_HIDDEN).astype(np.float32) / np.float32(4.0)
+  w2 = rng.normal(size=(REF_HIDDEN, REF_CLASSES)).astype(np.float32)
+  return w1, b1, w2
+
+
+def _numpy_ce_and_gradient(net, x, y):
+  """Cross-entropy of ``relu(x w1 + b1) w2``, its input gradient (by hand) and misclassification."""
+  w1, b1, w2 = net
+  pre = x @ w1 + b1
+  z = np.maximum(pre, 0) @ w2
+  p = np.exp(z - z.max(1, keepdims=True))
+  p /= p.sum(1, keepdims=True)
+  loss = -np.log(p[np.arange(len(y)), y])
+  dz = p - np.eye(REF_CLASSES, dtype=np.float32)[y]
+  return loss, ((dz @ w2.T) * (pre > 0)) @ w1.T, z.argmax(1) != y
+
+
+def _close_but_different(a, b, point_a, point_b):
+  """Rows where two losses of different points are within float32 rounding of each other: who
+  wins there is decided by the order of the additions, not by the algorithm."""
+  return (np.abs(a - b) <= 1e-6 * np.abs(b)) & np.any(point_a != point_b, axis=1)
+
+
+def _reference_linf_apgd(net, x, y, x0, eps, steps, rho=0.75, alpha=0.75):
+  """Linf APGD-CE following the loop of Croce & Hein's reference code (fra31/auto-attack), from
+  the start ``x0`` with per-row ``eps`` ``[B]``. Returns the evaluated points
+  ``[steps + 1, B, D]``, the step size after each update ``[steps, B]``, whether any evaluated
+  point was misclassified ``[B]``, the rows where a comparison of losses was a near tie
+  (:func:`_close_but_different`), where float32 rounding may send two implementations of the same
+  algorithm different ways, and per row the checkpoints that halved because of the rises only, of
+  the stall only, and that kept the step size.
+
+  The first window has ``int(0.22 steps)`` updates and each next one ``int(0.03 steps)`` fewer,
+  but at least ``int(0.06 steps)`` (each at least 1; for 100 steps these are the paper's
+  checkpoints, for 30 the paper's first is 7, the code's 6). Checkpoint ``k`` (window of ``m``)
+  halves ``eta`` and moves the iterate (and its gradient) back to the best-loss point where at
+  most ``rho m`` of the window's updates raised the loss, or where the previous checkpoint did not
+  halve and the best loss has not risen since it. The first window's first update is compared
+  with 0 as in the reference's code (``loss_steps[-1]``, a row not written yet), not with the
+  start's loss as in the paper (and jaxrobust); the cross-entropy is positive, so that update
+  always counts. The two rules agree on the test's problem (the test passes with either).
+  """
+  eps = eps[:, None]
+  project = lambda v: np.clip(np.clip(v, x - eps, x + eps), 0.0, 1.0)
+  window, marks = max(int(0.22 * steps), 1), set()
+  while window + max(marks, default=0) <= steps:
+    marks.add(window + max(marks, default=0))
+    window = max(window - max(int(0.03 * steps), 1), max(int(0.06 * steps), 1))
+  loss, grad, broken = _numpy_ce_and_gradient(net, x0, y)
+  points, losses = [x0], [loss]
+  current = before = best_x = best_x_at_last = x0
+  best_grad, best_loss = grad, loss
+  eta = 2 * eps
+  halved_last, best_at_last, last_mark = np.ones(len(x), bool), loss, 0
+  tie = np.zeros(len(x), bool)
+  decisions = {"rises": 0, "stall": 0, "kept": 0}
+  etas = []
+  for k in range(1, steps + 1):
+    a = np.float32(1.0 if k == 1 else alpha)
+    stepped = project(current + eta * np.sign(grad))
+    before, current = current, project(current + a * (stepped - current)
+                                       + (1 - a) * (current - before))
+    loss, grad, now_broken = _numpy_ce_and_gradient(net, current, y)
+    points.append(current)
+    losses.append(loss)
+    broken = broken | now_broken
+    tie |= _close_but_different(loss, best_loss, current, best_x)
+    better = loss > best_loss
+    best_x = np.where(better[:, None], current, best_x)
+    best_grad = np.where(better[:, None], grad, best_grad)
+    best_loss = np.where(better, loss, best_loss)
+    if k in marks:
+      rises = np.zeros(len(x), int)
+      for j in range(last_mark + 1, k + 1):
+        if j == 1:
+          rises += losses[1] > 0
+        else:
+          rises += losses[j] > losses[j - 1]
+          tie |= _close_but_different(losses[j], losses[j - 1], points[j], points[j - 1])
+      tie |= _close_but_different(best_at_last, best_loss, best_x_at_last, best_x)
+      few_rises = rises <= rho * (k - last_mark)
+      stall = ~halved_last & (best_at_last >= best_loss)
+      halve = few_rises | stall
+      decisions = {"rises": decisions["rises"] + (few_rises & ~stall),
+                   "stall": decisions["stall"] + (stall & ~few_rises),
+                   "kept": decisions["kept"] + ~halve}
+      eta = np.where(halve[:, None], eta / 2, eta)
+      current = np.where(halve[:, None], best_x, current)
+      grad = np.where(halve[:, None], best_grad, grad)
+      halved_last, best_at_last, best_x_at_last, last_mark = halve, best_loss, best_x, k
+    etas.append(eta[:, 0])
+  return np.stack(points), np.stack(etas), broken, tie, decisions
+
+
+def test_linf_iterates_follow_the_reference_loop():
+  """From the same start, every evaluated point, the final step sizes and the verdicts of
+  ``apgd("linf")`` equal those of the reference's loop (:func:`_reference_linf_apgd`) on every
+  row where no comparison of losses was a rounding tie. This pins the schedule (checkpoints, both
+  halving conditions, restarts from the best point, the per-row eps) and the momentum (none at
+  the first step, ``x_best - x_{k-1}`` after a restart); each of ``>`` for ``>=`` in the stall
+  condition, ``<`` for ``<=`` in the rise count, momentum at the first step or no momentum makes
+  it fail. (On the plain digits MLP and CNN, APGD-CE started from the reference's own random
+  starts reproduces the reference's robust counts seed by seed.)"""
+  net = _relu_net()
+  w1, b1, w2 = (jnp.asarray(a) for a in net)
+  logits_fn = lambda v: jax.nn.relu(v @ w1 + b1[None, :]) @ w2
+  x = np.random.default_rng(8).uniform(0, 1, size=(REF_N, REF_DIM)).astype(np.float32)
+  y = np.asarray(jr.predict(logits_fn(jnp.asarray(x))))
+  attack = apgd("linf", steps=REF_STEPS)
+  budget = jr.Budget(jnp.asarray(REF_EPS))
+
+  @jax.jit
+  def trajectory(x, y):
+    keys = jax.random.split(jax.random.key(0), REF_N)
+    state = attack.init(logits_fn, x, y, budget, keys)
+
+    def step(state, _):
+      after = attack.step(logits_fn, state, x, y, budget, None)
+      return after, (state.x_adv, after.step_size)
+
+    last, (evaluated, step_sizes) = jax.lax.scan(step, state, None, length=attack.num_steps)
+    x_adv = attack.finalize(logits_fn, last, x, y, budget, None)
+    return jnp.concatenate([evaluated, last.x_adv[None]]), step_sizes, x_adv
+
+  ours, step_sizes, x_adv = map(np.asarray, trajectory(jnp.asarray(x), jnp.asarray(y)))
+  points, etas, broken, tie, decisions = _reference_linf_apgd(
+      net, x, y, ours[0], REF_EPS, REF_STEPS)
+  keep = ~tie
+  assert keep.sum() >= 0.5 * REF_N, keep.sum()
+  np.testing.assert_allclose(ours[:, keep], points[:, keep], atol=1e-5)
+  # Ours after update k = 1..steps-1 (after its checkpoint, if any); the step size after the
+  # last update is never used.
+  np.testing.assert_allclose(step_sizes[1:, keep], etas[:-1, keep], rtol=1e-6)
+  ours_broken = np.asarray(jr.predict(logits_fn(jnp.asarray(x_adv)))) != y
+  np.testing.assert_array_equal(ours_broken[keep], broken[keep])
+  # The case can fail: some rows broken and some not; each halving condition acts alone at some
+  # checkpoint, and some checkpoints keep the step size.
+  assert 0 < broken[keep].sum() < keep.sum(), broken[keep].sum()
+  assert all(count[keep].sum() > 0 for count in decisions.values()), {
+      reason: int(count[keep].sum()) for reason, count in decisions.items()}
 
 
 # ---------------------------------------------------------------------------------------------
