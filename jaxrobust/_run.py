@@ -23,9 +23,10 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   With ``early_exit`` (the default) a point stops costing model evaluations once the attack has
   found an adversarial point for it: broken rows are frozen, the rows left are re-compacted every
   few steps, and the loop ends when none is left (:mod:`jaxrobust.engine.early_exit`; attacks
-  that declare ``done``: FGSM/PGD, APGD(-T), Square, FAB in its fixed-budget use). The success
-  flags are those of the full run, but a broken point's ``x_adv`` is its *first* adversarial
-  point rather than the one of largest loss; pass ``early_exit=False`` for the strongest
+  that declare ``done``: FGSM/PGD, APGD(-T), Square, and DeepFool, C&W, FMN and FAB at a finite
+  eps). The success flags are those of the full run, but a broken point's ``x_adv`` is its
+  *first* adversarial point rather than the one of largest loss (or, for FMN and C&W, the
+  smallest found); pass ``early_exit=False`` for the strongest
   adversarial example (one fixed-length ``jax.lax.scan``, which can also be differentiated in
   reverse mode). Then, on the returned points only:
 

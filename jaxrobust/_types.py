@@ -91,8 +91,10 @@ class Attack(NamedTuple):
       :func:`jaxrobust.run` and the curves) the engine freezes such rows (every state leaf whose
       leading axis is the batch keeps its value; other leaves, such as step counters, advance)
       and leaves the loop once every row is done, so a broken point stops costing model
-      evaluations. ``None``: the attack always runs its ``num_steps`` (minimum-norm attacks,
-      whose answer keeps shrinking after the first success).
+      evaluations. ``None``: the attack always runs its ``num_steps``. Minimum-norm attacks
+      (DeepFool, C&W, FMN, FAB) declare it only for a finite eps (a row holding an adversarial
+      point inside the ball: its smallest point can only shrink further), never true at
+      ``eps = inf``, where the answer keeps shrinking.
   """
 
   init: Callable[..., Any]

@@ -109,3 +109,52 @@ def frozen_scan(attack, logits_fn, x, y, budget, keys, target=None):
             for s in (step(state), dense, frozen)]
 
   return jax.jit(outcomes)()
+
+
+def min_norm_early_exit_runs(attack, logits_fn, x, y, distance):
+  """A minimum-norm attack run by ``jr.run`` at three per-example budgets, with and without
+  early exit (chunks of 8 rows, so the rows left are re-compacted), counting gradient rows.
+
+  Budgets: ``far`` (3 times each point's exact ``distance``: every point breaks early), ``inf``
+  (the minimum-norm search: no row is ever done) and ``mixed`` (``inf``, 0.9, 1.5 and 3 times the
+  distance in turn). Checks what holds for every such attack: the verdicts equal
+  ``early_exit=False``'s, found norms lie inside finite budgets, every ``far`` point is broken,
+  and the rows never done (every ``inf`` row) keep the dense run's norms (up to the rounding of
+  the model on other chunks) and run every step.
+
+  Returns:
+    ``(results, rows)``: ``{(budget, early_exit): AttackResult}`` and the gradient rows of each.
+  """
+  import jaxrobust as jr  # noqa: PLC0415 - tests/models.py stays importable without the library
+
+  n = x.shape[0]
+  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  run = jax.jit(lambda eps, early_exit: jr.run(attack, counted, jnp.asarray(x), jnp.asarray(y),
+                                               jr.Budget(eps), jax.random.key(0),
+                                               early_exit=early_exit, chunk_size=8),
+                static_argnums=1)
+  group = np.arange(n) % 4
+  budgets = {"far": 3.0 * distance, "inf": np.full(n, np.inf),
+             "mixed": np.select([group == 0, group == 1, group == 2], [np.inf, 0.9, 1.5],
+                                3.0) * distance}
+  results, rows = {}, {}
+  for name, eps in budgets.items():
+    for early_exit in (True, False):
+      counter.reset()
+      results[name, early_exit] = run(jnp.asarray(eps, jnp.float32), early_exit)
+      jax.effects_barrier()
+      rows[name, early_exit] = counter.gradient
+  for name in budgets:
+    early, dense = results[name, True], results[name, False]
+    np.testing.assert_array_equal(np.asarray(early.success), np.asarray(dense.success), name)
+    size = np.asarray(early.norm)
+    found = np.isfinite(size)
+    assert np.all(size[found] <= budgets[name].astype(np.float32)[found]), name
+  assert np.asarray(results["far", True].success).all()
+  for name, unbounded in (("inf", np.ones(n, bool)), ("mixed", group == 0)):
+    np.testing.assert_allclose(np.asarray(results[name, True].norm)[unbounded],
+                               np.asarray(results[name, False].norm)[unbounded], rtol=1e-5)
+  full = attack.num_steps * n  # a gradient per step and point
+  assert rows["inf", True] >= full and rows["inf", False] >= full, rows
+  assert rows["far", False] >= full, rows
+  return results, rows

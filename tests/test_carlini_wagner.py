@@ -9,14 +9,16 @@ compiled once per module: budgets are per-example ``[B]`` data.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxrobust as jr
-from tests.models import (assert_explicit_sharding_matches_one_device,
-                          Linear, linear_points, random_linear)
+from tests.models import (assert_explicit_sharding_matches_one_device, frozen_scan, Linear,
+                          linear_points, min_norm_early_exit_runs, random_linear)
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -131,7 +133,9 @@ def test_already_misclassified_points_are_returned_unchanged(untargeted, ten_cla
 
 
 def test_eps_is_an_upper_bound_on_the_norm(untargeted, ten_classes):
-  """eps only filters the points kept: the result within eps is the unbounded one if it fits."""
+  """eps only filters the points kept, so within eps the verdict is the unbounded one's. With
+  early exit the point is the first adversarial one inside the ball, no smaller than the
+  unbounded one (``early_exit=False`` returns the unbounded one: see the early exit test below)."""
   model, x, y, d = ten_classes
   unbounded = untargeted(model.w, model.b, jnp.asarray(x), jnp.asarray(y), _inf(N))
   below = np.arange(N) % 2 == 0
@@ -143,7 +147,8 @@ def test_eps_is_an_upper_bound_on_the_norm(untargeted, ten_classes):
   np.testing.assert_array_equal(x_adv[~success], x[~success])  # nothing inside the ball: x
   assert np.all(np.linalg.norm(x_adv - x, axis=1) <= eps * (1 + 1e-6))
   np.testing.assert_array_equal(success, np.asarray(unbounded.norm) <= eps)
-  np.testing.assert_array_equal(x_adv[success], np.asarray(unbounded.x_adv)[success])
+  size = np.linalg.norm(x_adv - x, axis=1)
+  assert np.all(size[success] >= np.asarray(unbounded.norm)[success] * (1 - 1e-6))
 
 
 def test_targeted_with_confidence_reaches_the_target_by_the_margin(ten_classes):
@@ -227,3 +232,60 @@ def test_attack_metadata():
   attack = jr.attacks.carlini_wagner_l2(steps=7, binary_search_steps=3, targeted=True)
   assert attack.minimum_norm and attack.targeted and attack.norm == "l2"
   assert attack.num_steps == 21
+
+
+# --- done: the rows early exit may freeze --------------------------------------------------------
+
+
+def _inside(model: Linear, x, y, eps, x_adv):
+  """Per row: ``x_adv`` is adversarial, differs from ``x`` and lies in the L2 eps-ball."""
+  x_adv = np.asarray(x_adv)
+  adversarial = np.argmax(np.asarray(model.logits_fn(jnp.asarray(x_adv))), axis=1) != y
+  size = np.linalg.norm(x_adv - x, axis=1)
+  return adversarial & np.any(x_adv != x, axis=1) & (size <= eps * (1 + 1e-6))
+
+
+def test_done_exactly_when_finalize_returns_an_adversarial_point_inside_the_ball(ten_classes):
+  """Four groups of per-example eps: ``inf``, below the exact distance, 1.5 and 3 times it. A row
+  is done exactly when ``finalize`` returns an adversarial point inside its ball (at ``inf``:
+  never, the point keeps shrinking); freezing done rows changes no verdict (their point is the
+  first inside the ball instead of the smallest) and leaves the other rows bitwise alone."""
+  model, x, y, d = ten_classes
+  group = np.arange(N) % 4
+  eps = np.select([group == 0, group == 1, group == 2], [np.inf, 0.9, 1.5], 3.0) * d
+  budget = jr.Budget(jnp.asarray(eps, jnp.float32))
+  attack = jr.attacks.carlini_wagner_l2(steps=20, binary_search_steps=3)
+  (first, x_first), (done, x_dense), (done_frozen, x_frozen) = frozen_scan(
+      attack, model.logits_fn, jnp.asarray(x), jnp.asarray(y), budget, None)
+  first, done, done_frozen = (np.asarray(v) for v in (first, done, done_frozen))
+  inside = functools.partial(_inside, model, x, y, eps)
+  # The first step scores x itself (its move is scored by the next step or by finalize).
+  assert not first.any()
+  np.testing.assert_array_equal(done, inside(x_dense) & np.isfinite(eps))
+  # Not vacuous: most rows of the two finite groups above the distance are done, none below it.
+  assert not done[group <= 1].any() and done[group >= 2].mean() >= 0.75, done.reshape(-1, 4)
+  assert inside(x_dense)[group == 0].all()
+  np.testing.assert_array_equal(done_frozen, done)
+  np.testing.assert_array_equal(inside(x_frozen), inside(x_dense))
+  np.testing.assert_array_equal(np.asarray(x_frozen)[~done], np.asarray(x_dense)[~done])
+  sizes = [np.linalg.norm(np.asarray(v) - x, axis=1) for v in (x_frozen, x_dense)]
+  assert np.all(sizes[0][done] >= sizes[1][done]) and np.any(sizes[0][done] > sizes[1][done])
+
+
+def test_early_exit_at_a_finite_eps_stops_after_the_first_success_and_inf_runs_every_step(
+    ten_classes):
+  """Early exit against the dense run, counting the gradient rows through the model.
+
+  Three per-example budgets, each run with and without early exit in chunks of 8 rows (so that
+  the rows left are re-compacted): three times the exact distance, where every point is broken
+  early in the search, so the 4 x 50-step search costs at most half of its 202 gradient rows per
+  point (and ``early_exit=False`` still returns the unbounded result); ``inf`` (the minimum-norm
+  search), where no row is ever done, every step runs and the norms are unchanged; and a mix of
+  ``inf``, 0.9, 1.5 and 3 times the distance, where the rows at ``inf`` keep their norms while
+  the others stop. The verdicts are always those of ``early_exit=False``."""
+  model, x, y, d = ten_classes
+  attack = jr.attacks.carlini_wagner_l2(steps=50, binary_search_steps=4)
+  results, rows = min_norm_early_exit_runs(attack, model.logits_fn, x, y, d)
+  assert rows["far", True] <= attack.num_steps * N // 2, rows
+  np.testing.assert_allclose(np.asarray(results["far", False].x_adv),
+                             np.asarray(results["inf", False].x_adv), rtol=0, atol=1e-6)

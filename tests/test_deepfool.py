@@ -18,8 +18,8 @@ import pytest
 
 import jaxrobust as jr
 from jaxrobust.attacks._deepfool import deepfool
-from tests.models import (assert_explicit_sharding_matches_one_device,
-                          Linear, linear_points, random_linear)
+from tests.models import (assert_explicit_sharding_matches_one_device, frozen_scan, Linear,
+                          linear_points, min_norm_early_exit_runs, random_linear)
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -248,3 +248,61 @@ def test_attack_is_minimum_norm_and_caps_candidates():
   state = jax.eval_shape(lambda: attack.init(model.logits_fn, x, jnp.zeros(4, jnp.int32),
                                              jr.Budget(jnp.inf), None))
   assert state.classes.shape == (4, 2)
+
+
+# --- done: the rows early exit may freeze --------------------------------------------------------
+
+
+def _inside(model: Linear, x, y, eps, norm, x_adv):
+  """Per row: ``x_adv`` is adversarial, differs from ``x`` and lies in the eps-ball."""
+  x_adv = np.asarray(x_adv)
+  adversarial = np.argmax(np.asarray(model.logits_fn(jnp.asarray(x_adv))), axis=1) != y
+  size = np.asarray(jr.projections.norm(jnp.asarray(x_adv - x), norm))
+  return adversarial & np.any(x_adv != x, axis=1) & (size <= eps * (1 + 1e-6))
+
+
+def test_done_exactly_when_finalize_returns_an_adversarial_point_inside_the_ball():
+  """Four groups of per-example eps: ``inf``, below the exact distance, just above DeepFool's
+  norm, far above. After the steps, a row is done exactly when ``finalize`` returns an
+  adversarial point inside its ball (at ``inf``: never, the minimum-norm search); freezing done
+  rows changes no returned point, since DeepFool stops moving at its first success anyway."""
+  norm = "l2"
+  model, x, y, d = _binary(norm)
+  group = np.arange(N) % 4
+  eps = np.select([group == 0, group == 1, group == 2], [np.inf, 0.9, 1.05], 3.0) * d
+  budget = jr.Budget(jnp.asarray(eps, jnp.float32))
+  attack = deepfool(norm, steps=4, overshoot=OVERSHOOT)
+  (first, x_first), (done, x_dense), (done_frozen, x_frozen) = frozen_scan(
+      attack, model.logits_fn, jnp.asarray(x), jnp.asarray(y), budget, None)
+  first, done, done_frozen = (np.asarray(v) for v in (first, done, done_frozen))
+  inside = functools.partial(_inside, model, x, y, eps, norm)
+  # The first step scores x itself (its move is scored by the next step or by finalize).
+  assert not first.any() and inside(x_first)[group >= 2].all()
+  np.testing.assert_array_equal(done, inside(x_dense) & np.isfinite(eps))
+  np.testing.assert_array_equal(done, group >= 2)
+  assert inside(x_dense)[group == 0].all()
+  np.testing.assert_array_equal(done_frozen, done)
+  # DeepFool stops moving at its first success anyway: the same points (up to the rounding of
+  # x + (1 + overshoot) r, which XLA may fuse differently in the two loops).
+  np.testing.assert_allclose(np.asarray(x_frozen), np.asarray(x_dense), rtol=0, atol=1e-6)
+
+
+def test_early_exit_at_a_finite_eps_stops_after_the_first_success_and_inf_runs_every_step():
+  """Early exit against the dense run, counting the gradient rows through the model.
+
+  Three per-example budgets, each run with and without early exit in chunks of 8 rows (so that
+  the rows left are re-compacted): three times the exact distance, where every point is broken
+  by the first move (scored by the second step), so the 50-step attack costs three gradient rows
+  per point (``jr.run``'s clean check and two steps) instead of 51, with the same points;
+  ``inf`` (the minimum-norm search), where no row is ever done, every step runs and the norms
+  are unchanged; and a mix of ``inf``, 0.9, 1.5 and 3 times the distance, where the rows at
+  ``inf`` keep their norms while the others stop. The verdicts are always those of
+  ``early_exit=False``."""
+  norm = "l2"
+  model, x, y, d = _binary(norm)
+  attack = deepfool(norm, steps=50, overshoot=OVERSHOOT)
+  results, rows = min_norm_early_exit_runs(attack, model.logits_fn, x, y, d)
+  assert rows["far", True] <= 3 * N, rows
+  # DeepFool stops moving at its first success anyway: the same points.
+  np.testing.assert_allclose(np.asarray(results["far", True].x_adv),
+                             np.asarray(results["far", False].x_adv), rtol=0, atol=1e-6)

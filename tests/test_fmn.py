@@ -19,8 +19,8 @@ import pytest
 
 import jaxrobust as jr
 from jaxrobust.attacks._fmn import fmn
-from tests.models import (assert_explicit_sharding_matches_one_device,
-                          DUAL, Linear, linear_points, random_linear)
+from tests.models import (assert_explicit_sharding_matches_one_device, min_norm_early_exit_runs,
+                          DUAL, frozen_scan, Linear, linear_points, random_linear)
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -118,7 +118,9 @@ def test_already_misclassified_points_are_returned_unchanged():
 @pytest.mark.parametrize("norm", NORMS)
 def test_eps_is_an_upper_bound_on_the_norm(norm):
   """Below the exact distance nothing succeeds and ``x`` comes back; eps only filters the point
-  returned, so within eps the result is the unbounded one wherever that fits."""
+  returned, so within eps the verdict is the unbounded one's. With early exit the point is the
+  first adversarial iterate inside the ball, no smaller than the unbounded one
+  (``early_exit=False`` returns the unbounded one: see the early exit test below)."""
   model, x, y, d = _problem(2, norm)
   run = _jitted(norm)
   below = run(model, x, y, 0.9 * d)
@@ -134,10 +136,10 @@ def test_eps_is_an_upper_bound_on_the_norm(norm):
   assert not success[low].any()
   assert success[~low].mean() >= 0.9, success[~low].mean()
   np.testing.assert_array_equal(success, np.asarray(unbounded.norm) <= eps)
-  np.testing.assert_array_equal(x_adv[success], np.asarray(unbounded.x_adv)[success])
   np.testing.assert_array_equal(x_adv[~success], x[~success])
   size = np.asarray(jr.projections.norm(mixed.x_adv - x, norm))
   assert np.all(size <= eps)
+  assert np.all(size[success] >= np.asarray(unbounded.norm)[success] * (1 - 1e-6))
 
 
 @pytest.mark.parametrize("norm", NORMS)
@@ -283,3 +285,60 @@ def test_attack_is_minimum_norm_with_a_stable_carry():
 def test_invalid_options_raise(kwargs, match):
   with pytest.raises(ValueError, match=match):
     fmn(**kwargs)
+
+
+# --- done: the rows early exit may freeze --------------------------------------------------------
+
+
+def _inside(model: Linear, x, y, eps, norm, x_adv):
+  """Per row: ``x_adv`` is adversarial, differs from ``x`` and lies in the eps-ball."""
+  x_adv = np.asarray(x_adv)
+  adversarial = np.argmax(np.asarray(model.logits_fn(jnp.asarray(x_adv))), axis=1) != y
+  size = np.asarray(jr.projections.norm(jnp.asarray(x_adv - x), norm))
+  return adversarial & np.any(x_adv != x, axis=1) & (size <= eps * (1 + 1e-6))
+
+
+def test_done_exactly_when_finalize_returns_an_adversarial_point_inside_the_ball():
+  """Four groups of per-example eps: ``inf``, below the exact distance, 1.5 and 3 times it. A row
+  is done exactly when ``finalize`` returns an adversarial point inside its ball (at ``inf``:
+  never, the point keeps shrinking); freezing done rows changes no verdict (their point is the
+  first inside the ball instead of the smallest) and leaves the other rows bitwise alone."""
+  norm = "l2"
+  model, x, y, d = _problem(10, norm)
+  group = np.arange(N) % 4
+  eps = np.select([group == 0, group == 1, group == 2], [np.inf, 0.9, 1.5], 3.0) * d
+  budget = jr.Budget(jnp.asarray(eps, jnp.float32))
+  attack = fmn(norm, steps=12)
+  (first, x_first), (done, x_dense), (done_frozen, x_frozen) = frozen_scan(
+      attack, model.logits_fn, jnp.asarray(x), jnp.asarray(y), budget, None)
+  first, done, done_frozen = (np.asarray(v) for v in (first, done, done_frozen))
+  inside = functools.partial(_inside, model, x, y, eps, norm)
+  # The first step scores x itself (its move is scored by the next step or by finalize).
+  assert not first.any()
+  np.testing.assert_array_equal(done, inside(x_dense) & np.isfinite(eps))
+  np.testing.assert_array_equal(done, group >= 2)
+  assert inside(x_dense)[group == 0].all()
+  np.testing.assert_array_equal(done_frozen, done)
+  np.testing.assert_array_equal(inside(x_frozen), inside(x_dense))
+  np.testing.assert_array_equal(np.asarray(x_frozen)[~done], np.asarray(x_dense)[~done])
+  sizes = [np.asarray(jr.projections.norm(v - x, norm)) for v in (x_frozen, x_dense)]
+  assert np.all(sizes[0][done] >= sizes[1][done]) and np.any(sizes[0][done] > sizes[1][done])
+
+
+def test_early_exit_at_a_finite_eps_stops_after_the_first_success_and_inf_runs_every_step():
+  """Early exit against the dense run, counting the gradient rows through the model.
+
+  Three per-example budgets, each run with and without early exit in chunks of 8 rows (so that
+  the rows left are re-compacted): three times the exact distance, where every point is broken
+  within a few steps, so the 100-step attack costs a few gradient rows per point instead of 101
+  (and ``early_exit=False`` still returns the unbounded result); ``inf`` (the minimum-norm
+  search), where no row is ever done, every step runs and the norms are unchanged; and a mix of
+  ``inf``, 0.9, 1.5 and 3 times the distance, where the rows at ``inf`` keep their norms while
+  the others stop. The verdicts are always those of ``early_exit=False``."""
+  norm = "l2"
+  model, x, y, d = _problem(10, norm)
+  attack = fmn(norm, steps=STEPS)
+  results, rows = min_norm_early_exit_runs(attack, model.logits_fn, x, y, d)
+  assert rows["far", True] <= 8 * N, rows
+  np.testing.assert_allclose(np.asarray(results["far", False].x_adv),
+                             np.asarray(results["inf", False].x_adv), rtol=0, atol=1e-6)

@@ -59,7 +59,7 @@ import optax
 
 from jaxrobust import losses as losses_lib
 from jaxrobust import projections
-from jaxrobust._batch import expand, finite_or_zero, is_success, rows_like
+from jaxrobust._batch import expand, finite_or_zero, is_success, like_batch, rows_like
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_number, check_positive_int
 from jaxrobust.attacks._common import MinNormBest, unpack_budget
@@ -81,6 +81,7 @@ class CarliniWagnerState(NamedTuple):
   grad_dist0: Array  # [B, ...] work dtype: gradient of the squared distance at the clean start.
   grad_hinge0: Array  # [B, ...] work dtype: gradient of the hinge term at the clean start.
   t: Array  # [] int32: iterations done.
+  limit: Array  # [B] work dtype: the budget's eps, for ``done`` (``inf``: no bound).
 
 
 class _Config(NamedTuple):
@@ -149,7 +150,7 @@ def _search(state: CarliniWagnerState, adversarial: Array,
 def _init(config: _Config, logits_fn, x, y, budget: Budget, keys,
           target=None) -> CarliniWagnerState:
   del keys
-  x, _, lower, upper = unpack_budget(x, budget)
+  x, eps, lower, upper = unpack_budget(x, budget)
   w0 = _to_tanh_space(x, lower, upper)
   (dist, _), vjp, _ = jax.vjp(
       lambda w: _parts(config, logits_fn, w, x, y, lower, upper, target), w0, has_aux=True)
@@ -165,7 +166,7 @@ def _init(config: _Config, logits_fn, x, y, budget: Budget, keys,
       best=MinNormBest.empty(x),
       grad_dist0=finite_or_zero(grad_dist0.astype(x.dtype)),
       grad_hinge0=finite_or_zero(grad_hinge0.astype(x.dtype)),
-      t=jnp.zeros((), jnp.int32))
+      t=jnp.zeros((), jnp.int32), limit=like_batch(eps, x))
 
 
 def _step(config: _Config, logits_fn, state: CarliniWagnerState, x, y, budget: Budget,
@@ -201,7 +202,8 @@ def _step(config: _Config, logits_fn, state: CarliniWagnerState, x, y, budget: B
   w = optax.apply_updates(w, updates)
   return CarliniWagnerState(
       w=w, opt_state=opt_state, const=const, const_lower=const_lower, const_upper=const_upper,
-      best=best, grad_dist0=state.grad_dist0, grad_hinge0=state.grad_hinge0, t=state.t + 1)
+      best=best, grad_dist0=state.grad_dist0, grad_hinge0=state.grad_hinge0, t=state.t + 1,
+      limit=state.limit)
 
 
 def _finalize(config: _Config, logits_fn, state: CarliniWagnerState, x, y, budget: Budget,
@@ -210,6 +212,16 @@ def _finalize(config: _Config, logits_fn, state: CarliniWagnerState, x, y, budge
   _, (x_adv, logits, margin) = _parts(config, logits_fn, state.w, x, y, lower, upper, target)
   _, best = _score(config, x, y, eps, target, state.best, x_adv, logits, margin)
   return best.x
+
+
+def _done(state: CarliniWagnerState) -> Array:
+  """Rows that already hold an adversarial point inside a finite eps-ball.
+
+  ``best`` only ever takes points inside the ball, each smaller than the last, and ``finalize``
+  returns it, so the verdict at this eps is final. At ``eps = inf`` (the minimum-norm search,
+  e.g. a minimum-norm curve) no row is ever done: the point keeps shrinking.
+  """
+  return jnp.isfinite(state.limit) & (state.best.norm <= state.limit)
 
 
 def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
@@ -240,9 +252,15 @@ def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
   optional upper bound (``inf`` for none): only points inside the eps-ball are kept, and an
   example with none gets ``x`` back (scored a failure).
 
+  At a finite eps the attack declares a row ``done`` once it holds an adversarial point inside
+  the ball, so with early exit (:func:`jaxrobust.run`'s default) that row stops there, and that
+  first point inside the ball is returned rather than the smallest of all rounds (the verdict is
+  the same); at ``eps = inf`` no row is ever done. The search itself never looks at eps.
+
   Coordinates on a face of the box start where tanh is flat, so they move slowly (an input at a
   corner of the box barely moves at all), as in the reference implementation. There is no early
-  abort: the scan has a fixed length, so ending a round early would save no computation.
+  abort of a round whose loss has stalled (the reference's): the rounds share one fixed-length
+  scan, so ending one early would save no computation.
 
   Args:
     steps: Adam updates per round of the binary search (>= 1).
@@ -290,4 +308,4 @@ def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,
                 num_steps=binary_search_steps * steps, norm="l2", targeted=targeted,
                 minimum_norm=True,
                 name=f"carlini-wagner-l2-{steps}x{binary_search_steps}"
-                + ("-targeted" if targeted else ""))
+                + ("-targeted" if targeted else ""), done=_done)

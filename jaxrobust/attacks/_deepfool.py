@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust import projections
-from jaxrobust._batch import expand, finite_or_zero, is_success, one_hot_mask
+from jaxrobust._batch import expand, finite_or_zero, is_success, like_batch, one_hot_mask
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_number, check_positive_int
 from jaxrobust.attacks._common import MinNormBest, score_last_iterate, unpack_budget
@@ -60,6 +60,18 @@ class DeepFoolState(NamedTuple):
   r_total: Array  # [B, ...] work dtype: sum of the minimal steps so far, before the overshoot.
   classes: Array  # [B, K] int32: candidate classes, the top K by clean logit other than y.
   best: MinNormBest  # smallest successful point seen, per example.
+  limit: Array  # [B] work dtype: the budget's eps, for ``done`` (``inf``: no bound).
+
+
+def _done(state: DeepFoolState) -> Array:
+  """Rows whose smallest successful point already lies inside a finite eps-ball.
+
+  ``finalize`` returns that point (the last iterate it scores can only make it smaller), and no
+  later step can take it away (:meth:`MinNormBest.update` only shrinks it), so the verdict at
+  this eps is final. At ``eps = inf`` (the minimum-norm search, e.g. a minimum-norm curve) no row
+  is ever done.
+  """
+  return jnp.isfinite(state.limit) & (state.best.norm <= state.limit)
 
 
 def _candidates(logits: Array, y: Array, count: int) -> Array:
@@ -132,7 +144,11 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
   returned. ``budget.eps`` is an optional upper bound (``inf`` for none): if the smallest
   adversarial point found lies outside the eps-ball, the last iterate projected onto the ball
   (and the box) is returned instead, so the result never leaves the ball and is scored honestly
-  (usually as a failure, with norm ``inf``).
+  (usually as a failure, with norm ``inf``). At a finite eps the attack declares a row ``done``
+  once its smallest adversarial point lies inside the ball, so with early exit
+  (:func:`jaxrobust.run`'s default) that row stops costing model evaluations; since the iterate
+  stops moving at its first success anyway, the point returned is the same as without early
+  exit. At ``eps = inf`` no row is ever done.
 
   Each iteration costs one forward pass and ``min(candidates, C - 1)`` backward passes (vectorised
   with ``vmap``), with memory proportional to ``candidates * B * D``.
@@ -180,10 +196,12 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
 
   def init(logits_fn, x, y, budget: Budget, keys, target=None):
     del keys, target
-    x, _, _, _ = unpack_budget(x, budget)
+    x, eps, _, _ = unpack_budget(x, budget)
     logits = logits_fn(x)
     count = min(candidates, logits.shape[1] - 1)
-    return DeepFoolState(jnp.zeros_like(x), _candidates(logits, y, count), MinNormBest.empty(x))
+    # like_batch: an eps broadcast from a scalar carries x's batch sharding, as best.norm does.
+    return DeepFoolState(jnp.zeros_like(x), _candidates(logits, y, count), MinNormBest.empty(x),
+                         like_batch(eps, x))
 
   def step(logits_fn, state: DeepFoolState, x, y, budget: Budget, target=None):
     del target
@@ -195,7 +213,7 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
     travelled = projections.norm(state.r_total, norm)
     r_step = _minimal_step(logits, pullback, state.classes, y, travelled, norm, x.dtype)
     r_total = state.r_total + jnp.where(expand(success, x.ndim), 0.0, r_step)  # adversarial: frozen
-    return DeepFoolState(r_total, state.classes, best)
+    return DeepFoolState(r_total, state.classes, best, state.limit)
 
   def finalize(logits_fn, state: DeepFoolState, x, y, budget: Budget, target=None):
     del target
@@ -209,4 +227,4 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
 
   return Attack(init=init, step=step, finalize=finalize, num_steps=steps, norm=norm,
                 targeted=False, minimum_norm=True,
-                name=f"deepfool-{norm}-{steps}-overshoot{overshoot:g}-top{candidates}")
+                name=f"deepfool-{norm}-{steps}-overshoot{overshoot:g}-top{candidates}", done=_done)

@@ -68,8 +68,12 @@ cosine annealing,
 
 Every iterate is scored (the last one by ``finalize``) and the adversarial one with the smallest
 norm is returned. The search itself never looks at ``budget.eps``: a finite eps only filters the
-returned point, so the result within eps is the unbounded result whenever that fits in the ball,
-and every eps of a robustness curve follows from one unbounded run.
+returned point, so the verdict within eps is the unbounded run's
+(:math:`\|\delta^*\|_p \le \epsilon`), and every eps of a robustness curve follows from one
+unbounded run. The smallest adversarial norm can only shrink, so at a finite eps that verdict is
+final as soon as some iterate inside the ball is adversarial: the attack declares such a row
+``done``, and with early exit it stops there and returns that iterate (``early_exit=False``: the
+unbounded result, whenever that fits in the ball).
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ import jax.numpy as jnp
 
 from jaxrobust import losses as losses_lib
 from jaxrobust import projections
-from jaxrobust._batch import expand, finite_or_zero, is_success
+from jaxrobust._batch import expand, finite_or_zero, is_success, like_batch
 from jaxrobust._types import NORMS, Attack, Budget
 from jaxrobust._validation import check_bool, check_number, check_positive_int
 from jaxrobust.attacks._common import (MinNormBest, loss_grad_logits, score_last_iterate,
@@ -99,6 +103,7 @@ class FMNState(NamedTuple):
   found: Array  # [B] bool: some iterate has been adversarial.
   best: MinNormBest  # smallest adversarial iterate seen, per example (any norm, no eps filter).
   k: Array  # [] int32: iterations done.
+  limit: Array  # [B] work dtype: the budget's eps, for ``done`` (``inf``: no bound).
 
 
 class _Config(NamedTuple):
@@ -130,10 +135,10 @@ def _annealed(config: _Config, start: float, end: float, k: Array, dtype) -> Arr
 
 def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> FMNState:
   del config, logits_fn, y, keys, target
-  x, _, _, _ = unpack_budget(x, budget)
+  x, limit, _, _ = unpack_budget(x, budget)
   best = MinNormBest.empty(x)  # [B] fields from a slice of x: they carry its batch sharding.
   return FMNState(x_adv=x, eps=best.norm, found=jnp.zeros_like(best.norm, dtype=bool),
-                  best=best, k=jnp.zeros((), jnp.int32))
+                  best=best, k=jnp.zeros((), jnp.int32), limit=like_batch(limit, x))
 
 
 def _step(config: _Config, logits_fn, state: FMNState, x, y, budget: Budget,
@@ -177,7 +182,8 @@ def _step(config: _Config, logits_fn, state: FMNState, x, y, budget: Budget,
   d = jnp.where(expand(finite, x.ndim), d, 0.0)  # never let NaN/Inf into the iterate
   delta = projections.project(delta + alpha * d, eps, norm)
   x_next = jnp.clip(x + delta, lower, upper)
-  return FMNState(x_adv=x_next, eps=eps, found=found, best=best, k=state.k + 1)
+  return FMNState(x_adv=x_next, eps=eps, found=found, best=best, k=state.k + 1,
+                  limit=state.limit)
 
 
 def _finalize(config: _Config, logits_fn, state: FMNState, x, y, budget: Budget,
@@ -187,6 +193,17 @@ def _finalize(config: _Config, logits_fn, state: FMNState, x, y, budget: Budget,
                             lambda _: projections.norm(state.x_adv - x, config.norm))
   inside = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
   return jnp.where(expand(inside, x.ndim), best.x, x)
+
+
+def _done(state: FMNState) -> Array:
+  """Rows whose smallest adversarial iterate already lies inside a finite eps-ball.
+
+  ``finalize`` returns that point or a smaller one, and no later step can take it away
+  (:meth:`MinNormBest.update` only shrinks it), so the verdict at this eps is final. At
+  ``eps = inf`` (the minimum-norm search, e.g. a minimum-norm curve) no row is ever done: the
+  point keeps shrinking.
+  """
+  return jnp.isfinite(state.limit) & (state.best.norm <= state.limit)
 
 
 def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
@@ -227,8 +244,11 @@ def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
   Every iterate is scored and the adversarial one with the smallest norm returned.
   ``budget.eps`` is an optional upper bound (``inf`` for none) that never changes the search: the
   smallest adversarial point found is returned if it lies in the eps-ball, and ``x`` otherwise
-  (scored a failure, with norm ``inf``). Points misclassified on the clean input are returned
-  unchanged.
+  (scored a failure, with norm ``inf``). At a finite eps the attack declares a row ``done`` once
+  an adversarial iterate lies inside the ball, so with early exit (:func:`jaxrobust.run`'s
+  default) that row stops there and that iterate is returned rather than the smallest of all
+  ``steps`` (the verdict is the same); at ``eps = inf`` no row is ever done. Points misclassified
+  on the clean input are returned unchanged.
 
   Args:
     norm: ``"linf"``, ``"l2"`` or ``"l1"``.
@@ -285,4 +305,4 @@ def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
   return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
                 finalize=functools.partial(_finalize, config), num_steps=steps, norm=norm,
                 targeted=targeted, minimum_norm=True,
-                name=f"fmn-{norm}-{steps}" + ("-targeted" if targeted else ""))
+                name=f"fmn-{norm}-{steps}" + ("-targeted" if targeted else ""), done=_done)

@@ -14,6 +14,7 @@ from typing import Callable, TypeVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrobust._batch import as_keys, like_batch, work_dtype
 from jaxrobust._types import Attack, AttackResult, Budget
@@ -91,6 +92,14 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
   if not canonical or attack.samples:  # a randomized model takes keys: left as it is
     return run()
   return on_cpu_canonical(run, logits_fn, x)
+
+
+def _all_infinite(eps) -> bool:
+  """Whether ``eps`` is known while tracing to be ``inf`` everywhere (a traced eps: False)."""
+  try:
+    return bool(np.all(np.isinf(np.asarray(eps))))
+  except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
+    return False
 
 
 class _Depth(threading.local):
@@ -177,7 +186,10 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
   else:
     rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)
     eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), (batch,)), x)
-    if early_exit and attack.done is not None and attack.num_steps > 0 and unroll is not True:
+    exits = early_exit and attack.done is not None and attack.num_steps > 0 and unroll is not True
+    if exits and attack.minimum_norm and _all_infinite(budget.eps):
+      exits = False  # a minimum-norm search: no row is ever done, so the plain scan
+    if exits:
       until_done = lambda frozen, x, y, eps, keys, target: early_exit_lib.run_until_done(
           attack, logits_fn, x, y, eps, keys, target, frozen, lower=budget.lower,
           upper=budget.upper, unroll=unroll, chunk_size=chunk_size)

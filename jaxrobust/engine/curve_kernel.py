@@ -103,7 +103,9 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
                 early_exit=early_exit, score_skipped_rows=False, canonical=True)
   if attack.minimum_norm:
     budget = Budget(rows_like(x, jnp.inf, jnp.float32), lower, upper)
-    result, _ = run_attack(attack, logits_fn, x, y, budget, keys, target, **common)
+    # At eps = inf no row is ever done (the answer keeps shrinking): the plain scan.
+    result, _ = run_attack(attack, logits_fn, x, y, budget, keys, target,
+                           **{**common, "early_exit": False})
     eps_star = result.norm.astype(jnp.float32)
     robust = correct[None, :] & (eps_star[None, :] > epsilons[:, None])
     return CurveFlags(robust, eps_star, _with_gradient_count(
