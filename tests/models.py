@@ -158,3 +158,14 @@ def min_norm_early_exit_runs(attack, logits_fn, x, y, distance):
   assert rows["inf", True] >= full and rows["inf", False] >= full, rows
   assert rows["far", False] >= full, rows
   return results, rows
+
+
+def adversarial_inside(model: Linear, x, y, eps, norm, x_adv):
+  """Per row: ``x_adv`` is adversarial for the linear ``model``, differs from ``x`` and lies in
+  the ``norm`` ball of radius ``eps`` (relative slack 1e-6)."""
+  import jaxrobust as jr  # noqa: PLC0415
+
+  x_adv = np.asarray(x_adv)
+  adversarial = np.argmax(np.asarray(model.logits_fn(jnp.asarray(x_adv))), axis=1) != y
+  size = np.asarray(jr.projections.norm(jnp.asarray(x_adv - x), norm))
+  return adversarial & np.any(x_adv != x, axis=1) & (size <= eps * (1 + 1e-6))

@@ -18,8 +18,8 @@ import pytest
 
 import jaxrobust as jr
 from jaxrobust.attacks._deepfool import deepfool
-from tests.models import (assert_explicit_sharding_matches_one_device, frozen_scan, Linear,
-                          linear_points, min_norm_early_exit_runs, random_linear)
+from tests.models import (Linear, adversarial_inside, assert_explicit_sharding_matches_one_device,
+                          frozen_scan, linear_points, min_norm_early_exit_runs, random_linear)
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -253,14 +253,6 @@ def test_attack_is_minimum_norm_and_caps_candidates():
 # --- done: the rows early exit may freeze --------------------------------------------------------
 
 
-def _inside(model: Linear, x, y, eps, norm, x_adv):
-  """Per row: ``x_adv`` is adversarial, differs from ``x`` and lies in the eps-ball."""
-  x_adv = np.asarray(x_adv)
-  adversarial = np.argmax(np.asarray(model.logits_fn(jnp.asarray(x_adv))), axis=1) != y
-  size = np.asarray(jr.projections.norm(jnp.asarray(x_adv - x), norm))
-  return adversarial & np.any(x_adv != x, axis=1) & (size <= eps * (1 + 1e-6))
-
-
 def test_done_exactly_when_finalize_returns_an_adversarial_point_inside_the_ball():
   """Four groups of per-example eps: ``inf``, below the exact distance, just above DeepFool's
   norm, far above. After the steps, a row is done exactly when ``finalize`` returns an
@@ -275,7 +267,7 @@ def test_done_exactly_when_finalize_returns_an_adversarial_point_inside_the_ball
   (first, x_first), (done, x_dense), (done_frozen, x_frozen) = frozen_scan(
       attack, model.logits_fn, jnp.asarray(x), jnp.asarray(y), budget, None)
   first, done, done_frozen = (np.asarray(v) for v in (first, done, done_frozen))
-  inside = functools.partial(_inside, model, x, y, eps, norm)
+  inside = functools.partial(adversarial_inside, model, x, y, eps, norm)
   # The first step scores x itself (its move is scored by the next step or by finalize).
   assert not first.any() and inside(x_first)[group >= 2].all()
   np.testing.assert_array_equal(done, inside(x_dense) & np.isfinite(eps))
