@@ -252,3 +252,26 @@ def test_rows_left_over_by_full_chunks_run_in_small_chunks():
     smalls = -(-(n % chunk) // small)
     expected = chunk * (n // chunk) + small * smalls if smalls <= 4 else chunk * -(-n // chunk)
     assert counter.forward == expected, (n, counter.forward, expected)
+
+
+def test_a_grid_starting_at_zero_costs_nothing_there():
+  """A ball of radius 0 holds only x: a curve over [0, e1, e2] runs the model on exactly the
+  rows of the curve over [e1, e2] (beyond the clean pass), with the flags of the dense curve."""
+  batch = 32
+  logits_fn, x, y, eps = _linear_problem(batch, 1.0)
+  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  attack = jr.attacks.pgd("linf", steps=10)
+  curve = jax.jit(lambda eps, early: jr.robustness_curve(attack, counted, x, y, eps,
+                                                         jax.random.key(0), early_exit=early),
+                  static_argnums=1)
+  rows, results = [], []
+  for grid in (jnp.array([eps, 2 * eps]), jnp.array([0.0, eps, 2 * eps])):
+    counter.reset()
+    results.append(curve(grid, True))
+    jax.effects_barrier()
+    rows.append(counter.total)
+  assert rows[0] == rows[1], rows
+  dense = curve(jnp.array([0.0, eps, 2 * eps]), False)
+  np.testing.assert_array_equal(np.asarray(results[1].robust), np.asarray(dense.robust))
+  np.testing.assert_array_equal(np.asarray(results[1].robust)[1:], np.asarray(results[0].robust))
+  assert int(np.asarray(results[1].robust)[-1].sum()) < batch  # the largest eps does break points

@@ -173,6 +173,11 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
     clean_correct, checked = clean_diagnosis(attack.samples, logits_fn, x_input, y, keys)
     bad_gradient = checked if bad_gradient is None else bad_gradient
   todo = clean_correct if active is None else clean_correct & active
+  if not attack.samples:
+    # A ball of radius 0 holds only x: its verdict is the clean one, so those rows cost nothing
+    # (a curve's grid usually starts at 0). A randomized model is still re-scored there.
+    positive = jnp.broadcast_to(jnp.asarray(budget.eps) > 0, (batch,))
+    todo = todo & like_batch(positive, x)
   info = {}
   if attack.drive is not None:
     # A drive that says so also learns which rows are data (padding excluded): AutoAttack
