@@ -75,7 +75,8 @@ def chunk_rows(batch: int, chunk_size: int | None) -> int:
 
 
 def remainder_rows(chunk: int) -> int:
-  """Rows per chunk for the last rows of a segment that do not fill a chunk: ``chunk // 8``.
+  """Rows per chunk for the last rows of a segment that do not fill a chunk: ``chunk // 8``
+  (chunks under 16 rows have no smaller ones: they would save less than they cost to compile).
 
   A chunk costs all its rows whatever number of them is still to attack, so with chunks of
   :math:`c` rows the few survivors of a long attack (AutoAttack's Square: 5000 queries on the
@@ -85,10 +86,10 @@ def remainder_rows(chunk: int) -> int:
   Measured on AutoAttack standard, digits MLP: see ``benchmarks/RESULTS.md``.
 
   Examples:
-    >>> remainder_rows(64), remainder_rows(512), remainder_rows(4)
-    (8, 64, 1)
+    >>> remainder_rows(64), remainder_rows(512), remainder_rows(16), remainder_rows(8)
+    (8, 64, 2, 8)
   """
-  return max(1, chunk // 8)
+  return chunk // 8 if chunk >= 16 else chunk
 
 
 def segment_steps(num_steps: int) -> int:
