@@ -275,3 +275,25 @@ def test_a_grid_starting_at_zero_costs_nothing_there():
   np.testing.assert_array_equal(np.asarray(results[1].robust), np.asarray(dense.robust))
   np.testing.assert_array_equal(np.asarray(results[1].robust)[1:], np.asarray(results[0].robust))
   assert int(np.asarray(results[1].robust)[-1].sum()) < batch  # the largest eps does break points
+
+
+def test_remainder_chunks_give_the_dense_verdicts_with_fewer_rows():
+  """A batch of four chunks and more re-compacts its last rows into chunks of an eighth
+  (``early_exit.remainder_rows``): the success flags of the dense run, for fewer rows."""
+  batch = 64
+  logits_fn, x, y, eps = _linear_problem(batch, 1.01)
+  eps = 0.7 * eps / 1.01  # below the largest distance: most points break, not all
+  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  attack = jr.attacks.pgd("linf", steps=20)
+  run = jax.jit(lambda early: jr.run(attack, counted, x, y, jr.Budget(eps), jax.random.key(0),
+                                     early_exit=early, chunk_size=16).success,
+                static_argnums=0)
+  rows, flags = [], []
+  for early in (False, True):
+    counter.reset()
+    flags.append(np.asarray(run(early)))
+    jax.effects_barrier()
+    rows.append(counter.gradient)
+  np.testing.assert_array_equal(flags[1], flags[0])
+  assert 0 < int(flags[0].sum()) < batch
+  assert rows[1] < rows[0], rows

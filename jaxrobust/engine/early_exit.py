@@ -76,7 +76,8 @@ def chunk_rows(batch: int, chunk_size: int | None) -> int:
 
 def remainder_rows(chunk: int) -> int:
   """Rows per chunk for the last rows of a segment that do not fill a chunk: ``chunk // 8``
-  (chunks under 16 rows have no smaller ones: they would save less than they cost to compile).
+  (chunks under 16 rows have no smaller ones, and :func:`run_until_done` uses them only for a
+  batch of at least four chunks: elsewhere they would save less than they cost to compile).
 
   A chunk costs all its rows whatever number of them is still to attack, so with chunks of
   :math:`c` rows the few survivors of a long attack (AutoAttack's Square: 5000 queries on the
@@ -138,6 +139,9 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   total = attack.num_steps
   # Rows are never moved across the devices of an Explicit mesh axis (see the module).
   compact = compactable(frozen, chunk)
+  # Smaller chunks for the rows left over cost a second traced shape of the step: worth it only
+  # where the run dominates, a batch of at least four chunks (see remainder_rows).
+  small = remainder_rows(chunk) if x.shape[0] >= 4 * chunk else chunk
   rows = (x, y, eps, keys, target, frozen)
   init = lambda state, x, y, eps, keys, target, frozen: attack.init(
       logits_fn, x, y, Budget(eps, lower, upper), keys, target)
@@ -150,8 +154,7 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
     run = functools.partial(_steps_until_done, attack, logits_fn, lower, upper, count, block)
     if not compact:
       return run(state, *rows)[0]
-    return _compacted_segment(run, state, rows, frozen | attack.done(state), chunk,
-                              remainder_rows(chunk))
+    return _compacted_segment(run, state, rows, frozen | attack.done(state), chunk, small)
 
   def run_all():
     # init and finalize may evaluate the model: on the rows to attack only.
