@@ -173,11 +173,11 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
     clean_correct, checked = clean_diagnosis(attack.samples, logits_fn, x_input, y, keys)
     bad_gradient = checked if bad_gradient is None else bad_gradient
   todo = clean_correct if active is None else clean_correct & active
+  eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), (batch,)), x)
   if not attack.samples:
     # A ball of radius 0 holds only x: its verdict is the clean one, so those rows cost nothing
     # (a curve's grid usually starts at 0). A randomized model is still re-scored there.
-    positive = jnp.broadcast_to(jnp.asarray(budget.eps) > 0, (batch,))
-    todo = todo & like_batch(positive, x)
+    todo = todo & (eps > 0)
   info = {}
   if attack.drive is not None:
     # A drive that says so also learns which rows are data (padding excluded): AutoAttack
@@ -190,7 +190,6 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
     info = dict(info or {})
   else:
     rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)
-    eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), (batch,)), x)
     exits = early_exit and attack.done is not None and attack.num_steps > 0 and unroll is not True
     if exits and attack.minimum_norm and _all_infinite(budget.eps):
       exits = False  # a minimum-norm search: no row is ever done, so the plain scan
@@ -212,7 +211,7 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
   chunk = early_exit_lib.chunk_rows(batch, chunk_size)
   if early_exit and not score_skipped_rows and not attack.samples:
     if early_exit_lib.compactable(todo, chunk):
-      logits_of_todo = lambda x_adv: early_exit_lib.map_rows(
+      logits_of_todo = lambda x_adv: compaction.map_rows(
           lambda _, rows: logits_fn(rows), todo, chunk, (x_adv,))
     else:  # no row moves; still no model evaluation when no row was attacked
       logits_of_todo = lambda x_adv: jax.lax.cond(jnp.any(todo), logits_fn,

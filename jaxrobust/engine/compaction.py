@@ -172,10 +172,63 @@ def chunk_loop(fn: Callable[..., tuple[Any, Any, Array]], active: Array, chunk: 
   return jax.tree.map(lambda leaf: jnp.take(leaf[:batch], inverse, axis=0), outputs), shared
 
 
+def per_row(leaf: Any, batch: int) -> bool:
+  """Whether a pytree leaf is per-row: an array whose leading axis is the batch of ``batch``."""
+  return getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == batch
+
+
+def map_rows(fn: Callable[..., Any], active: Array, chunk: int, rows: tuple,
+             state: Any = None) -> Any:
+  """``fn(state, *rows)`` computed only for the ``active`` rows, ``chunk`` rows at a time.
+
+  ``fn`` treats rows independently; every leaf of ``state`` and of the output whose leading axis
+  is the batch is per-row (moved with its rows; inactive rows of the output are zeros), the other
+  leaves are shared (the same for every chunk; in the output, those of the first chunk that ran,
+  zeros if none ran).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> out = map_rows(lambda state, v: (v * 10, jnp.float32(1)),
+    ...                jnp.array([True, False, True]), 2, (jnp.arange(3.0),))
+    >>> out[0].tolist(), float(out[1])
+    ([0.0, 0.0, 20.0], 1.0)
+  """
+  batch = active.shape[0]
+  state_layout = Layout(state, batch)
+  state_rows, state_shared = state_layout.split(state)
+  shapes = jax.eval_shape(fn, state, *rows)
+  out_layout = Layout(shapes, batch)
+  zeros = lambda shapes: [jnp.zeros(s.shape, s.dtype) for s in shapes]
+
+  def one_chunk(_, state_rows, *rows):
+    out = fn(state_layout.join(state_rows, state_shared), *rows)
+    return (*out_layout.split(out), jnp.ones((), jnp.int32))
+
+  outputs, shared = chunk_loop(
+      one_chunk, active, chunk, (state_rows,) + tuple(rows),
+      *map(zeros, out_layout.split(shapes)))
+  outputs = [jnp.where(expand(active, o.ndim), o, jnp.zeros((), o.dtype)) for o in outputs]
+  return out_layout.join(outputs, shared)
+
+
+class Layout:
+  """Which leaves of a pytree are per-row (leading axis the batch) and which are shared; splits
+  trees of the same structure (e.g. a chunk's) into the two lists of leaves and joins them."""
+
+  def __init__(self, tree: Any, batch: int):
+    leaves, self.treedef = jax.tree.flatten(tree)
+    self.is_row = [per_row(leaf, batch) for leaf in leaves]
+
+  def split(self, tree: Any) -> tuple[list, list]:
+    leaves = self.treedef.flatten_up_to(tree)
+    return ([leaf for leaf, r in zip(leaves, self.is_row) if r],
+            [leaf for leaf, r in zip(leaves, self.is_row) if not r])
+
+  def join(self, row_leaves: list, shared_leaves: list) -> Any:
+    row_leaves, shared_leaves = iter(row_leaves), iter(shared_leaves)
+    return self.treedef.unflatten(
+        [next(row_leaves) if r else next(shared_leaves) for r in self.is_row])
+
+
 def _compacted(fn: Callable[..., Any], active: Array, chunk_size: int, *rows: Any) -> Any:
-  template = jax.eval_shape(fn, *jax.tree.map(lambda a: a[:chunk_size], rows))
-  outputs = jax.tree.map(lambda s: jnp.zeros((active.shape[0],) + s.shape[1:], s.dtype), template)
-  outputs, _ = chunk_loop(lambda _, *chunk: (fn(*chunk), None, jnp.zeros((), jnp.int32)),
-                          active, chunk_size, rows, outputs)
-  return jax.tree.map(lambda out: jnp.where(expand(active, out.ndim), out,
-                                            jnp.zeros((), out.dtype)), outputs)
+  return map_rows(lambda _, *rows: fn(*rows), active, chunk_size, rows)

@@ -98,10 +98,6 @@ def segment_steps(num_steps: int) -> int:
   return max(1, -(-num_steps // SEGMENTS))
 
 
-def _per_row(leaf: Any, batch: int) -> bool:
-  return getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == batch
-
-
 def freeze(keep: Array, old: Any, new: Any) -> Any:
   """``new`` with the rows of ``keep`` (``[B]`` bool) taken from ``old`` in every per-row leaf.
 
@@ -112,8 +108,8 @@ def freeze(keep: Array, old: Any, new: Any) -> Any:
     [0.0, 1.0]
   """
   batch = keep.shape[0]
-  return jax.tree.map(
-      lambda o, n: jnp.where(expand(keep, o.ndim), o, n) if _per_row(o, batch) else n, old, new)
+  keep_rows = lambda o, n: jnp.where(expand(keep, o.ndim), o, n)
+  return jax.tree.map(lambda o, n: keep_rows(o, n) if compaction.per_row(o, batch) else n, old, new)
 
 
 def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
@@ -158,12 +154,13 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
 
   def run_all():
     # init and finalize may evaluate the model: on the rows to attack only.
-    state = map_rows(init, ~frozen, chunk, rows) if compact else init(None, *rows)
+    state = compaction.map_rows(init, ~frozen, chunk, rows) if compact else init(None, *rows)
     cond = lambda carry: (carry[0] < total) & left(carry[1])
     body = lambda carry: (carry[0] + length,
                           segment(carry[1], jnp.minimum(length, total - carry[0])))
     _, state = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))
-    return map_rows(finalize, ~frozen, chunk, rows, state) if compact else finalize(state, *rows)
+    return (compaction.map_rows(finalize, ~frozen, chunk, rows, state) if compact
+            else finalize(state, *rows))
 
   if compact:
     return run_all()
@@ -175,59 +172,6 @@ def compactable(rows: Array, chunk: int) -> bool:
   """Whether rows may be moved within the batch here: the batch is not sharded over an Explicit
   mesh axis (see the module) and holds more than one chunk."""
   return compaction.batch_axis(rows) is None and chunk < rows.shape[0]
-
-
-def map_rows(fn: Callable[..., Any], active: Array, chunk: int, rows: tuple,
-             state: Any = None) -> Any:
-  """``fn(state, *rows)`` computed only for the ``active`` rows, ``chunk`` rows at a time.
-
-  ``fn`` treats rows independently; every leaf of ``state`` and of the output whose leading axis
-  is the batch is per-row (moved with its rows; inactive rows of the output are zeros), the other
-  leaves are shared (the same for every chunk; in the output, those of the first chunk that ran,
-  zeros if none ran).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> out = map_rows(lambda state, v: (v * 10, jnp.float32(1)),
-    ...                jnp.array([True, False, True]), 2, (jnp.arange(3.0),))
-    >>> out[0].tolist(), float(out[1])
-    ([0.0, 0.0, 20.0], 1.0)
-  """
-  batch = active.shape[0]
-  state_layout = _Layout(state, batch)
-  state_rows, state_shared = state_layout.split(state)
-  shapes = jax.eval_shape(fn, state, *rows)
-  out_layout = _Layout(shapes, batch)
-  zeros = lambda shapes: [jnp.zeros(s.shape, s.dtype) for s in shapes]
-
-  def one_chunk(_, state_rows, *rows):
-    out = fn(state_layout.join(state_rows, state_shared), *rows)
-    return (*out_layout.split(out), jnp.ones((), jnp.int32))
-
-  outputs, shared = compaction.chunk_loop(
-      one_chunk, active, chunk, (state_rows,) + tuple(rows),
-      *map(zeros, out_layout.split(shapes)))
-  outputs = [jnp.where(expand(active, o.ndim), o, jnp.zeros((), o.dtype)) for o in outputs]
-  return out_layout.join(outputs, shared)
-
-
-class _Layout:
-  """Which leaves of a pytree are per-row (leading axis the batch) and which are shared; splits
-  trees of the same structure (e.g. a chunk's) into the two lists of leaves and joins them."""
-
-  def __init__(self, tree: Any, batch: int):
-    leaves, self.treedef = jax.tree.flatten(tree)
-    self.is_row = [_per_row(leaf, batch) for leaf in leaves]
-
-  def split(self, tree: Any) -> tuple[list, list]:
-    leaves = self.treedef.flatten_up_to(tree)
-    return ([leaf for leaf, r in zip(leaves, self.is_row) if r],
-            [leaf for leaf, r in zip(leaves, self.is_row) if not r])
-
-  def join(self, row_leaves: list, shared_leaves: list) -> Any:
-    row_leaves, shared_leaves = iter(row_leaves), iter(shared_leaves)
-    return self.treedef.unflatten(
-        [next(row_leaves) if r else next(shared_leaves) for r in self.is_row])
 
 
 def _steps_until_done(attack: Attack, logits_fn, lower, upper, count: Array, block: int, state,
@@ -262,7 +206,7 @@ def _compacted_segment(run: Callable[..., Any], state: Any, rows: tuple, done: A
   the rows, only on how many steps ran: they are taken from the chunk that ran the most steps,
   which is the step at which the last row of the whole batch finished (or the segment's end),
   whatever the chunking or the order of the rows, so every row's result is independent of both."""
-  layout = _Layout(state, done.shape[0])
+  layout = compaction.Layout(state, done.shape[0])
   state_rows, shared = layout.split(state)
 
   def one_chunk(state_rows, *rows):

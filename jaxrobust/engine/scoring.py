@@ -101,7 +101,7 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
   :func:`clean_diagnosis`) is counted over clean-correct rows (``non_finite_gradient_points``).
 
   ``logits_of_todo(x_adv)``, when given, computes the logits of the ``todo`` rows only (zeros
-  elsewhere, e.g. :func:`jaxrobust.engine.early_exit.map_rows`), for callers that read only
+  elsewhere, e.g. :func:`jaxrobust.engine.compaction.map_rows`), for callers that read only
   ``broken`` and ``success`` of those rows (curves, ensemble members): a row outside ``todo``
   then gets ``broken`` = its clean verdict (what re-predicting ``x`` gives) and ``success`` =
   ``broken`` (untargeted) or ``False`` (targeted), and zero logits.
