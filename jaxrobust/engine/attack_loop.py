@@ -9,8 +9,7 @@ the curve kernel (:mod:`jaxrobust.engine.curve_kernel`, one run per eps), ensemb
 from __future__ import annotations
 
 import functools
-import threading
-from typing import Callable, TypeVar
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -22,7 +21,6 @@ from jaxrobust.engine import canonical_conv, compaction, early_exit as early_exi
 from jaxrobust.engine.scoring import clean_diagnosis, score
 
 Array = jax.Array
-T = TypeVar("T")
 
 
 def _zero_logits(logits_fn: Callable[..., Array], x: Array) -> Array:
@@ -91,7 +89,7 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
   run = lambda: _run_attack(attack, logits_fn, x, y, budget, key, target, **options)
   if not canonical or attack.samples:  # a randomized model takes keys: left as it is
     return run()
-  return on_cpu_canonical(run, logits_fn, x)
+  return canonical_conv.on_cpu_canonical(run, logits_fn, x)
 
 
 def _all_infinite(eps) -> bool:
@@ -100,63 +98,6 @@ def _all_infinite(eps) -> bool:
     return bool(np.all(np.isinf(np.asarray(eps))))
   except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError, TypeError):
     return False
-
-
-class _Depth(threading.local):
-  depth = 0
-
-
-_CANONICAL = _Depth()
-"""How many canonical rewrites are being traced on this thread (nested ones are redundant)."""
-
-
-def needs_canonical_convolutions(fn: Callable[[Array], object], x: Array) -> bool:
-  """Whether attack loops on ``fn`` (``x -> logits``, or any ``x -> ...`` objective) should be
-  traced with canonical convolutions: on CPU, outside another such rewrite, ``fn`` holding a
-  convolution (:func:`jaxrobust.engine.canonical_conv.has_convolution`).
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> kernel = jnp.ones((3, 3, 1, 2))
-    >>> conv = lambda v: jax.lax.conv_general_dilated(
-    ...     v, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
-    >>> x = jnp.ones((2, 4, 4, 1))
-    >>> needs_canonical_convolutions(conv, x) == (jax.default_backend() == "cpu")
-    True
-    >>> needs_canonical_convolutions(lambda v: v.reshape(2, -1) @ jnp.ones((16, 3)), x)
-    False
-  """
-  if jax.default_backend() != "cpu" or _CANONICAL.depth:
-    return False
-  try:
-    return canonical_conv.has_convolution(fn, jax.ShapeDtypeStruct(x.shape, work_dtype(x)))
-  except Exception:  # noqa: BLE001 - a model that cannot be traced alone: leave it as it is
-    return False
-
-
-def on_cpu_canonical(compute: Callable[[], T], fn: Callable[[Array], object], x: Array) -> T:
-  """``compute()``, traced with every convolution in XLA:CPU's canonical form where
-  :func:`needs_canonical_convolutions` says so (else as it is): the same values, and loops whose
-  convolutions run on XLA:CPU's fast path. Nested calls (``compute`` calling this again, e.g.
-  ensemble members or a training loss's inner attack) are not rewritten twice.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> kernel = jnp.arange(6.0).reshape(3, 2, 1, 1)
-    >>> conv = lambda v: jnp.sum(jax.lax.conv_general_dilated(
-    ...     v, kernel, (2, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) ** 2)
-    >>> x = jnp.linspace(0.0, 1.0, 32).reshape(2, 4, 4, 1)
-    >>> gradient = lambda: jax.grad(conv)(x)  # the input gradient's convolution is 01oi
-    >>> bool(jnp.allclose(on_cpu_canonical(gradient, conv, x), gradient()))
-    True
-  """
-  if not needs_canonical_convolutions(fn, x):
-    return compute()
-  _CANONICAL.depth += 1
-  try:
-    return canonical_conv.canonical_convolutions(compute)()
-  finally:
-    _CANONICAL.depth -= 1
 
 
 def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,

@@ -24,12 +24,18 @@ References:
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, TypeVar
 
 import jax
 import numpy as np
 from jax import lax
 from jax.extend import core
+
+from jaxrobust._batch import work_dtype
+
+Array = jax.Array
+T = TypeVar("T")
 
 _INLINED_CALLS = frozenset({"closed_call", "core_call"})
 """Call primitives whose jaxpr is evaluated in place (so its convolutions get rewritten too).
@@ -223,3 +229,60 @@ def has_convolution(fn: Callable[..., Any], *args) -> bool:
                for eqn in jaxpr.eqns)
 
   return found(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+class _Depth(threading.local):
+  depth = 0
+
+
+_CANONICAL = _Depth()
+"""How many canonical rewrites are being traced on this thread (nested ones are redundant)."""
+
+
+def needs_canonical_convolutions(fn: Callable[[Array], object], x: Array) -> bool:
+  """Whether attack loops on ``fn`` (``x -> logits``, or any ``x -> ...`` objective) should be
+  traced with canonical convolutions: on CPU, outside another such rewrite, ``fn`` holding a
+  convolution (:func:`jaxrobust.engine.canonical_conv.has_convolution`).
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> kernel = jnp.ones((3, 3, 1, 2))
+    >>> conv = lambda v: jax.lax.conv_general_dilated(
+    ...     v, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    >>> x = jnp.ones((2, 4, 4, 1))
+    >>> needs_canonical_convolutions(conv, x) == (jax.default_backend() == "cpu")
+    True
+    >>> needs_canonical_convolutions(lambda v: v.reshape(2, -1) @ jnp.ones((16, 3)), x)
+    False
+  """
+  if jax.default_backend() != "cpu" or _CANONICAL.depth:
+    return False
+  try:
+    return has_convolution(fn, jax.ShapeDtypeStruct(x.shape, work_dtype(x)))
+  except Exception:  # noqa: BLE001 - a model that cannot be traced alone: leave it as it is
+    return False
+
+
+def on_cpu_canonical(compute: Callable[[], T], fn: Callable[[Array], object], x: Array) -> T:
+  """``compute()``, traced with every convolution in XLA:CPU's canonical form where
+  :func:`needs_canonical_convolutions` says so (else as it is): the same values, and loops whose
+  convolutions run on XLA:CPU's fast path. Nested calls (``compute`` calling this again, e.g.
+  ensemble members or a training loss's inner attack) are not rewritten twice.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> kernel = jnp.arange(6.0).reshape(3, 2, 1, 1)
+    >>> conv = lambda v: jnp.sum(jax.lax.conv_general_dilated(
+    ...     v, kernel, (2, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")) ** 2)
+    >>> x = jnp.linspace(0.0, 1.0, 32).reshape(2, 4, 4, 1)
+    >>> gradient = lambda: jax.grad(conv)(x)  # the input gradient's convolution is 01oi
+    >>> bool(jnp.allclose(on_cpu_canonical(gradient, conv, x), gradient()))
+    True
+  """
+  if not needs_canonical_convolutions(fn, x):
+    return compute()
+  _CANONICAL.depth += 1
+  try:
+    return canonical_convolutions(compute)()
+  finally:
+    _CANONICAL.depth -= 1

@@ -14,7 +14,7 @@ Two ways to find the adversarial point a loss trains on:
 Both return a ``stop_gradient`` point inside the box and the ball, finite, of ``x``'s dtype.
 
 On CPU, for a model holding a convolution, both loops are traced with every convolution in XLA:CPU's
-canonical form (:func:`jaxrobust.engine.attack_loop.on_cpu_canonical`): the same
+canonical form (:func:`jaxrobust.engine.canonical_conv.on_cpu_canonical`): the same
 points, 3-7 times faster per step, since XLA:CPU canonicalises the input gradient's convolution
 only outside loops. The loss's value and parameter gradient do not change: they are computed
 outside the rewrite, at the ``stop_gradient`` point it returns.
@@ -32,7 +32,8 @@ from jaxrobust._batch import (as_keys, expand, finite_or_zero, fold_in, like_bat
                               rows_like, work_dtype)
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_inputs
-from jaxrobust.engine.attack_loop import on_cpu_canonical, run_attack
+from jaxrobust.engine.attack_loop import run_attack
+from jaxrobust.engine.canonical_conv import on_cpu_canonical
 from jaxrobust.engine.scoring import round_toward
 
 Array = jax.Array
@@ -134,7 +135,7 @@ def gaussian_start_ascent(objective: Callable[[Array], Array], x: Array, budget:
 
   Non-finite gradient entries count as 0 (as in every jaxrobust attack), so the point is finite.
   On CPU, when ``objective`` holds a convolution, the loop is traced with canonical convolutions
-  (:func:`jaxrobust.engine.attack_loop.on_cpu_canonical`): the same point, faster steps.
+  (:func:`jaxrobust.engine.canonical_conv.on_cpu_canonical`): the same point, faster steps.
   """
   ascend = lambda: _gaussian_start_ascent(objective, x, budget, key, steps=steps,
                                           step_size=step_size, norm=norm, unroll=unroll)
