@@ -12,9 +12,12 @@ before anything runs):
   weights of ``benchmarks/reference/digits_{plain,adversarial}.npz`` (the ones the AutoAttack
   cross-check uses), so the figures do not move when training changes; ``--weights demo`` trains
   or loads them through ``jaxrobust.demo.train`` instead.
-* ``mlp``: ``DigitsMLP`` (64-128-64-10, ReLU), trained here with a fixed seed: plainly, and
-  adversarially (Madry et al., Linf PGD-7 at eps 0.2 with the constant step ``2.5 / 7``, so the
-  model does not depend on jaxrobust's default step).
+* ``mlp``: ``DigitsMLP`` (64-128-64-10, ReLU), trained by ``train_mlp`` with a fixed seed:
+  plainly, and adversarially (Madry et al., Linf PGD-7 at eps 0.2 with the constant step
+  ``2.5 / 7``, so the model does not depend on jaxrobust's default step). By default the frozen
+  weights of ``benchmarks/reference/digits_mlp_{plain,adversarial}.npz``, written by
+  ``--freeze-mlp`` (``train_mlp`` then ``save_params``; the tests use them too);
+  ``--weights demo`` trains them afresh.
 
 Attacks, all with the same number of steps ``K`` (``--steps``) and one restart, on the same test
 examples and eps grid (``--num-eps`` points from 0 to ``--eps-max`` for Linf, ``--eps-max-l2``
@@ -98,7 +101,8 @@ PORT_TOLERANCE = 1e-4
 """Largest allowed |torch logits - JAX logits| on the benchmark examples."""
 
 FROZEN_DIR = pathlib.Path(__file__).resolve().parent / "reference"
-"""Frozen demo weights ``digits_{plain,adversarial}.npz`` (written by ``bench_autoattack.py``)."""
+"""Frozen weights: the demo CNN's ``digits_{plain,adversarial}.npz`` (written by
+``bench_autoattack.py``) and the MLP's ``digits_mlp_{plain,adversarial}.npz`` (``--freeze-mlp``)."""
 
 PEER_DEFAULTS = {
   # library: ({norm: default step as a fraction of eps}, default random start)
@@ -144,10 +148,26 @@ def load_params(kind: str, *, random_init: bool = False) -> Any:
   return train(kind == "adversarial", progress=False)
 
 
-def load_frozen_params(kind: str) -> Any:
-  """The frozen ``SmallCNN`` variables of ``benchmarks/reference/digits_{kind}.npz``."""
+def frozen_path(kind: str, arch: str = "cnn") -> pathlib.Path:
+  """``benchmarks/reference/digits_{kind}.npz`` (cnn) or ``digits_mlp_{kind}.npz`` (mlp)."""
+  return FROZEN_DIR / (f"digits_{kind}.npz" if arch == "cnn" else f"digits_{arch}_{kind}.npz")
+
+
+def save_params(params: Any, path: pathlib.Path) -> None:
+  """Writes the flax variables ``{"params": {layer: {name: array}}}`` as ``layer/name`` float32
+  arrays (the format of the frozen files)."""
+  flat = {f"{layer}/{name}": np.asarray(value, np.float32)
+          for layer, leaves in jax.device_get(params)["params"].items()
+          for name, value in leaves.items()}
+  path.parent.mkdir(parents=True, exist_ok=True)
+  np.savez_compressed(path, **flat)
+
+
+def load_frozen_params(kind: str, arch: str = "cnn") -> Any:
+  """The frozen variables of ``frozen_path(kind, arch)``: the demo ``SmallCNN`` (cnn) or
+  ``DigitsMLP`` (mlp, as ``train_mlp`` left it)."""
   params: dict[str, dict[str, jax.Array]] = {}
-  with np.load(FROZEN_DIR / f"digits_{kind}.npz") as data:
+  with np.load(frozen_path(kind, arch)) as data:
     for key in data.files:
       layer, name = key.split("/")
       params.setdefault(layer, {})[name] = jnp.asarray(data[key])
@@ -197,10 +217,20 @@ def train_mlp(adversarial: bool) -> Any:
   return params
 
 
+def freeze_mlps() -> None:
+  """Trains both MLPs (``train_mlp``) and writes them to ``frozen_path(kind, "mlp")``."""
+  for kind in ("plain", "adversarial"):
+    params = train_mlp(kind == "adversarial")
+    save_params(params, frozen_path(kind, "mlp"))
+    print(f"wrote {frozen_path(kind, 'mlp')} (weights {params_digest(params)})")
+
+
 def get_params(arch: str, kind: str, weights: str, random_init: bool) -> Any:
   if arch == "mlp":
     if random_init:
       return DigitsMLP().init(jax.random.key(0), jnp.zeros((1, 8, 8, 1), jnp.float32))
+    if weights == "frozen":
+      return load_frozen_params(kind, "mlp")
     return train_mlp(kind == "adversarial")
   if weights == "frozen" and not random_init:
     return load_frozen_params(kind)
@@ -694,8 +724,11 @@ def main(argv: Optional[list[str]] = None) -> int:
   parser.add_argument("--model", choices=("plain", "adversarial", "both"), default="both")
   parser.add_argument("--norm", nargs="+", choices=("linf", "l2"), default=["linf"])
   parser.add_argument("--weights", choices=("frozen", "demo"), default="frozen",
-                      help="CNN weights: the frozen files in benchmarks/reference (default) or "
-                           "jaxrobust.demo.train's")
+                      help="the frozen files in benchmarks/reference (default), or trained: "
+                           "jaxrobust.demo.train's CNN, train_mlp's MLP")
+  parser.add_argument("--freeze-mlp", action="store_true",
+                      help="train both MLPs with train_mlp, write them to "
+                           "benchmarks/reference/digits_mlp_*.npz, exit")
   parser.add_argument("--settings", default="defaults,matched",
                       help="'defaults' (each library's default step), 'matched' (the same "
                            "constant steps everywhere), or both (default)")
@@ -716,6 +749,9 @@ def main(argv: Optional[list[str]] = None) -> int:
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", type=pathlib.Path, default=None, help="write the figures as JSON")
   args = parser.parse_args(argv)
+  if args.freeze_mlp:
+    freeze_mlps()
+    return 0
   if (args.steps < 1 or args.num_eps < 1 or not 0 <= args.eps_max < 1 or args.repeats < 1
       or not args.eps_max_l2 >= 0):
     parser.error("need --steps >= 1, --num-eps >= 1, 0 <= --eps-max < 1, --eps-max-l2 >= 0, "
