@@ -483,6 +483,8 @@ class Rate(_RateSums, Reducer):
   """
 
   __slots__ = ()
+  _MERGE_HINT = (" A grouped Rate ([G] sums, built with groups=) merges only with grouped rates "
+                 "of the same G; add a batch with rate.update(flags, groups=ids).")
 
   @classmethod
   def empty(cls, num_groups: Optional[int] = None) -> Rate:
@@ -539,16 +541,55 @@ class Rate(_RateSums, Reducer):
     return _rate_of_rows((flags & keep).astype(jnp.int32), keep.astype(jnp.int32), groups,
                          num_groups)
 
-  def update(self, flags: ArrayLike, mask: Optional[ArrayLike] = None) -> Rate:
-    """Adds one batch: ``self.merge(Rate.from_flags(flags, mask))``.
+  def update(self, flags: ArrayLike, mask: Optional[ArrayLike] = None, *,
+             groups: Optional[ArrayLike] = None, num_groups: Optional[int] = None) -> Rate:
+    r"""Adds one batch: ``self.merge(Rate.from_flags(flags, mask, groups=groups,
+    num_groups=num_groups))``.
+
+    A grouped rate (``[G]`` fields) takes the group id of every row of the batch (``groups``;
+    ``num_groups`` defaults to its ``G``): group :math:`g` gains :math:`\sum_{i : g_i = g} m_i
+    f_i` hits out of :math:`\sum_{i : g_i = g} m_i` trials. An ungrouped rate takes none.
+
+    Args:
+      flags: ``[B]`` bool, ``True`` where the trial is a hit.
+      mask: optional ``[B]`` bool; ``False`` rows are not counted.
+      groups: ``[B]`` int group ids in ``[0, G)``; required for a grouped rate, refused for an
+        ungrouped one.
+      num_groups: ``G`` (static), optional: it must equal this rate's.
+
+    Returns:
+      The merged :class:`Rate`.
+
+    Raises:
+      ValueError: for ``groups`` missing on a grouped rate or given to an ungrouped one, a
+        ``num_groups`` other than this rate's, or the errors of :meth:`from_flags`.
 
     Examples:
       >>> import jax.numpy as jnp
       >>> from jaxrobust import metrics
       >>> int(metrics.Rate.empty().update(jnp.array([True, False])).hits)
       1
+      >>> r = metrics.Rate.from_flags(jnp.array([True, False, True]), groups=jnp.array([0, 1, 1]),
+      ...                             num_groups=2)
+      >>> r = r.update(jnp.array([True, True]), groups=jnp.array([0, 1]))
+      >>> r.hits.tolist(), r.total.tolist()
+      ([2, 2], [2, 3])
     """
-    return self.merge(Rate.from_flags(flags, mask))
+    own = np.shape(self.total)
+    if own and groups is None:
+      raise ValueError(f"This Rate is grouped ([G] = {list(own)} per-group sums), so every batch "
+                       "says which group each row belongs to: rate.update(flags, mask, "
+                       f"groups=ids) with ids in [0, {own[0]}) (the batch's trials would "
+                       "otherwise be added to every group).")
+    if not own and (groups is not None or num_groups is not None):
+      raise ValueError("This Rate is ungrouped ([] sums) and cannot take groups: build it grouped "
+                       "(Rate.empty(num_groups) or Rate.from_flags(..., groups=, num_groups=)) "
+                       "or leave groups out.")
+    if own:
+      if num_groups is not None and num_groups != own[0]:
+        raise ValueError(f"num_groups={num_groups!r} differs from this Rate's {own[0]} groups.")
+      num_groups = own[0]
+    return self.merge(Rate.from_flags(flags, mask, groups=groups, num_groups=num_groups))
 
   def compute(self, confidence: ArrayLike = 0.95, *,
               average: Optional[str] = None) -> dict[str, Array]:

@@ -56,6 +56,23 @@ def _on_host(a) -> np.ndarray:
   return a.astype(np.float64)
 
 
+def _check_same_shapes(a, b) -> None:
+  """Raises unless ``a`` and ``b`` have the same tree structure and every leaf the same shape
+  (static, so it runs while tracing); names the first field that differs."""
+  leaves_a, structure_a = jax.tree_util.tree_flatten_with_path(a)
+  leaves_b, structure_b = jax.tree.flatten(b)
+  kind = type(a).__name__
+  if structure_a != structure_b:
+    raise ValueError(f"Cannot merge two {kind} of different structure (e.g. other attacks or "
+                     f"certifiers): {structure_a} and {structure_b}.")
+  for (path, left), right in zip(leaves_a, leaves_b):
+    if np.shape(left) != np.shape(right):
+      raise ValueError(f"Cannot merge two {kind} whose fields differ in shape: "
+                       f"{jax.tree_util.keystr(path)} has shape {np.shape(left)} in this one and "
+                       f"{np.shape(right)} in the other (sums are added, never broadcast)."
+                       f"{getattr(a, '_MERGE_HINT', '')}")
+
+
 class Reducer:
   """The methods every reducer shares; mixed into a NamedTuple of sums (see the module)."""
 
@@ -64,7 +81,16 @@ class Reducer:
   def merge(self, other):
     """Elementwise sum of two reducers of the same kind (associative and commutative).
 
-    Host reducers (:meth:`to_host`) merge in NumPy int64; device reducers in JAX.
+    ``merge(a, b).f = a.f + b.f`` for every field ``f``, which must have the same shape in both:
+    sums are never broadcast, so a grouped ``[G]`` rate does not absorb an ungrouped ``[]`` one
+    and curves over different eps grids do not mix. Shapes are static, so the check also runs
+    while ``jit`` traces. Host reducers (:meth:`to_host`) merge in NumPy int64; device reducers
+    in JAX.
+
+    Raises:
+      TypeError: for reducers of different kinds.
+      ValueError: when the two differ in structure or in the shape of a field (the message names
+        the field and both shapes).
 
     Examples:
       >>> import jax.numpy as jnp
@@ -72,9 +98,14 @@ class Reducer:
       >>> a = metrics.Counts.from_batch(jnp.array([0, 1]), jnp.array([0, 0]), jnp.array([0, 1]))
       >>> int(a.merge(a).clean_correct), int(a.merge(metrics.Counts.empty()).clean_correct)
       (4, 2)
+      >>> metrics.CurveCounts.empty(2).merge(metrics.CurveCounts.empty(3))  # doctest: +ELLIPSIS
+      Traceback (most recent call last):
+      ...
+      ValueError: ... .robust has shape (2,) in this one and (3,) in the other (sums are added, ...
     """
     if type(self) is not type(other):
       raise TypeError(f"Cannot merge a {type(self).__name__} with a {type(other).__name__}.")
+    _check_same_shapes(self, other)
     return jax.tree.map(_add, self, other)
 
   def psum(self, axis_name):

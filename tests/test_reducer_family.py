@@ -1,0 +1,131 @@
+"""Every reducer of the family (``jr.metrics.Reducer`` and its subclasses) keeps its sums apart:
+``merge`` refuses fields of different shapes on the device, on the host (``to_host``, int64) and
+while ``jit`` traces, and a grouped ``Rate`` is updated per group."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrobust import metrics
+from jaxrobust.evaluation.device_step import EvalSums
+
+pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
+
+
+def _eval_sums(num_eps: int) -> EvalSums:
+  """The sums of ``jr.evaluate`` with one attack over a grid of ``num_eps`` budgets."""
+  curve = metrics.CurveCounts.from_flags(jnp.ones((num_eps, 3), bool), jnp.array([1, 1, 0], bool))
+  return EvalSums(curves=(curve,), worst_case=curve,
+                  raised=({"non_finite_gradients": jnp.int32(0)},),
+                  counts=({"non_finite_gradient_points": jnp.int32(0),
+                           "non_finite_adversarials": jnp.zeros((num_eps,), jnp.int32)},))
+
+
+def _stacked_counts() -> metrics.Counts:
+  """Two batches' counts side by side (``[2]`` fields), as ``vmap`` over batches gives them."""
+  pred = jnp.array([[0, 1], [1, 1]])
+  return jax.vmap(lambda p: metrics.Counts.from_batch(p, p, jnp.array([0, 1])))(pred)
+
+
+# name -> (reducer, another of its kind whose sums have other shapes, the first field that
+# differs, its shape in the first, in the second). Today's jnp.add / np.add broadcast every pair.
+MISMATCHED = {
+    "Counts": (_stacked_counts, metrics.Counts.empty, ".n", (2,), ()),
+    "CurveCounts": (lambda: metrics.CurveCounts.empty(1),
+                    lambda: metrics.CurveCounts.from_flags(jnp.ones((3, 2), bool),
+                                                           jnp.ones((2,), bool)),
+                    ".robust", (1,), (3,)),
+    "NormHistogram": (lambda: metrics.NormHistogram.from_batch(
+        jnp.array([0.5, jnp.inf]), jnp.array([True, True]), jnp.array([0.0, 0.1, 0.2, 1.0])),
+                      lambda: metrics.NormHistogram.empty(1), ".robust", (4,), (1,)),
+    "Rate": (lambda: metrics.Rate.from_flags(jnp.array([True, False, True]),
+                                             groups=jnp.array([0, 1, 1]), num_groups=2),
+             lambda: metrics.Rate.from_flags(jnp.array([True, True])), ".hits", (2,), ()),
+    "EvalSums": (lambda: _eval_sums(1), lambda: _eval_sums(3), ".curves[0].robust", (1,), (3,)),
+}
+
+
+def _subclasses(cls) -> set[type]:
+  return {c for sub in cls.__subclasses__() for c in {sub} | _subclasses(sub)}
+
+
+def test_every_reducer_of_the_package_has_a_mismatch_case():
+  """A new reducer must join MISMATCHED (its merge inherits the check; the case proves it)."""
+  import jaxrobust.evaluation  # noqa: F401 - EvalSums lives in a front door
+  in_package = {c.__name__ for c in _subclasses(metrics.Reducer)
+                if c.__module__.startswith("jaxrobust")}
+  assert in_package == set(MISMATCHED)
+
+
+def _message(field: str, first: tuple, second: tuple) -> str:
+  return (f"{re.escape(field)} has shape {re.escape(str(first))} in this one and "
+          f"{re.escape(str(second))} in the other")
+
+
+@pytest.mark.parametrize("name", sorted(MISMATCHED))
+def test_merge_refuses_fields_of_other_shapes_on_device_host_and_under_jit(name):
+  make_a, make_b, field, shape_a, shape_b = MISMATCHED[name]
+  a, b = make_a(), make_b()
+  pairs = {"device": (a, b), "host int64": (a.to_host(), b.to_host()),
+           "host with device": (a.to_host(), b)}
+  for where, (left, right) in pairs.items():
+    with pytest.raises(ValueError, match=_message(field, shape_a, shape_b)):
+      left.merge(right)
+      pytest.fail(f"{name} merged on {where}")
+    with pytest.raises(ValueError, match=_message(field, shape_b, shape_a)):
+      right.merge(left)
+  # Shapes are static: the check runs while tracing, before anything is broadcast.
+  with pytest.raises(ValueError, match=_message(field, shape_a, shape_b)):
+    jax.jit(lambda u, v: u.merge(v))(a, b)
+  # Same shapes still merge, as before (exact integer sums).
+  assert jax.tree.structure(a.merge(a)) == jax.tree.structure(a)
+  host = a.to_host().merge(a.to_host())
+  assert all(np.asarray(v).dtype in (np.int64, np.float64) for v in jax.tree.leaves(host))
+
+
+def test_merge_of_eval_sums_of_other_attacks_names_the_structure():
+  one = _eval_sums(2)
+  two = one._replace(curves=one.curves * 2, raised=one.raised * 2, counts=one.counts * 2)
+  with pytest.raises(ValueError, match="different structure"):
+    one.merge(two)
+
+
+def test_grouped_rate_update_counts_per_group_and_needs_the_groups():
+  """The issue's example: a [2] rate updated with a batch of two rows."""
+  r = metrics.Rate.from_flags(jnp.array([True, False, True]), groups=jnp.array([0, 1, 1]),
+                              num_groups=2)
+  assert (r.hits.tolist(), r.total.tolist()) == ([1, 1], [1, 2])
+  flags = jnp.array([True, True])
+  # Row 0 is in group 0 (hit), row 1 in group 1 (hit): hits [1+1, 1+1] of [1+1, 2+1].
+  updated = r.update(flags, groups=jnp.array([0, 1]))
+  assert (updated.hits.tolist(), updated.total.tolist()) == ([2, 2], [2, 3])
+  masked = r.update(flags, jnp.array([True, False]), groups=jnp.array([1, 1]), num_groups=2)
+  assert (masked.hits.tolist(), masked.total.tolist()) == ([1, 2], [1, 3])
+  # The same under jit, and the update equals the merge of the batch's own grouped rate.
+  jitted = jax.jit(lambda r, f, g: r.update(f, groups=g))(r, flags, jnp.array([0, 1]))
+  jax.tree.map(np.testing.assert_array_equal, jitted, updated)
+  batch = metrics.Rate.from_flags(flags, groups=jnp.array([0, 1]), num_groups=2)
+  jax.tree.map(np.testing.assert_array_equal, r.merge(batch), updated)
+  # Without groups the batch's totals would land in every group ([3, 3] of [3, 4]): refused.
+  with pytest.raises(ValueError, match=r"grouped \(\[G\] = \[2\].*groups=ids"):
+    r.update(flags)
+  with pytest.raises(ValueError, match=r"grouped"):
+    r.to_host().update(flags)
+  with pytest.raises(ValueError, match="num_groups=3 differs"):
+    r.update(flags, groups=jnp.array([0, 1]), num_groups=3)
+  with pytest.raises(ValueError, match=r"group ids must lie in \[0, 2\)"):
+    r.update(flags, groups=jnp.array([0, 2]))
+
+
+def test_ungrouped_rate_update_refuses_groups():
+  r = metrics.Rate.from_flags(jnp.array([True, False]))
+  assert int(r.update(jnp.array([True])).hits) == 2
+  with pytest.raises(ValueError, match=r"ungrouped \(\[\] sums\) and cannot take groups"):
+    r.update(jnp.array([True, True]), groups=jnp.array([0, 1]), num_groups=2)
+  with pytest.raises(ValueError, match="cannot take groups"):
+    r.update(jnp.array([True]), num_groups=2)
