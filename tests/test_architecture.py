@@ -1,5 +1,6 @@
 """The package's architecture as properties: layered imports without cycles (function bodies
-included), short functions, and module names that no function shadows (see ARCHITECTURE.md)."""
+included), short functions, module names that no function shadows, and no ``jax.jit`` in the base
+layer (see ARCHITECTURE.md)."""
 
 from __future__ import annotations
 
@@ -124,6 +125,46 @@ def test_the_cycle_detector_finds_a_planted_cycle():
   planted = {name: set(deps) for name, deps in GRAPH.items()}
   planted["jaxrobust.engine.scoring"].add("jaxrobust.attacks._ensemble")  # ensemble -> engine
   assert "jaxrobust.engine.scoring" in _find_cycle(planted)
+
+
+def _jit_uses(source: str) -> list[int]:
+  """Lines of ``source`` that use ``jax.jit`` (a call, a decorator, ``jax.jit`` passed on) or
+  import ``jit`` from ``jax``; docstrings and comments are not code, so examples may show it."""
+  lines = []
+  for node in ast.walk(ast.parse(source)):
+    if (isinstance(node, ast.Attribute) and node.attr == "jit" and isinstance(node.value, ast.Name)
+        and node.value.id == "jax"):
+      lines.append(node.lineno)
+    elif isinstance(node, ast.ImportFrom) and node.module == "jax" and any(
+        alias.name == "jit" for alias in node.names):
+      lines.append(node.lineno)
+  return sorted(lines)
+
+
+def test_the_base_layer_never_calls_jax_jit():
+  """Only drivers that own the whole loop compile (ARCHITECTURE.md): the base layer's functions
+  are traced by their callers, and its host-side helpers stay eager."""
+  base = [name for name in MODULES if _layer(name) == 0]
+  assert "jaxrobust.metrics.rates" in base and "jaxrobust.metrics.reducers" in base
+  found = [f"{name}:{line}" for name in base for line in _jit_uses(MODULES[name].read_text())]
+  assert not found, "jax.jit in the base layer: " + ", ".join(found)
+
+
+def test_the_jit_detector_finds_planted_uses():
+  planted = '''import functools
+import jax
+from jax import jit
+
+@functools.cache
+def f():
+  return jax.jit(abs)
+
+@jax.jit
+def g(x):
+  """jax.jit(g) in a docstring."""
+  return x  # jax.jit(x) in a comment
+'''
+  assert _jit_uses(planted) == [3, 7, 9]
 
 
 def test_no_function_is_longer_than_150_lines():

@@ -1,6 +1,7 @@
 """Every reducer of the family (``jr.metrics.Reducer`` and its subclasses) keeps its sums apart:
 ``merge`` refuses fields of different shapes on the device, on the host (``to_host``, int64) and
-while ``jit`` traces, and a grouped ``Rate`` is updated per group."""
+while ``jit`` traces, a grouped ``Rate`` is updated per group, and host reducers compute in NumPy
+int64 (counts past ``2**31``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jaxrobust as jr
 from jaxrobust import metrics
 from jaxrobust.evaluation.device_step import EvalSums
 
@@ -129,3 +131,57 @@ def test_ungrouped_rate_update_refuses_groups():
     r.update(jnp.array([True, True]), groups=jnp.array([0, 1]), num_groups=2)
   with pytest.raises(ValueError, match="cannot take groups"):
     r.update(jnp.array([True]), num_groups=2)
+
+
+def test_norm_histogram_computes_host_counts_past_int32_in_int64():
+  """Host histograms stay int64 (warnings are errors here, so an int64 -> int32 cast fails too)."""
+  edges = np.array([0.1, 0.2], np.float32)
+  h = metrics.NormHistogram(np.int64(5_000_000_000), np.int64(4_000_000_000),
+                            np.array([3_000_000_000, 1_000_000_000], np.int64))
+  out = h.compute(edges)
+  assert out["histogram"].dtype == np.int64
+  assert out["histogram"].tolist() == [1_000_000_000, 2_000_000_000, 1_000_000_000]
+  assert out["robust_accuracy"].tolist() == [0.6000000238418579, 0.20000000298023224]
+  assert float(out["clean_accuracy"]) == pytest.approx(0.8)
+  # The device histogram of the same (small) counts is int32 and equal.
+  small = metrics.NormHistogram(jnp.int32(5), jnp.int32(4), jnp.array([3, 1], jnp.int32))
+  assert small.compute(edges)["histogram"].dtype == jnp.int32
+  assert small.to_host().compute(edges)["histogram"].tolist() == [1, 2, 1]
+  np.testing.assert_array_equal(small.compute(edges)["histogram"],
+                                small.to_host().compute(edges)["histogram"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_host_and_device_curves_agree(seed):
+  """The host AUC (NumPy) is curve_auc's formula: equal to the device value to float32 rounding,
+  for any order of the grid, ties included."""
+  rng = np.random.default_rng(seed)
+  k = int(rng.integers(1, 12))
+  eps = rng.uniform(0.0, 1.0, k).astype(np.float32)
+  eps[rng.integers(0, k)] = eps[0]  # a tie
+  n = int(rng.integers(1, 10_000))
+  correct = int(rng.integers(0, n + 1))
+  robust = rng.integers(0, correct + 1, k)
+  device = metrics.CurveCounts(jnp.int32(n), jnp.int32(correct), jnp.asarray(robust, jnp.int32))
+  on_device, on_host = device.compute(jnp.asarray(eps)), device.to_host().compute(eps)
+  assert isinstance(on_host["auc"], np.ndarray) and on_host["auc"].dtype == np.float32
+  # XLA may divide by a broadcast count as a multiplication by its reciprocal: a float32 ulp.
+  for key in ("clean_accuracy", "robust_accuracy", "auc"):
+    np.testing.assert_allclose(on_host[key], on_device[key], rtol=3e-7, atol=1e-7)
+  np.testing.assert_allclose(on_host["auc"], jr.metrics.curve_auc(eps, on_host["robust_accuracy"],
+                                                                  on_host["clean_accuracy"]),
+                             rtol=2e-7, atol=1e-7)
+  with pytest.raises(ValueError, match=r"must both have shape \[K\]"):
+    device.to_host().compute(eps[:-1] if k > 1 else np.zeros(2, np.float32))
+
+
+def test_binomial_interval_table_takes_host_counts_past_int32():
+  """Host counts are int64: the table agrees with binomial_interval's host path (no NaN from
+  counts cut to int32); the table's padding changes only the last float32 bit."""
+  k = np.array([3_000_000_000, 7, 0], np.int64)
+  n = np.array([4_000_000_000, 3_000_000_000, 5_000_000_000], np.int64)
+  table = metrics.binomial_interval_table(k, n, 0.95)
+  lower, upper = metrics.binomial_interval(k, n, 0.95)
+  np.testing.assert_allclose(table, np.stack([lower, upper], -1), rtol=1e-6)
+  assert np.all(np.isfinite(table)) and table[0, 0] < 0.75 < table[0, 1]
+  assert table[2, 0] == 0.0 and 0.0 < table[2, 1] < 1e-9

@@ -465,11 +465,18 @@ def curve_auc(epsilons: ArrayLike, accuracies: ArrayLike, clean_accuracy: ArrayL
     >>> float(metrics.curve_auc(jnp.array([2.0, 1.0]), jnp.array([0.0, 0.5]), 1.0))
     0.5
   """
-  acc = jnp.asarray(accuracies)
-  dtype = acc.dtype if jnp.issubdtype(acc.dtype, jnp.floating) else jnp.float32
+  return _curve_auc(jnp, epsilons, accuracies, clean_accuracy)
+
+
+def _curve_auc(xp, epsilons, accuracies, clean_accuracy):
+  """:func:`curve_auc` in the array namespace ``xp``: ``jax.numpy`` (traceable) or ``numpy``
+  (host reports: no dozen small device ops dispatched one by one). The sort is stable in both,
+  so tied eps keep their order and both give the same formula."""
+  acc = xp.asarray(accuracies)
+  dtype = acc.dtype if xp.issubdtype(acc.dtype, xp.floating) else xp.float32
   acc = acc.astype(dtype)
-  eps = jnp.asarray(epsilons).astype(dtype)
-  clean = jnp.asarray(clean_accuracy).astype(dtype)
+  eps = xp.asarray(epsilons).astype(dtype)
+  clean = xp.asarray(clean_accuracy).astype(dtype)
   if eps.ndim != 1 or acc.shape != eps.shape:
     raise ValueError(f"epsilons and accuracies must both have shape [K], got {eps.shape} and "
                      f"{acc.shape}.")
@@ -477,13 +484,13 @@ def curve_auc(epsilons: ArrayLike, accuracies: ArrayLike, clean_accuracy: ArrayL
     raise ValueError(f"clean_accuracy must be a scalar, got shape {clean.shape}.")
   if eps.shape[0] == 0:
     return clean
-  order = jnp.argsort(eps)
-  e = jnp.concatenate([jnp.zeros((1,), dtype), eps[order]])
-  a = jnp.concatenate([clean[None], acc[order]])
-  area = jnp.sum((e[1:] - e[:-1]) * (a[1:] + a[:-1])) / 2
+  order = xp.argsort(eps, stable=True)
+  e = xp.concatenate([xp.zeros((1,), dtype), eps[order]])
+  a = xp.concatenate([clean[None], acc[order]])
+  area = xp.sum((e[1:] - e[:-1]) * (a[1:] + a[:-1])) / 2
   top = e[-1]
   positive = top > 0
-  return jnp.where(positive, area / jnp.where(positive, top, 1), clean)
+  return xp.where(positive, area / xp.where(positive, top, 1), clean)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -44,7 +44,6 @@ random intervals).
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import NamedTuple, Optional
 
@@ -971,20 +970,15 @@ def paraphrase_consistency(answers: ArrayLike, mask: Optional[ArrayLike] = None)
   return Rate.from_flags(consistent, mask)
 
 
-@functools.cache
-def _jitted_binomial_interval():
-  """:func:`binomial_interval` jitted, for host-side tables (its bisection dispatched op by op
-  takes seconds; drivers may jit, library code does not)."""
-  return jax.jit(binomial_interval, static_argnames="sided")
-
-
 def binomial_interval_table(successes: ArrayLike, trials: ArrayLike,
                             confidence: float = 0.95) -> np.ndarray:
   """Host-side :func:`binomial_interval` (two-sided): ``[..., 2]`` float64 ``(lower, upper)``.
 
-  For reports and plots, which hold NumPy counts: one small compiled program per power-of-two
-  size (at least 16; the counts are padded), instead of an eagerly dispatched bisection. Not for
-  use under ``jit`` (call :func:`binomial_interval` there).
+  For reports and plots, which hold NumPy counts (int64, exact past :math:`2^{31}`). The counts
+  are padded to a power-of-two size (at least 16), so every table of up to 16, 32, ... entries
+  runs the same shapes: the bisection's loops, each one primitive, are compiled once per size
+  and then cost milliseconds eagerly. Not for use under ``jit`` (call :func:`binomial_interval`
+  there).
 
   Args:
     successes: integer counts, any shape.
@@ -1004,6 +998,6 @@ def binomial_interval_table(successes: ArrayLike, trials: ArrayLike,
   padded = np.zeros((2, size), np.int64)
   padded[0, :successes.size] = successes.ravel()
   padded[1, :successes.size] = trials.ravel()
-  lower, upper = _jitted_binomial_interval()(padded[0], padded[1], np.float32(confidence))
+  lower, upper = binomial_interval(padded[0], padded[1], np.float32(confidence))
   out = np.stack([np.asarray(lower, np.float64), np.asarray(upper, np.float64)], -1)
   return out[:successes.size].reshape(successes.shape + (2,))

@@ -19,7 +19,6 @@ curves from them; :class:`NormHistogram` is the same counts built from minimal a
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple, Optional
 
 import jax
@@ -28,7 +27,8 @@ import numpy as np
 
 from jaxrobust import projections
 from jaxrobust.metrics.formulas import (_NO_PREDICTION, _as_pred, _count, _hits, _like, _mask,
-                                        _masked_sum, _perturbation, _ratio, _success, curve_auc)
+                                        _masked_sum, _perturbation, _ratio, _success,
+                                        _curve_auc, curve_auc)
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -440,15 +440,26 @@ class CurveCounts(_CurveSums, Reducer):
   def compute(self, epsilons: ArrayLike) -> dict[str, Array]:
     """``clean_accuracy`` ``[]``, ``robust_accuracy`` ``[K]`` (float32, NaN when ``n == 0``) and
     ``auc`` (:func:`jaxrobust.metrics.curve_auc`). A host reducer (:meth:`to_host`) computes
-    in NumPy (the AUC by one small jitted program)."""
-    if isinstance(self.n, (np.ndarray, np.generic)):
+    in NumPy, its AUC included (the same formula in float32; it agrees with the device value
+    to float32 rounding), so counts past :math:`2^{31}` never pass through int32.
+
+    Examples:
+      >>> import numpy as np
+      >>> from jaxrobust import metrics
+      >>> big = metrics.CurveCounts(np.int64(4_000_000_000), np.int64(3_000_000_000),
+      ...                           np.array([2_000_000_000, 1_000_000_000]))
+      >>> out = big.compute(np.array([0.1, 0.2]))
+      >>> float(out["clean_accuracy"]), out["robust_accuracy"].tolist(), float(out["auc"])
+      (0.75, [0.5, 0.25], 0.5)
+    """
+    if _is_host(self):
       n = np.float32(self.n)
       if n > 0:
         clean = np.float32(self.correct) / n
         robust = np.asarray(self.robust, np.float32) / n
       else:
         clean, robust = np.float32(np.nan), np.full(np.shape(self.robust), np.nan, np.float32)
-      auc = np.asarray(_jitted_auc()(np.asarray(epsilons, np.float32), robust, clean))
+      auc = np.asarray(_curve_auc(np, np.asarray(epsilons, np.float32), robust, clean))
       return {"clean_accuracy": clean, "robust_accuracy": robust, "auc": auc}
     clean = _ratio(self.correct, self.n)
     robust = _ratio(self.robust, self.n)
@@ -456,11 +467,9 @@ class CurveCounts(_CurveSums, Reducer):
             "auc": curve_auc(jnp.asarray(epsilons, jnp.float32), robust, clean)}
 
 
-@functools.cache
-def _jitted_auc():
-  """:func:`curve_auc` jitted, for host-side reports (one small program instead of a dozen
-  eagerly dispatched ops; drivers may jit, library code does not)."""
-  return jax.jit(curve_auc)
+def _is_host(reducer) -> bool:
+  """Whether ``reducer`` holds NumPy sums (:meth:`Reducer.to_host`) rather than JAX arrays."""
+  return isinstance(reducer[0], (np.ndarray, np.generic))
 
 
 class NormHistogram(CurveCounts):
@@ -520,6 +529,8 @@ class NormHistogram(CurveCounts):
       :math:`(e_{k-1}, e_k]`, and above :math:`e_{E-1}` (the last bin includes ``inf``); ``auc``.
       Ratios are NaN when ``n == 0``.
     """
-    at_or_below = jnp.concatenate([jnp.asarray(self.correct)[None], jnp.asarray(self.above)])
-    histogram = jnp.concatenate([at_or_below[:-1] - at_or_below[1:], at_or_below[-1:]])
+    xp = np if _is_host(self) else jnp  # host sums stay int64 (counts past 2**31)
+    above = xp.asarray(self.above)
+    at_or_below = xp.concatenate([xp.asarray(self.correct, above.dtype)[None], above])
+    histogram = xp.concatenate([at_or_below[:-1] - at_or_below[1:], at_or_below[-1:]])
     return {**CurveCounts(*self).compute(edges), "histogram": histogram}
