@@ -134,6 +134,64 @@ def test_nan_gradient_curve_at_eps_zero_is_clean_accuracy_and_flagged(problem):
   assert bool(curve.info["flags"]["non_finite_gradients"])
 
 
+def _bad_gradient_rows(model, x, y):
+  """The independent count's rows: clean-correct points whose cross-entropy input gradient has
+  a non-finite entry; and the rows with such a gradient, correct or not."""
+  grad = jax.grad(lambda x: jnp.sum(jr.losses.cross_entropy(model(x), y)))(x)
+  correct = np.asarray(jnp.argmax(model(x), axis=1) == y)
+  non_finite = ~np.isfinite(np.asarray(grad)).all(axis=1)
+  return correct & non_finite, non_finite
+
+
+def test_non_finite_gradient_count_is_the_same_at_every_front_door(problem):
+  """jr.run, jr.robustness_curve (fixed budget and minimum norm) and jr.evaluate count the same
+  rows (engine.scoring.gradient_checks): clean-correct data rows, once, never the padding."""
+  w, v, x, y = problem
+  model = functools.partial(nan_gradient, w, v)
+  y = jnp.where(jnp.arange(BATCH) % 3 == 0, (y + 1) % CLASSES, y).astype(jnp.int32)
+  bad, non_finite = _bad_gradient_rows(model, x, y)
+  # Misclassified rows with NaN gradients exist, so counting them would show.
+  assert bad.sum() >= 4 and np.any(non_finite & ~bad)
+  first = int(np.flatnonzero(bad)[0])
+  # 27 rows in batches of 8: the last batch (3 rows) starts with a counted row, copied into its
+  # 5 padding rows, so counting the padding would add 5.
+  rest = np.delete(np.arange(BATCH), first)
+  rows = np.concatenate([rest[:24], [first], rest[24:26]])
+  x, y, bad = x[rows], y[rows], bad[rows]
+  expected = int(bad.sum())
+
+  pgd = jr.attacks.pgd("l2", steps=1)
+  key = jax.random.key(0)
+  counts = {
+      "run": jr.run(pgd, model, x, y, jr.Budget(0.3), key).info,
+      "curve": jr.robustness_curve(pgd, model, x, y, jnp.array([0.0, 0.3, 0.6]), key).info,
+      "min-norm curve": jr.robustness_curve(jr.attacks.fmn("l2", steps=2), model, x, y,
+                                            jnp.array([0.3]), key).info,
+  }
+  counts = {k: (int(i["counts"]["non_finite_gradient_points"]),
+                bool(i["flags"]["non_finite_gradients"])) for k, i in counts.items()}
+  report = jr.evaluate(model, (np.asarray(x), np.asarray(y)), attacks={"pgd": pgd},
+                       epsilons=np.array([0.3], np.float32), key=key, batch_size=8,
+                       progress=False)
+  counts["evaluate"] = (int(report.attacks["pgd"].counts["non_finite_gradient_points"]),
+                        bool(report.flags["pgd"]["non_finite_gradients"]))
+  assert counts == dict.fromkeys(counts, (expected, True))
+
+
+def test_run_attack_counts_non_finite_gradients_on_active_rows_only(problem):
+  """Rows outside ``active`` are not data (padding): the engine's own clean diagnosis does not
+  count them either."""
+  from jaxrobust.engine.attack_loop import run_attack
+  w, v, x, y = problem
+  model = functools.partial(nan_gradient, w, v)
+  bad, _ = _bad_gradient_rows(model, x, y)
+  active = np.arange(BATCH) % 2 == 0
+  assert 0 < (bad & active).sum() < bad.sum()
+  result, _ = run_attack(jr.attacks.fgsm("linf"), model, x, y, jr.Budget(0.05),
+                         jax.random.key(0), active=jnp.asarray(active))
+  assert int(result.info["counts"]["non_finite_gradient_points"]) == int((bad & active).sum())
+
+
 @pytest.mark.parametrize("norm", ["linf", "l2"])
 def test_huge_logits_do_not_break_points_at_eps_zero(problem, norm):
   w, _, x, y = problem

@@ -160,4 +160,4 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
                                                   x_adv)
   return score(attack, logits_fn, x_input, x, x_adv, y, budget, keys, target, todo=todo,
                clean_correct=clean_correct, bad_gradient=bad_gradient, info=info,
-               logits_of_todo=logits_of_todo)
+               logits_of_todo=logits_of_todo, active=active)

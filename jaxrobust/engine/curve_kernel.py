@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jaxrobust._batch import fold_in, rows_like
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_chunk_size
+from jaxrobust.engine import scoring
 from jaxrobust.engine.attack_loop import run_attack
 
 Array = jax.Array
@@ -144,10 +145,12 @@ def _checks(info: dict) -> dict:
 
 def _with_gradient_count(info: dict, correct: Array, bad_gradient: Array | None,
                          active: Array) -> dict:
+  """``info`` with the batch's non-finite-gradient check (:func:`scoring.gradient_checks`),
+  counted once for the whole grid (the clean gradient does not depend on eps)."""
   if bad_gradient is not None:
-    count = jnp.sum(correct & bad_gradient & active, dtype=jnp.int32)
-    info["counts"]["non_finite_gradient_points"] = count
-    info["flags"]["non_finite_gradients"] = count > 0
+    flags, counts = scoring.gradient_checks(correct, bad_gradient, active)
+    info["counts"].update(counts)
+    info["flags"].update(flags)
   return info
 
 

@@ -58,6 +58,43 @@ def clean_diagnosis(samples: int, logits_fn: Callable[..., Array], x: Array, y: 
   return is_correct(logits, y), ~rows_finite(grad)
 
 
+def gradient_checks(correct: Array, bad_gradient: Array, active: Array | None = None
+                    ) -> tuple[dict[str, Array], dict[str, Array]]:
+  r"""The non-finite-gradient check of a batch, as ``(flags, counts)`` for ``AttackResult.info``.
+
+  ``counts["non_finite_gradient_points"]`` :math:`= \sum_i a_i c_i g_i` (``[]`` int32) and
+  ``flags["non_finite_gradients"]`` says it is positive, with :math:`g_i` "the clean input
+  gradient of row :math:`i` has a non-finite entry" (``bad_gradient`` from
+  :func:`clean_diagnosis`), :math:`c_i` its clean verdict and :math:`a_i` ``active``. Only
+  clean-correct rows count, because only they are attacked: a misclassified point is broken
+  whatever its gradient, so a NaN there cannot overestimate robustness. Only active rows count,
+  because inactive ones are not examples (the padding of a batch, copies of a real row). The
+  clean gradient does not depend on eps, so a curve counts it once, not once per eps. Every
+  front door (:func:`jaxrobust.run`, :func:`jaxrobust.robustness_curve`,
+  :func:`jaxrobust.evaluate`) reports this count.
+
+  Args:
+    correct: ``[B]`` bool clean verdicts.
+    bad_gradient: ``[B]`` bool non-finite clean gradients.
+    active: optional ``[B]`` bool rows that are data (``None``: all).
+
+  Returns:
+    ``({"non_finite_gradients": [] bool}, {"non_finite_gradient_points": [] int32})``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> correct, bad = jnp.array([True, True, False, True]), jnp.array([True, False, True, True])
+    >>> flags, counts = gradient_checks(correct, bad, active=jnp.array([True, True, True, False]))
+    >>> int(counts["non_finite_gradient_points"]), bool(flags["non_finite_gradients"])
+    (1, True)
+  """
+  counted = correct & bad_gradient
+  if active is not None:
+    counted = counted & active
+  count = jnp.sum(counted, dtype=jnp.int32)
+  return {"non_finite_gradients": count > 0}, {"non_finite_gradient_points": count}
+
+
 def clean_correct_mask(samples: int, logits_fn: Callable[..., Array], x: Array, y: Array,
                        keys: Array) -> Array:
   """``[B]`` bool: the clean prediction is ``y``; for a randomized model (``samples > 0``, see
@@ -90,15 +127,19 @@ def round_toward(x_adv: Array, x: Array) -> Array:
 def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Array,
           x_adv: Array, y: Array, budget: Budget, keys: Array, target: Array | None, *,
           todo: Array, clean_correct: Array, bad_gradient: Array | None,
-          info: dict, logits_of_todo: Callable[[Array], Array] | None = None
-          ) -> tuple[AttackResult, Array]:
+          info: dict, logits_of_todo: Callable[[Array], Array] | None = None,
+          active: Array | None = None) -> tuple[AttackResult, Array]:
   """The :class:`jaxrobust.AttackResult` of the point an attack returned, and ``broken`` (``[B]``
   bool: the clean prediction or the prediction on the returned point is not ``y``).
 
   ``x_input`` is the user's input (its dtype is the result's), ``x`` the same in the work dtype;
   ``todo`` the rows the attack was run on (the others get ``x_adv = x``). A non-finite returned
   row falls back to ``x`` and is counted (``non_finite_adversarials``); ``bad_gradient`` (from
-  :func:`clean_diagnosis`) is counted over clean-correct rows (``non_finite_gradient_points``).
+  :func:`clean_diagnosis`) is counted by :func:`gradient_checks` over the clean-correct rows of
+  ``active`` (the rows that are data; ``None``: all).
+  A minimum-norm attack's ``todo`` rows that come back without success at ``eps = inf`` are
+  counted (``minimum_norm_not_found``): with no budget, "no adversarial point" is the attack's
+  failure, not a verdict of robustness (at a finite eps it is the verdict, and is not counted).
 
   ``logits_of_todo(x_adv)``, when given, computes the logits of the ``todo`` rows only (zeros
   elsewhere, e.g. :func:`jaxrobust.engine.compaction.map_rows`), for callers that read only
@@ -140,7 +181,12 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
   counts["non_finite_adversarials"] = jnp.sum(todo & ~finite, dtype=jnp.int32)
   flags["non_finite_adversarials"] = counts["non_finite_adversarials"] > 0
   if bad_gradient is not None:
-    counts["non_finite_gradient_points"] = jnp.sum(clean_correct & bad_gradient, dtype=jnp.int32)
-    flags["non_finite_gradients"] = counts["non_finite_gradient_points"] > 0
+    gradient_flags, gradient_counts = gradient_checks(clean_correct, bad_gradient, active)
+    flags.update(gradient_flags)
+    counts.update(gradient_counts)
+  if attack.minimum_norm:
+    missed = todo & ~success & jnp.isinf(jnp.asarray(budget.eps))
+    counts["minimum_norm_not_found"] = jnp.sum(missed, dtype=jnp.int32)
+    flags["minimum_norm_not_found"] = counts["minimum_norm_not_found"] > 0
   info.update(flags=flags, counts=counts)
   return AttackResult(x_adv=x_adv, success=success, norm=size, logits=logits, info=info), broken
