@@ -143,16 +143,28 @@ def check_batch(x: Any, y: Any, target: Any = None) -> None:
   if x.ndim < 1 or x.shape[0] == 0:
     raise ValueError(f"x must be a non-empty batch [B, ...], got shape {x.shape}.")
   for name, labels in (("y", y), ("target", target)):
-    if labels is None:
-      continue
-    if not hasattr(labels, "shape") or labels.ndim != 1 or \
-        not jnp.issubdtype(labels.dtype, jnp.integer):
-      raise ValueError(f"{name} must be a 1-D int array [B] of class indices, got "
-                       f"{getattr(labels, 'dtype', type(labels).__name__)} "
-                       f"{getattr(labels, 'shape', '')}.")
-    if labels.shape[0] != x.shape[0]:
-      raise ValueError(f"Batch sizes differ: x has {x.shape[0]} examples ({x.shape}), "
-                       f"{name} has {labels.shape[0]}.")
+    if labels is not None:
+      check_label_shape(name, labels, x.shape[0], f"x has {x.shape[0]} examples ({x.shape})")
+
+
+def check_label_shape(name: str, labels: Any, batch: int, rows: str) -> None:
+  """Static: ``labels`` is a 1-D int array ``[B]`` of class indices with ``B = batch``; ``rows``
+  says where ``batch`` comes from, for the message (e.g. ``"tokens has 4 rows"``).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> check_label_shape("y", jnp.array([0, 1]), 3, "tokens has 3 rows")
+    Traceback (most recent call last):
+    ...
+    ValueError: Batch sizes differ: tokens has 3 rows, y has 2.
+  """
+  if not hasattr(labels, "shape") or labels.ndim != 1 or \
+      not jnp.issubdtype(labels.dtype, jnp.integer):
+    observed = f"{getattr(labels, 'dtype', type(labels).__name__)} {getattr(labels, 'shape', '')}"
+    raise ValueError(f"{name} must be a 1-D int array [B] of class indices, got "
+                     f"{observed.strip()}.")
+  if labels.shape[0] != batch:
+    raise ValueError(f"Batch sizes differ: {rows}, {name} has {labels.shape[0]}.")
 
 
 def check_logits(shape: tuple[int, ...], batch: int) -> int:
@@ -165,6 +177,17 @@ def check_logits(shape: tuple[int, ...], batch: int) -> int:
 
 
 def check_labels(name: str, labels: Any, num_classes: int) -> None:
+  """Values of class indices (concrete arrays only; ``None`` or traced: nothing to check): every
+  entry of ``labels`` lies in ``[0, num_classes)``. The one range check of labels, for images
+  (:func:`check_inputs`, :func:`jaxrobust.evaluate`), certificates and text.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> check_labels("y", jnp.array([0, 3]), 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: y must lie in [0, 3) for a model with 3 classes; got min 0, max 3.
+  """
   if labels is None or not is_concrete(labels):
     return
   values = np.asarray(labels)

@@ -3,7 +3,8 @@
 Shape and dtype checks are static and also run while ``jit`` traces; checks that read values
 (token ids in range, budgets, an empty editable mask) run on concrete arrays only, like
 :func:`jaxrobust.check_inputs`. Every message names the argument, what was observed and what is
-expected.
+expected. Labels are class indices as for images: :mod:`jaxrobust._validation` checks them
+(``check_label_shape``, ``check_labels``), for every front door alike.
 """
 
 from __future__ import annotations
@@ -64,19 +65,6 @@ def check_token_ids(name: str, ids: Any, vocab_size: int, *, ndim: int = 2,
     raise ValueError(
         f"{name} must hold token ids in [{lowest}, {vocab_size}) (rows of the embedding"
         f"{'; -1 pads unused slots' if allow_padding else ''}); got min {lo}, max {hi}.")
-
-
-def check_labels(y: Any, batch: int, num_classes: int) -> None:
-  """``y``: ``[B]`` int class indices in ``[0, C)``."""
-  if not hasattr(y, "shape") or y.ndim != 1 or not jnp.issubdtype(y.dtype, jnp.integer):
-    raise ValueError(f"y must be a 1-D int array [B] of class indices, got {_describe(y)}.")
-  if y.shape[0] != batch:
-    raise ValueError(f"Batch sizes differ: tokens has {batch} rows, y has {y.shape[0]}.")
-  if is_concrete(y):
-    lo, hi = int(np.min(np.asarray(y))), int(np.max(np.asarray(y)))
-    if lo < 0 or hi >= num_classes:
-      raise ValueError(f"y must lie in [0, {num_classes}) for a model with {num_classes} "
-                       f"classes; got min {lo}, max {hi}.")
 
 
 def check_editable(editable: Any, shape: tuple[int, ...]) -> None:

@@ -19,7 +19,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrobust import losses
 from jaxrobust._batch import as_keys, is_correct, like_batch, per_example, rows_like
-from jaxrobust._validation import check_logits, check_positive_int, logits_shape
+from jaxrobust._validation import (check_label_shape, check_labels, check_logits,
+                                   check_positive_int, logits_shape)
 from jaxrobust.attacks._config import recorded
 from jaxrobust.text import _checks
 from jaxrobust.text._types import Result, WordSwap
@@ -273,7 +274,8 @@ def check_inputs(attack: WordSwap, logits_fn: Callable[[Array], Array], embeddin
   if isinstance(attack.loss, str) and num_classes < losses.MIN_CLASSES[attack.loss]:
     raise ValueError(f"loss={attack.loss!r} needs at least {losses.MIN_CLASSES[attack.loss]} "
                      f"classes; the model has {num_classes}.")
-  _checks.check_labels(y, batch, num_classes)
+  check_label_shape("y", y, batch, f"tokens has {batch} rows")
+  check_labels("y", y, num_classes)
   _checks.check_max_swaps(max_swaps, batch, attack.steps)
   if editable is None:
     return jnp.ones_like(tokens, dtype=bool)
