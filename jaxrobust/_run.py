@@ -43,9 +43,11 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   * ``info["flags"]`` holds reliability checks (``[]`` bool) and ``info["counts"]`` the counts
     behind them: ``non_finite_gradients`` (clean-correct points whose input gradient of the
     cross-entropy is NaN or infinite at the clean input: attacks then use the finite part of the
-    gradient, and the robust accuracy is likely overestimated) and ``non_finite_adversarials``
-    (points where an attack produced a non-finite point, replaced by ``x``); composite attacks
-    (ensembles, AutoAttack) add their own.
+    gradient, and the robust accuracy is likely overestimated), ``non_finite_adversarials``
+    (points where an attack produced a non-finite point, replaced by ``x``) and, for a
+    minimum-norm attack at ``eps = inf``, ``minimum_norm_not_found`` (clean-correct points for
+    which it found no adversarial point: without a budget that is the attack's failure, not
+    robustness); composite attacks (ensembles, AutoAttack) add their own.
 
   A targeted attack's ``success`` (the target was reached) is not the same as the point being
   broken (the prediction is not ``y``): :func:`jaxrobust.robustness_curve` counts a point as

@@ -10,6 +10,8 @@ then :math:`d^* = d_t` is the exact minimal distance, untargeted and targeted to
 with 64 features (each attack on flat ``[B, D]``, NHWC ``[B, H, W, C]`` or ``[B, T, F]`` inputs,
 so that every family meets every layout):
 
+* at least 99% of the points get an adversarial point (every one can be misclassified inside
+  the box), and the misses are counted in ``info["counts"]["minimum_norm_not_found"]``;
 * no successful point has a norm below :math:`d^*` (that would be a bug in the success check or
   the norm); points whose logit gap is below 0.01 are left out so that float32 rounding of the
   logits cannot decide a verdict;
@@ -172,7 +174,10 @@ def _check_against_the_exact_minimum(name, result, x, y, t, d, tolerance=1e-4):
   x_adv = np.asarray(result.x_adv)
   assert x_adv.shape == x.shape
   assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
-  assert success.mean() >= 0.95, success.mean()
+  # Every point can be misclassified inside the box (its optimal step fits), so at eps = inf an
+  # attack must find nearly all of them, and count the ones it misses.
+  assert success.mean() >= 0.99, success.mean()
+  assert int(result.info["counts"]["minimum_norm_not_found"]) == int(np.sum(~success))
   assert np.all(np.isinf(size[~success]))
   delta = (x_adv.astype(np.float64) - x.astype(np.float64)).reshape(len(x), -1)
   recomputed = np.linalg.norm(delta, ord={"linf": np.inf, "l2": 2, "l1": 1}[norm], axis=1)
