@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
-from tests.models import (assert_explicit_sharding_matches_one_device, frozen_scan, Linear,
-                          linear_points, min_norm_early_exit_runs, random_linear)
+from tests.models import (FROZEN_ATOL, assert_explicit_sharding_matches_one_device,
+                          assert_unfrozen_rows_close, frozen_scan, Linear, linear_points,
+                          min_norm_early_exit_runs, random_linear)
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -292,7 +293,8 @@ def test_done_exactly_when_finalize_returns_an_adversarial_point_inside_the_ball
   """Four groups of per-example eps: ``inf``, below the exact distance, 1.5 and 3 times it. A row
   is done exactly when ``finalize`` returns an adversarial point inside its ball (at ``inf``:
   never, the point keeps shrinking); freezing done rows changes no verdict (their point is the
-  first inside the ball instead of the smallest) and leaves the other rows bitwise alone."""
+  first inside the ball instead of the smallest) and leaves the other rows alone (to
+  float rounding, see ``tests.models.FROZEN_ATOL``)."""
   model, x, y, d = ten_classes
   group = np.arange(N) % 4
   eps = np.select([group == 0, group == 1, group == 2], [np.inf, 0.9, 1.5], 3.0) * d
@@ -310,9 +312,10 @@ def test_done_exactly_when_finalize_returns_an_adversarial_point_inside_the_ball
   assert inside(x_dense)[group == 0].all()
   np.testing.assert_array_equal(done_frozen, done)
   np.testing.assert_array_equal(inside(x_frozen), inside(x_dense))
-  np.testing.assert_array_equal(np.asarray(x_frozen)[~done], np.asarray(x_dense)[~done])
+  assert_unfrozen_rows_close(x_frozen, x_dense, done)
   sizes = [np.linalg.norm(np.asarray(v) - x, axis=1) for v in (x_frozen, x_dense)]
-  assert np.all(sizes[0][done] >= sizes[1][done]) and np.any(sizes[0][done] > sizes[1][done])
+  assert np.all(sizes[0][done] >= sizes[1][done] - FROZEN_ATOL)
+  assert np.any(sizes[0][done] > sizes[1][done])
 
 
 def test_early_exit_at_a_finite_eps_stops_after_the_first_success_and_inf_runs_every_step(
