@@ -12,7 +12,12 @@ such a file (measured file by file). It is on for
   slower unoptimised, a small CNN under AutoAttack 20 times) belong in unmarked modules or carry
   that mark.
 
-Other test modules compile with XLA's defaults. Unoptimised code can round differently in the
+Which code generator: the suite compiles with XLA:CPU's legacy emitters instead of its default
+fusion emitters (``tests/xla_options.py``; about a third less CPU for the whole suite), unless
+``JAXROBUST_TEST_XLA_DEFAULTS=1`` is set or ``XLA_FLAGS`` already chooses; every test passes with
+either, and with ``XLA_FLAGS=--xla_cpu_max_isa=AVX2`` (or ``SSE4_2``) on an AVX-512 machine.
+
+Other test modules compile at XLA's default optimisation level. Unoptimised code can round differently in the
 last bits (other fusion and vectorisation), so a test must not sit on a tie that rounding decides
 (the AutoAttack doctest did: its success at exactly the minimal distance flipped); every test
 passes with either setting. A module-scoped fixture compiles with its module's setting.
@@ -20,7 +25,10 @@ passes with either setting. A module-scoped fixture compiles with its module's s
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "")
+from tests.xla_options import suite_xla_flags
+
+# Before jax is imported (XLA reads XLA_FLAGS once); subprocesses of tests inherit it.
+os.environ["XLA_FLAGS"] = suite_xla_flags(os.environ.get("XLA_FLAGS", ""))
 import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)

@@ -39,6 +39,7 @@ import pytest
 import jaxrobust as jr
 from tests.ground_truth import LinearProblem, linear_problem, optimal_step
 from tests.models import Linear
+from tests.xla_options import FUSION_EMITTERS
 
 DIM = 64
 SHAPES = {"flat": (DIM,), "nhwc": (8, 8, 1), "nhwc-c4": (4, 4, 4), "seq": (8, 8)}
@@ -132,8 +133,11 @@ SHAPED = {"fgsm", "pgd", "apgd", "square"}
 # The exception is L2, whose light groups hold L2 Square: 5000 queries on 150 points run 4-6 s
 # per group at level 0 and under 1.2 s at level 1, which compiles 1.5-2 s slower (measured per
 # group, compile + run: 10.5 -> 7.5 s CPU; the L2 light program as a whole 60 -> 30 s).
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
-HEAVY_COMPILE = {"xla_backend_optimization_level": 1}
+# Every program here asks for XLA:CPU's fusion emitters (tests/xla_options.py): the suite compiles
+# with the legacy ones, which compile and run these large programs slower (the whole file, alone
+# on this 2-core machine: 111 s CPU with the fusion emitters, 148 s without).
+FAST_COMPILE = {"xla_backend_optimization_level": 0, **FUSION_EMITTERS}
+HEAVY_COMPILE = {"xla_backend_optimization_level": 1, **FUSION_EMITTERS}
 LIGHT_COMPILE = {"linf": FAST_COMPILE, "l1": FAST_COMPILE, "l2": HEAVY_COMPILE}
 HEAVY = {"apgd-t", "auto_attack"}
 
