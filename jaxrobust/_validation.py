@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust._types import Budget
+from jaxrobust.model import captured_constants, tracing, warn_if_captured
 from jaxrobust.projections import check_norm
 
 
@@ -97,11 +98,18 @@ def _takes_arguments(fn: Callable[..., Any], count: int) -> bool:
 def logits_shape(logits_fn: Callable[..., jax.Array], x: jax.Array,
                  samples: int = 0) -> tuple[int, ...]:
   """The shape of ``logits_fn(x)`` (``logits_fn(x, keys)`` if ``samples``), by tracing only."""
+  return trace_logits(logits_fn, x, samples)[0]
+
+
+def trace_logits(logits_fn: Callable[..., jax.Array], x: jax.Array,
+                 samples: int = 0) -> tuple[tuple[int, ...], list]:
+  """The shape of ``logits_fn(x)`` (``logits_fn(x, keys)`` if ``samples``) and the arrays the
+  model captured (:func:`jaxrobust.model.captured_constants`), from one trace."""
   spec = jax.ShapeDtypeStruct(x.shape, x.dtype)
   if samples:
     keys = jax.ShapeDtypeStruct((x.shape[0],), jax.random.key(0).dtype)
     try:
-      out = jax.eval_shape(logits_fn, spec, keys)
+      closed, out = jax.make_jaxpr(logits_fn, return_shape=True)(spec, keys)
     except TypeError as error:
       if _takes_arguments(logits_fn, 2):
         raise
@@ -112,7 +120,7 @@ def logits_shape(logits_fn: Callable[..., jax.Array], x: jax.Array,
           "the attack without eot() (or auto_attack(version='standard')).") from error
   else:
     try:
-      out = jax.eval_shape(logits_fn, spec)
+      closed, out = jax.make_jaxpr(logits_fn, return_shape=True)(spec)
     except TypeError as error:
       if _takes_arguments(logits_fn, 1) or not _takes_arguments(logits_fn, 2):
         raise
@@ -122,7 +130,7 @@ def logits_shape(logits_fn: Callable[..., jax.Array], x: jax.Array,
           "samples).") from error
   if not hasattr(out, "shape"):
     raise ValueError(f"logits_fn must return one array of logits [B, C], got {out!r}.")
-  return tuple(out.shape)
+  return tuple(out.shape), captured_constants(closed)
 
 
 def check_chunk_size(chunk_size: Any) -> None:
@@ -272,10 +280,14 @@ def check_eps(eps: Any, batch: int, norm: str, *, lower: Any, upper: Any, input_
 def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, budget: Budget,
                  *, norm: str, target: Any = None, targeted: bool = False,
                  minimum_norm: bool = False, allow_large_eps: bool = False,
-                 samples: int = 0, name: str = "this attack") -> int:
+                 samples: int = 0, name: str = "this attack",
+                 front_door: str = "jr.run") -> int:
   """Validates one attack call; returns the number of classes.
 
   Shape checks always run; value checks run on concrete inputs only (see the module docstring).
+  Inside a trace (the caller's ``jax.jit``), a model that captures large arrays, or inputs that
+  are concrete arrays, get a :class:`jaxrobust.model.CapturedConstantsWarning` (they would be
+  compiled in as constants; :func:`jaxrobust.model.warn_if_captured`).
 
   Raises:
     TypeError: integer-dtype ``x``.
@@ -302,7 +314,10 @@ def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, bu
         "n_target_classes=None for apgd/fab).")
   check_batch(x, y, target)
   batch = x.shape[0]
-  num_classes = check_logits(logits_shape(logits_fn, x, samples), batch)
+  shape, constants = trace_logits(logits_fn, x, samples)
+  num_classes = check_logits(shape, batch)
+  if tracing():  # what is concrete here is a constant of the program being traced
+    warn_if_captured(constants, x, where=front_door, stacklevel=4)
   check_labels("y", y, num_classes)
   check_labels("target", target, num_classes)
   if target is not None and is_concrete(y, target):

@@ -487,9 +487,9 @@ def _evaluate_models(args: argparse.Namespace, params_of: dict[str, Any], x: Any
 
 @functools.lru_cache(maxsize=None)
 def _smoothing_program(n: int, sigma: float, radii: tuple[float, ...]) -> Any:
-  """``(logits_fn, x, y, key) -> (certified counts [R], abstentions)``, jitted once per setting;
-  ``logits_fn`` is a ``jax.tree_util.Partial``, so other parameters of the same shapes (the
-  demo's other models) reuse the compiled program."""
+  """``(model, x, y, key) -> (certified counts [R], abstentions)``, jitted once per setting;
+  ``model`` is a :class:`jaxrobust.model.Model`, whose parameters are arguments, so other
+  parameters of the same shapes (the demo's other models) reuse the compiled program."""
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -516,19 +516,15 @@ def smoothing_results(logits_fn: Any, x: Any, y: Any, *, n: int, key: Any,
   :data:`SMOOTHING_RADII` (:func:`jaxrobust.certify.certified_curve`) with exact 95% intervals.
   It certifies the smoothed model, not the one the PGD column attacks.
 
-  A ``functools.partial`` model's arrays are arguments of the compiled program (compiled once for
-  all the demo's models); any other callable is compiled in as it is."""
-  import jax
+  The model's parameters (:func:`jaxrobust.model.model_of`) are arguments of the compiled
+  program (compiled once for all the demo's models)."""
   import numpy as np
 
   import jaxrobust as jr
+  from jaxrobust.model import model_of
 
-  if isinstance(logits_fn, functools.partial):
-    logits_fn = jax.tree_util.Partial(logits_fn.func, *logits_fn.args, **logits_fn.keywords)
-  elif not isinstance(logits_fn, jax.tree_util.Partial):
-    logits_fn = jax.tree_util.Partial(logits_fn)
   counts, abstained = _smoothing_program(n, float(sigma), tuple(SMOOTHING_RADII))(
-      logits_fn, x, np.asarray(y), key)
+      model_of(logits_fn), x, np.asarray(y), key)
   counts = np.asarray(counts)
   return {"sigma": sigma, "n0": 100, "n": n, "alpha": 0.001, "norm": "l2",
           "radii": list(SMOOTHING_RADII),

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxrobust as jr
 from jaxrobust import _checkpoint
+from jaxrobust.model import model_of
 
 evaluate_lib = importlib.import_module("jaxrobust.evaluation.device_step")
 from tests import evaluate_worker
@@ -161,7 +162,8 @@ def cached_step(identity, **options):
   options = {"mesh": None, **options}
   found = []
   for (base, _), (step, _) in evaluate_lib._STEP_CACHE.items():
-    model_identity = base[0][1] if isinstance(base[0], tuple) else base[0]
+    kind, spec = base[0]  # the Model's identity: (kind, spec)
+    model_identity = spec[0] if kind == "partial" else spec  # a partial's function
     if model_identity is identity and all(base[4 + names.index(k)] == v
                                           for k, v in options.items()):
       found.append(step)
@@ -208,7 +210,7 @@ def test_partial_model_arrays_are_step_arguments(setup):
     clean = np.argmax(np.asarray(model(jnp.asarray(x))), axis=1) == y
     assert report.clean_correct == int(clean.sum())
   assert reports[0].clean_correct != reports[1].clean_correct
-  arrays = evaluate_lib._split_model(models[0]).arrays
+  arrays = model_of(models[0]).params
   args = (x[:BATCH], y[:BATCH], np.ones(BATCH, bool), np.arange(BATCH, dtype=np.uint32), eps,
           np.asarray(jax.random.key_data(key)), np.float32(0), np.float32(1))
   text = step.lower(arrays, *args).as_text()
@@ -294,7 +296,7 @@ def test_model_changed_in_place_is_evaluated_anew(two_models):
       cached_step(identity)
   # The module's state is an argument: one compiled program served both weight sets.
   nnx_steps = [step for (base, _), (step, _) in evaluate_lib._STEP_CACHE.items()
-               if isinstance(base[0], tuple) and base[0][0] == "nnx"]
+               if base[0][0] == "nnx"]
   assert len(nnx_steps) == 1 and nnx_steps[0]._cache_size() == 1
   # The same weights again: the compiled step is reused (and no new program compiled), for a
   # closure over unchanged arrays as for a partial with the same or new parameters.
@@ -344,7 +346,7 @@ def test_hlo_attack_loop_has_no_collective(setup):
   mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
   # The program jr.evaluate compiled for test_eight_devices_explicit_mesh_bitwise_equal_one[False]
   # (taken from its cache; compiled here if that test did not run).
-  model = evaluate_lib._split_model(logits_fn)
+  model = model_of(logits_fn)
   spec = jax.ShapeDtypeStruct((16, *x.shape[1:]), x.dtype, sharding=NamedSharding(mesh, P("data")))
   with jax.set_mesh(mesh):
     trace = evaluate_lib._trace_model(model, spec, None)
@@ -356,7 +358,7 @@ def test_hlo_attack_loop_has_no_collective(setup):
             put(np.arange(16, dtype=np.uint32), P("data")), put(eps, P()),
             put(np.asarray(jax.random.key_data(key)), P()), put(np.float32(0), P()),
             put(np.float32(1), P()))
-    hlo = step.lower(model.arrays, *args).compile().as_text()
+    hlo = step.lower(model.params, *args).compile().as_text()
   comps = _computations(hlo)
   bodies = {b for text in comps.values() for b in re.findall(r"body=%?([\w.\-]+)", text)}
   assert bodies, "expected the attack loops (over steps or eps) as while loops"

@@ -27,8 +27,9 @@ from jax.experimental import multihost_utils
 
 from jaxrobust import _checkpoint
 from jaxrobust._types import Attack
-from jaxrobust.evaluation.device_step import EvalSums, _Model, _Trace, hash_array
+from jaxrobust.evaluation.device_step import EvalSums, _Trace, hash_array
 from jaxrobust.metrics import CurveCounts
+from jaxrobust.model import Model
 
 VERSION = 3  # 2: model fingerprint, reliability counts; 3: the state is EvalSums
 
@@ -86,12 +87,12 @@ def fingerprint(attacks: Mapping[str, Attack], epsilons: np.ndarray, key_data: n
              if certifiers else {})}
 
 
-def model_fingerprint(model: _Model, trace: _Trace) -> dict[str, str]:
+def model_fingerprint(model: Model, trace: _Trace) -> dict[str, str]:
   """What identifies the model in a checkpoint: the traced program and the values of every array
   it reads, arguments (the parameters of a ``partial`` or an ``nnx.Module``) and captured
   constants (those of a closure) alike."""
   digest = hashlib.sha256()
-  for value in [*jax.tree.leaves(model.arrays), *trace.constants]:
+  for value in [*jax.tree.leaves(model.params), *trace.constants]:
     hash_array(digest, value)
   return {"program": trace.program, "arrays": digest.hexdigest()}
 

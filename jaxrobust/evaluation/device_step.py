@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-import sys
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
@@ -28,6 +27,7 @@ from jaxrobust._types import Attack
 from jaxrobust.engine.curve_kernel import CurveFlags, robust_flags
 from jaxrobust.engine.scoring import clean_diagnosis
 from jaxrobust.metrics import CurveCounts, Reducer
+from jaxrobust.model import Model, captured_constants
 
 Array = jax.Array
 
@@ -183,48 +183,6 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
   return step
 
 
-class _Model(NamedTuple):
-  """A model taken apart: the arrays passed to the compiled step as arguments, a function
-  rebuilding ``logits_fn`` from them, and what identifies the model apart from those arrays."""
-
-  arrays: Any  # a pytree of arrays (empty for an opaque callable)
-  rebuild: Callable[[Any], Callable[..., Array]]
-  identity: Any
-
-
-def _split_model(logits_fn: Callable[..., Array]) -> _Model:
-  """Takes ``logits_fn`` apart into the arrays it reads and the rest, as far as they can be seen.
-
-  * ``functools.partial(model.apply, params)`` (and ``jax.tree_util.Partial``): the array leaves
-    of its arguments;
-  * a ``flax.nnx.Module``: its whole state (``nnx.split``; rebuilt with ``nnx.merge``);
-  * any other callable is used as it is: what it reads is captured when it is traced (see
-    :func:`_trace_model`).
-
-  Arguments keep their sharding, are not copied into the program as constants, and new values of
-  the same shapes reuse the compiled step.
-  """
-  nnx = sys.modules.get("flax.nnx")  # an nnx.Module exists only if flax.nnx was imported
-  if nnx is not None and isinstance(logits_fn, nnx.Module):
-    graphdef, state = nnx.split(logits_fn)
-    return _Model(state, lambda state: nnx.merge(graphdef, state), ("nnx", graphdef))
-  if not isinstance(logits_fn, functools.partial):
-    return _Model([], lambda _: logits_fn, logits_fn)
-  leaves, treedef = jax.tree.flatten((logits_fn.args, logits_fn.keywords))
-  is_array = tuple(isinstance(v, (jax.Array, np.ndarray)) for v in leaves)
-  arrays = [v for v, a in zip(leaves, is_array) if a]
-  statics = tuple(v for v, a in zip(leaves, is_array) if not a)
-  func = logits_fn.func
-
-  def rebuild(model_arrays):
-    it_arrays, it_statics = iter(model_arrays), iter(statics)
-    args, keywords = jax.tree.unflatten(
-        treedef, [next(it_arrays) if a else next(it_statics) for a in is_array])
-    return functools.partial(func, *args, **keywords)
-
-  return _Model(arrays, rebuild, ("partial", func, treedef, is_array, statics))
-
-
 class _Trace(NamedTuple):
   """What tracing the model's forward pass at the step's batch shape shows of it."""
 
@@ -235,22 +193,7 @@ class _Trace(NamedTuple):
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 
-def _jaxpr_constants(jaxpr: Any) -> list:
-  """The constants of a closed jaxpr and of every closed jaxpr nested in its equations (an inner
-  ``jax.jit`` keeps the arrays its function closes over as constants of its own)."""
-  found = list(getattr(jaxpr, "consts", ()))
-  inner = getattr(jaxpr, "jaxpr", jaxpr)
-  todo = [v for eqn in getattr(inner, "eqns", ()) for v in eqn.params.values()]
-  while todo:
-    value = todo.pop()
-    if isinstance(value, (tuple, list)):
-      todo.extend(value)
-    elif hasattr(value, "eqns") or (hasattr(value, "jaxpr") and hasattr(value, "consts")):
-      found.extend(_jaxpr_constants(value))
-  return found
-
-
-def _trace_model(model: _Model, x: jax.ShapeDtypeStruct,
+def _trace_model(model: Model, x: jax.ShapeDtypeStruct,
                  keys: jax.ShapeDtypeStruct | None) -> _Trace:
   """Traces ``logits_fn(x)`` (``logits_fn(x, keys)`` for a randomized model) once, at call time.
 
@@ -260,13 +203,13 @@ def _trace_model(model: _Model, x: jax.ShapeDtypeStruct,
   while they are the very same (immutable) arrays, and the jaxpr's text catches changed Python
   constants and architectures.
   """
-  def forward(arrays, *inputs):
-    return model.rebuild(arrays)(*inputs)
+  def forward(params, *inputs):
+    return model.with_params(params).as_callable()(*inputs)
 
-  closed = jax.make_jaxpr(forward)(model.arrays, x, *(() if keys is None else (keys,)))
+  closed = jax.make_jaxpr(forward)(model.params, x, *(() if keys is None else (keys,)))
   text = _ADDRESS.sub("", str(closed.jaxpr))  # function reprs may carry memory addresses
   return _Trace(program=hashlib.sha256(text.encode()).hexdigest(),
-                constants=tuple(_jaxpr_constants(closed)))
+                constants=tuple(captured_constants(closed)))
 
 
 def hash_array(digest: Any, value: Any) -> None:
@@ -301,13 +244,13 @@ _STEP_CACHE: dict[Any, tuple[Callable[..., Any], tuple]] = {}
 _STEP_CACHE_SIZE = 8
 
 
-def _jitted_step(model: _Model, trace: _Trace, attacks, key_impl, keep_per_example,
+def _jitted_step(model: Model, trace: _Trace, attacks, key_impl, keep_per_example,
                  eps_batch_size, unroll, chunk_size, early_exit, mesh, axis, use_shard_map,
                  certifiers=None):
   """The ``jax.jit``-ed step, reused only where it computes what a fresh one would.
 
   A compiled step depends on its arguments (data, eps, key and the model's arrays in
-  ``model.arrays``) and on what was baked in when it was traced: the program (``trace.program``)
+  ``model.params``) and on what was baked in when it was traced: the program (``trace.program``)
   and the arrays the model captured (``trace.constants``). It is reused only when the model's
   identity, program and captured arrays are the same (a ``jax.Array`` cannot change in place), so
   a model whose weights were replaced (a rebound global, a new attribute value, a new ``partial``
@@ -324,7 +267,7 @@ def _jitted_step(model: _Model, trace: _Trace, attacks, key_impl, keep_per_examp
     cache_key, cached = None, None
   if cached is not None:
     return cached[0]
-  step_fn = _build_step(model.rebuild, attacks, key_impl=key_impl,
+  step_fn = _build_step(lambda params: model.with_params(params).as_callable(), attacks, key_impl=key_impl,
                         keep_per_example=keep_per_example, eps_batch_size=eps_batch_size,
                         unroll=unroll, chunk_size=chunk_size,
                         axis_name=axis if use_shard_map else None, certifiers=certifiers,

@@ -20,7 +20,8 @@ from jaxrobust._validation import check_eps, check_labels, check_logits, check_x
 from jaxrobust.evaluation import host
 from jaxrobust.evaluation.checkpointing import (Checkpoint, EvalState, fingerprint,
                                                model_fingerprint)
-from jaxrobust.evaluation.device_step import _jitted_step, _split_model, _trace_model
+from jaxrobust.evaluation.device_step import _jitted_step, _trace_model
+from jaxrobust.model import model_of, warn_if_captured
 from jaxrobust.report import Report, provenance
 
 Array = jax.Array
@@ -124,7 +125,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       plan.lower, plan.upper, keep_per_example, eps_batch_size, unroll,
       (plan.process_index, plan.num_processes), certifiers), state)
   resume_at = 0 if ckpt is None else ckpt.resume_at
-  model = _split_model(logits_fn)  # the arrays as they are now, at call time
+  model = model_of(logits_fn)  # the parameters as they are now, at call time
   stream, total = host.batches(data, plan.local_batch)
   bar = host.progress_bar(None if total is None else total * plan.num_processes,
                           progress and plan.process_index == 0)
@@ -215,6 +216,9 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, options: tuple,
       model, jax.ShapeDtypeStruct((plan.batch_size,) + x.shape[1:], x.dtype, sharding=sharding),
       jax.ShapeDtypeStruct((plan.batch_size,), plan.key.dtype, sharding=sharding)
       if samples else None)
+  # A model that reads arrays it does not show (a closure, a global) has them compiled into the
+  # step; a partial or an NNX module passes them as arguments (jaxrobust.model).
+  warn_if_captured(trace.constants, where="jr.evaluate", stacklevel=4)
   if ckpt is not None:
     ckpt.check_model(model_fingerprint(model, trace))
   return _jitted_step(model, trace, plan.attacks, jax.random.key_impl(plan.key), *options,
@@ -237,7 +241,7 @@ def _evaluate_batch(step_fn, model, plan: host.Plan, batch: host.HostBatch, cons
   """Runs the compiled step on one padded batch, merges its sums into ``state`` and returns the
   number of examples it evaluated (over all processes)."""
   t0 = time.perf_counter()
-  out = step_fn(model.arrays, *(host.put(plan, a, True) for a in batch[:4]), *constants)
+  out = step_fn(model.params, *(host.put(plan, a, True) for a in batch[:4]), *constants)
   sums, per = jax.tree.map(host.to_host, out)
   dt = time.perf_counter() - t0
   n = int(sums.worst_case.n)

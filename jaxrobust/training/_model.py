@@ -57,11 +57,11 @@ not a training target.
 
 from __future__ import annotations
 
-import functools
-import sys
 from typing import Callable, NamedTuple
 
 import jax
+
+from jaxrobust.model import model_of
 
 Array = jax.Array
 LogitsFn = Callable[[Array], Array]
@@ -73,16 +73,6 @@ class Roles(NamedTuple):
   outer: LogitsFn  # the user's model: gradients and state updates
   frozen: LogitsFn  # no gradient to the parameters, no state update: for attacks
   pure: LogitsFn  # gradients, no state update: for bounds
-
-
-def _nnx():
-  """``flax.nnx`` if the user imported it (an ``nnx.Module`` exists only then), else ``None``."""
-  return sys.modules.get("flax.nnx")
-
-
-def _stop_array_gradients(tree):
-  return jax.tree.map(lambda v: jax.lax.stop_gradient(v) if isinstance(v, jax.Array) else v,
-                      tree)
 
 
 def roles(logits_fn: LogitsFn) -> Roles:
@@ -103,17 +93,12 @@ def roles(logits_fn: LogitsFn) -> Roles:
     >>> grad(jnp.ones((2, 2))).tolist()  # the frozen copy gives the parameters no gradient
     [[0.0, 0.0], [0.0, 0.0]]
   """
-  nnx = _nnx()
-  if nnx is not None and isinstance(logits_fn, nnx.Module):
-    graphdef, state = nnx.split(logits_fn)
-    # A new copy per call, its variables created by the tree map inside the caller's trace (the
-    # attack's scan, eval_shape): what the call mutates dies with the copy, and NNX does not
-    # refuse the mutation as coming from another trace level.
-    frozen = lambda x: nnx.merge(graphdef, _stop_array_gradients(state))(x)
-    pure = lambda x: nnx.merge(graphdef, jax.tree.map(lambda v: v, state))(x)
-    return Roles(logits_fn, frozen, pure)
-  if isinstance(logits_fn, (functools.partial, jax.tree_util.Partial)):
-    frozen = functools.partial(logits_fn.func, *_stop_array_gradients(logits_fn.args),
-                               **_stop_array_gradients(logits_fn.keywords))
-    return Roles(logits_fn, frozen, logits_fn)
-  return Roles(logits_fn, logits_fn, logits_fn)
+  model = model_of(logits_fn)
+  if model.kind == "nnx":
+    # A new copy per call (Model.frozen/pure map the state, Model.__call__ merges a module),
+    # its variables created inside the caller's trace (the attack's scan, eval_shape): what the
+    # call mutates dies with the copy, and NNX does not refuse the mutation as coming from
+    # another trace level.
+    return Roles(logits_fn, lambda *x: model.frozen()(*x), lambda *x: model.pure()(*x))
+  # Arrays (a partial's) get their stop_gradient once, outside the attack's loop.
+  return Roles(logits_fn, model.frozen().as_callable(), logits_fn)
