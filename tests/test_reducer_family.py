@@ -185,3 +185,17 @@ def test_binomial_interval_table_takes_host_counts_past_int32():
   np.testing.assert_allclose(table, np.stack([lower, upper], -1), rtol=1e-6)
   assert np.all(np.isfinite(table)) and table[0, 0] < 0.75 < table[0, 1]
   assert table[2, 0] == 0.0 and 0.0 < table[2, 1] < 1e-9
+
+
+def test_grouped_rate_computes_per_group_on_the_host_as_on_the_device():
+  """A grouped host rate (int64 sums) gives every group's rate and interval, as on the device
+  (it raised: a [G] count compared with 0 in an ``if``)."""
+  rate = metrics.Rate.from_flags(jnp.array([True, False, True, True]),
+                                 groups=jnp.array([0, 1, 1, 2]), num_groups=4)
+  host, device = rate.to_host().compute(), rate.compute()
+  np.testing.assert_array_equal(host["rate"][:3], [1.0, 0.5, 1.0])
+  assert np.isnan(host["rate"][3]) and host["rate"].dtype == np.float64
+  for key in ("lower", "upper"):
+    np.testing.assert_allclose(host[key], device[key], rtol=1e-6)
+  assert isinstance(metrics.Rate.from_flags(jnp.array([True])).to_host().compute()["rate"],
+                    np.float64)

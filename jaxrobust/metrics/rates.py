@@ -655,8 +655,9 @@ class Rate(_RateSums, Reducer):
         return out
       return _macro_average(self, confidence)
     if isinstance(self.total, (np.ndarray, np.generic)):
-      hits, total = np.int64(self.hits), np.int64(self.total)
-      rate = np.float64(hits) / np.float64(total) if total > 0 else np.float64(np.nan)
+      hits, total = np.asarray(self.hits, np.int64), np.asarray(self.total, np.int64)
+      # Elementwise for a grouped rate ([G] sums); a scalar stays a NumPy scalar.
+      rate = np.where(total > 0, hits.astype(np.float64) / np.maximum(total, 1), np.nan)[()]
       lower, upper = binomial_interval(hits, total, confidence)
       return {"rate": rate, "lower": np.asarray(lower), "upper": np.asarray(upper),
               "hits": self.hits, "total": self.total}
