@@ -66,16 +66,16 @@ class LinearProblem(NamedTuple):
   upper: float
 
 
-def linear_model(seed: int, dim: int, classes: int) -> Linear:
+def linear_model(seed: int, dim: int, classes: int, dtype=np.float32) -> Linear:
   """A random linear model with every decision boundary through the centre of the box.
 
-  Weights are standard normal rounded to float32 (so float64 arithmetic on them is exact for the
-  float32 model); ``b = -0.5 * sum(w)`` makes every logit 0 at ``x = 0.5``, so points near the
-  centre of a ``[0, 1]`` box are near every boundary.
+  Weights are standard normal rounded to ``dtype`` (float32, or bfloat16 for a model computing
+  in it), so float64 arithmetic on them is exact for the model; ``b = -0.5 * sum(w)`` makes every
+  logit 0 at ``x = 0.5``, so points near the centre of a ``[0, 1]`` box are near every boundary.
   """
   rng = np.random.default_rng(seed)
-  w = rng.normal(size=(dim, classes)).astype(np.float32).astype(np.float64)
-  b = (-0.5 * w.sum(0)).astype(np.float32).astype(np.float64)
+  w = rng.normal(size=(dim, classes)).astype(dtype).astype(np.float64)
+  b = (-0.5 * w.sum(0)).astype(dtype).astype(np.float64)
   return Linear(w, b)
 
 
@@ -140,7 +140,7 @@ def check_optimal_step(problem: LinearProblem, min_margin: float = 1e-3) -> np.n
 def linear_problem(*, shape: tuple[int, ...], classes: int, norm: str, n: int, seed: int = 0,
                    scale: float = 1.02, low: float = 0.35, high: float = 0.65,
                    lower: float = 0.0, upper: float = 1.0, min_margin: float = 1e-3,
-                   candidates: int = 8) -> LinearProblem:
+                   candidates: int = 8, dtype=np.float32) -> LinearProblem:
   """``n`` points of ``shape`` on a ``classes``-class linear model, with exact distances.
 
   Draws up to ``candidates * n`` float32 points uniformly in ``[low, high]``, labels them with the
@@ -160,6 +160,7 @@ def linear_problem(*, shape: tuple[int, ...], classes: int, norm: str, n: int, s
     lower, upper: the box.
     min_margin: the smallest logit margin accepted at either budget.
     candidates: how many candidates per point to draw at most.
+    dtype: the weights are exact in it (see :func:`linear_model`).
 
   Returns:
     A :class:`LinearProblem`.
@@ -170,7 +171,7 @@ def linear_problem(*, shape: tuple[int, ...], classes: int, norm: str, n: int, s
   if norm not in DUAL:
     raise ValueError(f"norm must be one of {sorted(DUAL)}, got {norm!r}.")
   dim = int(np.prod(shape))
-  model = linear_model(seed, dim, classes)
+  model = linear_model(seed, dim, classes, dtype)
   rng = np.random.default_rng(seed + 1)
   x = rng.uniform(low, high, size=(candidates * n, dim)).astype(np.float32)
   y = np.argmax(x.astype(np.float64) @ model.w + model.b, axis=1).astype(np.int32)

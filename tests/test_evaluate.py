@@ -162,7 +162,7 @@ def cached_step(identity, **options):
   options = {"mesh": None, **options}
   found = []
   for (base, _), (step, _) in evaluate_lib._STEP_CACHE.items():
-    kind, spec = base[0]  # the Model's identity: (kind, spec)
+    kind, spec, _ = base[0]  # the Model's identity: (kind, spec, compute_dtype)
     model_identity = spec[0] if kind == "partial" else spec  # a partial's function
     if model_identity is identity and all(base[4 + names.index(k)] == v
                                           for k, v in options.items()):
