@@ -1,4 +1,5 @@
-"""Tests of the digits demo: the data loader, the parameter cache and the ``jaxrobust demo`` CLI."""
+"""Tests of the digits demo: the data loader, the parameter cache, the driver
+(:mod:`jaxrobust.demo.digits`) and the ``jaxrobust demo`` command."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from jaxrobust import cli
 from jaxrobust import training
-from jaxrobust.demo import data
+from jaxrobust.cli import demo as demo_command
+from jaxrobust.demo import data, digits
 from jaxrobust.demo import train as train_lib
 
 TINY = ["--epochs", "1", "--test-size", "64", "--num-eps", "3", "--steps", "3"]
@@ -92,7 +94,7 @@ def test_cache_path_depends_on_the_whole_config(tmp_path):
 
 
 def test_every_robust_model_is_trained_by_a_jr_training_loss():
-  assert cli.MODEL_NAMES == train_lib.METHODS  # the CLI knows every method without importing jax
+  assert demo_command.MODEL_NAMES == train_lib.METHODS  # known to --models without the extra
   expected = {"plain": "softmax_cross_entropy",
               "adversarial": "jaxrobust.training.adversarial_loss",
               "trades": "jaxrobust.training.trades_loss", "ibp": "jaxrobust.training.ibp_loss"}
@@ -199,17 +201,17 @@ def test_demo_evaluation_does_not_depend_on_batch_size_and_compiles_once_for_bot
                   progress=False)
   # Batches of 32 and 8 (+ 24 masked padding rows), then one batch of 40.
   padded, padded_compiles = _counting_compiles(
-    lambda: cli._evaluate_model(apply_fn, first, x, y, batch_size=32, **settings))
-  whole = cli._evaluate_model(apply_fn, first, x, y, batch_size=40, **settings)
+    lambda: digits._evaluate_model(apply_fn, first, x, y, batch_size=32, **settings))
+  whole = digits._evaluate_model(apply_fn, first, x, y, batch_size=40, **settings)
   assert padded == whole  # every count, flag and AUC bitwise equal
-  results = cli.model_results(padded)
-  assert results == cli.model_results(whole)
+  results = digits.model_results(padded)
+  assert results == digits.model_results(whole)
   assert results["robust_accuracy"][0] == results["clean_accuracy"]
   assert np.all(np.diff(results["robust_accuracy"]) <= 0)
 
   # Other parameters of the same shapes (the demo's second model) reuse the compiled step ...
   other, other_compiles = _counting_compiles(
-    lambda: cli._evaluate_model(apply_fn, second, x, y, batch_size=40, **settings))
+    lambda: digits._evaluate_model(apply_fn, second, x, y, batch_size=40, **settings))
   assert padded_compiles > 0 and other_compiles == 0
   # ... and are the ones evaluated: clean accuracies match a direct forward pass.
   for params, report in ((first, whole), (second, other)):
@@ -226,11 +228,11 @@ def test_model_results_report_non_finite_gradients():
 
   x = np.array([[0.0, 0.9], [0.8, 0.0], [0.0, 0.5], [0.6, 0.0]], np.float32)
   y = np.array([1, 0, 1, 0], np.int32)  # all correctly classified by the identity weights
-  report = cli._evaluate_model(apply, np.eye(2, dtype=np.float32), x, y,
-                               attack=jr.attacks.pgd("linf", steps=1),
-                               epsilons=np.array([0.1, 0.2], np.float32), key=jax.random.key(0),
-                               batch_size=4, progress=False)
-  results = cli.model_results(report)
+  report = digits._evaluate_model(apply, np.eye(2, dtype=np.float32), x, y,
+                                  attack=jr.attacks.pgd("linf", steps=1),
+                                  epsilons=np.array([0.1, 0.2], np.float32), key=jax.random.key(0),
+                                  batch_size=4, progress=False)
+  results = digits.model_results(report)
   assert results["clean_accuracy"] == 1.0
   assert results["flags"]["non_finite_gradients"] is True
   assert results["flag_counts"]["non_finite_gradient_points"] == 4  # once, not per eps

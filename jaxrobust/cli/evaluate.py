@@ -1,4 +1,4 @@
-r"""``jaxrobust evaluate`` and ``jaxrobust compare``: the command line for a user's own model.
+r"""``jaxrobust evaluate``: the command line for a user's own model.
 
 ``jaxrobust evaluate MODULE:FUNCTION --data FILE.npz --eps 8/255`` imports ``MODULE`` (a path to a
 ``.py`` file, or a dotted module name importable from the working directory), calls
@@ -17,14 +17,12 @@ arrays ``x`` (any shape ``[N, ...]``, e.g. NHWC images, with values in ``[--lowe
 With ``--checkpoint FILE`` an interrupted run resumes where it stopped and gives the identical
 report. Mistakes in the user's module, the data's shapes or its value range end the command with
 exit status 2 and one line saying what is wrong (``--traceback`` shows the Python traceback).
-
-``jaxrobust compare DIR1 DIR2 ...`` prints the worst-case robust accuracies of saved reports side
-by side and overlays their curves in one PNG.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib
 import importlib.util
@@ -37,13 +35,16 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
 
+import jax
+import numpy as np
+
+import jaxrobust as jr
+from jaxrobust.cli._args import add_traceback_option, int_at_least
+from jaxrobust.cli._errors import UserError, main_command, one_line
+
 ATTACKS = ("pgd", "fgsm", "apgd", "apgd_t", "auto_attack", "square", "fab", "fab_t", "fmn",
            "deepfool", "cw")
 """The attack names ``--attack`` accepts (comma-separated for several)."""
-
-
-class UserError(Exception):
-  """A mistake in the user's module, data or options: reported in one line, exit status 2."""
 
 
 def parse_eps(text: str) -> tuple[list[float], list[str]]:
@@ -81,22 +82,7 @@ def parse_attacks(text: str) -> list[str]:
   return names
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-  """An argparse ``type``: an integer of at least ``minimum``, with a one-line error otherwise."""
-  def parse(text: str) -> int:
-    try:
-      value = int(text)
-    except ValueError:
-      raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < minimum:
-      raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
-    return value
-
-  parse.__name__ = f"integer >= {minimum}"
-  return parse
-
-
-def add_evaluate_parser(commands: Any) -> None:
+def add_parser(commands: Any) -> None:
   """Adds the ``evaluate`` sub-command to ``commands`` (an argparse sub-parser group)."""
   p = commands.add_parser(
       "evaluate", help="evaluate your own model on your own data (.npz with x and y)",
@@ -132,22 +118,7 @@ def add_evaluate_parser(commands: Any) -> None:
                  help="shard every batch over this many devices (on CPU they are simulated)")
   p.add_argument("--seed", type=int, default=0, help="seed of the attacks' randomness (default 0)")
   p.add_argument("--quiet", action="store_true", help="no progress bar")
-  p.add_argument("--traceback", action="store_true", help="show Python tracebacks of errors")
-
-
-def add_compare_parser(commands: Any) -> None:
-  """Adds the ``compare`` sub-command to ``commands``."""
-  p = commands.add_parser(
-      "compare", help="compare saved reports (directories written by jaxrobust evaluate)",
-      description="Print the worst-case robust accuracies of saved reports side by side and "
-      "overlay their curves in one PNG.")
-  p.add_argument("reports", nargs="+", type=pathlib.Path, metavar="DIR",
-                 help="directories holding report.json")
-  p.add_argument("--labels", default=None, help="comma-separated labels (default: the "
-                 "directory names)")
-  p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("compare.png"),
-                 help="where to write the overlay (default: ./compare.png)")
-  p.add_argument("--traceback", action="store_true", help="show Python tracebacks of errors")
+  add_traceback_option(p)
 
 
 def load_model(spec: str) -> tuple[Any, Any]:
@@ -172,7 +143,7 @@ def load_model(spec: str) -> tuple[Any, Any]:
   except BaseException as error:  # noqa: BLE001 - the user's code: any failure is theirs
     if isinstance(error, KeyboardInterrupt):
       raise
-    raise UserError(f"importing {module_name} failed: {_one_line(error)}") from error
+    raise UserError(f"importing {module_name} failed: {one_line(error)}") from error
   function = getattr(module, function_name, None)
   if function is None:
     raise UserError(f"{module_name} has no attribute {function_name!r}")
@@ -181,23 +152,16 @@ def load_model(spec: str) -> tuple[Any, Any]:
   try:
     model = function()
   except Exception as error:  # noqa: BLE001 - the user's code
-    raise UserError(f"{function_name}() raised {_one_line(error)}") from error
+    raise UserError(f"{function_name}() raised {one_line(error)}") from error
   if not callable(model):
     raise UserError(f"{function_name}() must return a logits function or an nnx.Module, got "
                     f"{type(model).__name__}")
   return model, function
 
 
-def _one_line(error: BaseException) -> str:
-  text = " ".join(str(error).split())
-  return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
 def load_data(path: pathlib.Path, *, lower: float, upper: float,
               limit: int | None) -> tuple[Any, Any, str]:
   """``(x, y, sha256)`` from an ``.npz`` file, checked; every problem is a :class:`UserError`."""
-  import numpy as np  # noqa: PLC0415
-
   if not path.is_file():
     raise UserError(f"no such data file: {path}")
   digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -214,7 +178,7 @@ def load_data(path: pathlib.Path, *, lower: float, upper: float,
   except UserError:
     raise
   except Exception as error:  # noqa: BLE001 - not a readable archive
-    raise UserError(f"cannot read {path} as .npz: {_one_line(error)}") from error
+    raise UserError(f"cannot read {path} as .npz: {one_line(error)}") from error
   if limit is not None:
     x, y = x[:limit], y[:limit]
   if x.ndim < 2:
@@ -248,8 +212,6 @@ def load_data(path: pathlib.Path, *, lower: float, upper: float,
 def build_attacks(names: Sequence[str], norm: str, steps: int | None) -> dict[str, Any]:
   """``--attack`` names -> ``{name: jr.Attack}`` for ``norm``; raises :class:`UserError` for a
   norm an attack does not support."""
-  import jaxrobust as jr  # noqa: PLC0415
-
   a = jr.attacks
   with_steps = {} if steps is None else {"steps": steps}
   factories: dict[str, Callable[[], Any]] = {
@@ -270,13 +232,11 @@ def build_attacks(names: Sequence[str], norm: str, steps: int | None) -> dict[st
     try:
       out[name] = factories[name]()
     except ValueError as error:
-      raise UserError(f"--attack {name} with --norm {norm}: {_one_line(error)}") from error
+      raise UserError(f"--attack {name} with --norm {norm}: {one_line(error)}") from error
   return out
 
 
 def _carlini_wagner(norm: str, with_steps: dict[str, int]) -> Any:
-  import jaxrobust as jr  # noqa: PLC0415
-
   if norm != "l2":
     raise ValueError("Carlini-Wagner is an L2 attack; pass --norm l2")
   return jr.attacks.carlini_wagner_l2(**with_steps)
@@ -284,14 +244,12 @@ def _carlini_wagner(norm: str, with_steps: dict[str, int]) -> Any:
 
 def _check_model(model: Any, x: Any) -> None:
   """Runs the model abstractly on two examples: a failure there is the user's, in one line."""
-  import jax  # noqa: PLC0415
-
   spec = jax.ShapeDtypeStruct((min(2, x.shape[0]),) + x.shape[1:], x.dtype)
   try:
     out = jax.eval_shape(lambda inputs: model(inputs), spec)
   except Exception as error:  # noqa: BLE001 - the user's model
     raise UserError(f"the model failed on inputs of shape {tuple(spec.shape)} and dtype "
-                    f"{spec.dtype}: {_one_line(error)}") from error
+                    f"{spec.dtype}: {one_line(error)}") from error
   if getattr(out, "ndim", None) != 2 or out.shape[0] != spec.shape[0]:
     raise UserError(f"the model must return logits [B, C]; on inputs of shape "
                     f"{tuple(spec.shape)} it returned {getattr(out, 'shape', type(out).__name__)}")
@@ -302,8 +260,6 @@ def _use_devices(count: int | None) -> Any:
   ``count`` simulated devices if no JAX operation ran yet."""
   if count is None:
     return None
-  import jax  # noqa: PLC0415
-
   try:
     if count > 1:
       jax.config.update("jax_num_cpu_devices", count)
@@ -319,12 +275,6 @@ def _use_devices(count: int | None) -> Any:
 def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
   """Loads the model and data, runs :func:`jaxrobust.evaluate`, writes the outputs; returns the
   :class:`jaxrobust.Report`. Raises :class:`UserError` for the user's mistakes."""
-  import dataclasses  # noqa: PLC0415
-
-  import jax  # noqa: PLC0415
-
-  import jaxrobust as jr  # noqa: PLC0415
-
   if not args.lower < args.upper:
     raise UserError(f"--lower {args.lower} must be below --upper {args.upper}")
   mesh = _use_devices(args.devices)
@@ -339,7 +289,7 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
                          mesh=mesh, checkpoint=args.checkpoint, progress=not args.quiet,
                          lower=args.lower, upper=args.upper, keep_per_example=True)
   except ValueError as error:  # bad eps, labels out of range, a checkpoint of another run
-    raise UserError(_one_line(error).removeprefix("ValueError: ")) from error
+    raise UserError(one_line(error).removeprefix("ValueError: ")) from error
   provenance = dict(report.provenance, command=["jaxrobust", *argv], model=args.model,
                     seed=args.seed, eps_text=eps_text,
                     data={"path": str(args.data), "sha256": digest, "num_examples": int(len(x)),
@@ -417,67 +367,7 @@ def summary_markdown(report: Any) -> str:
   return "\n".join(lines) + "\n"
 
 
-def run_compare(args: argparse.Namespace) -> dict[str, Any]:
-  """Loads the saved reports, prints their worst-case curves side by side, writes the overlay."""
-  import jaxrobust as jr  # noqa: PLC0415
-
-  labels = ([s.strip() for s in args.labels.split(",")] if args.labels
-            else [d.resolve().name for d in args.reports])
-  if len(labels) != len(args.reports):
-    raise UserError(f"{len(labels)} labels for {len(args.reports)} reports")
-  if len(set(labels)) != len(labels):
-    raise UserError(f"labels must differ, got {labels} (pass --labels)")
-  reports = {}
-  for label, directory in zip(labels, args.reports):
-    if not (directory / "report.json").is_file():
-      raise UserError(f"{directory} has no report.json")
-    try:
-      reports[label] = jr.Report.load(directory)
-    except (KeyError, ValueError, OSError) as error:
-      raise UserError(f"cannot read {directory / 'report.json'}: {_one_line(error)}") from error
-  print(compare_table(reports))
-  jr.plotting.plot_reports(reports, args.out)
-  print(f"Overlay written to {args.out.resolve()}")
-  return reports
-
-
-def compare_table(reports: dict[str, Any]) -> str:
-  """One line per report: examples, clean accuracy, worst-case robust accuracy at each eps."""
-  lines = []
-  for label, r in reports.items():
-    cells = ", ".join(f"{e:g}: {a:.4f}" for e, a in zip(r.epsilons, r.worst_case.robust_accuracy))
-    lines.append(f"{label}: {r.num_examples} examples ({r.worst_case.norm}), clean "
-                 f"{r.clean_accuracy:.4f}; worst case {cells}")
-  return "\n".join(lines)
-
-
-def main_command(name: str, run: Callable[[], Any], args: argparse.Namespace) -> int:
-  """Runs a command, turning errors into one line and an exit status: 2 for the user's mistakes
-  (and ``ValueError``/``TypeError`` from the library about the inputs), 1 for anything else,
-  130 when interrupted."""
-  try:
-    run()
-  except KeyboardInterrupt:
-    where = getattr(args, "checkpoint", None)
-    again = f"; run the same command to resume from {where}" if where else ""
-    print(f"jaxrobust {name}: interrupted{again}", file=sys.stderr)
-    return 130
-  except (UserError, ValueError, TypeError) as error:
-    if args.traceback:
-      raise
-    message = str(error) if isinstance(error, UserError) else _one_line(error)
-    print(f"jaxrobust {name}: error: {message}", file=sys.stderr)
-    return 2
-  except Exception as error:  # noqa: BLE001 - one line; --traceback for the rest
-    if args.traceback:
-      raise
-    print(f"jaxrobust {name}: internal error: {_one_line(error)} (rerun with --traceback and "
-          "report it)", file=sys.stderr)
-    return 1
-  return 0
-
-
-def evaluate_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
+def main(args: argparse.Namespace, argv: Sequence[str]) -> int:
   """``jaxrobust evaluate``: the exit status."""
   def run():
     start = time.perf_counter()
@@ -486,7 +376,3 @@ def evaluate_main(args: argparse.Namespace, argv: Sequence[str]) -> int:
     print(f"Report written to {args.out.resolve()} ({time.perf_counter() - start:.1f} s)")
   return main_command("evaluate", run, args)
 
-
-def compare_main(args: argparse.Namespace) -> int:
-  """``jaxrobust compare``: the exit status."""
-  return main_command("compare", lambda: run_compare(args), args)

@@ -1,8 +1,4 @@
-"""The ``jaxrobust`` command line: ``demo``, ``evaluate`` and ``compare`` (also ``python -m jaxrobust``).
-
-``jaxrobust evaluate MODULE:FUNCTION --data FILE.npz --eps 8/255`` evaluates a user's own model and
-``jaxrobust compare DIR ...`` overlays saved reports: see :mod:`jaxrobust.cli_evaluate`. The rest of
-this docstring describes the demo.
+"""The digits demo's driver: what ``jaxrobust demo`` does (its options: :mod:`jaxrobust.cli.demo`).
 
 ``jaxrobust demo`` trains (or loads from the cache) four `SmallCNN` models on scikit-learn's 8x8
 digits with the losses of :mod:`jaxrobust.training` (see :mod:`jaxrobust.demo.train`): ``plain``
@@ -65,148 +61,26 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import math
 import pathlib
 import platform
 import sys
 import time
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Optional
 
-from jaxrobust import cli_evaluate
-from jaxrobust.demo import files
-from jaxrobust.cli_evaluate import int_at_least
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxrobust as jr
+from jaxrobust.demo import data, files
+from jaxrobust.demo import train as train_lib
+from jaxrobust.demo.model import SmallCNN
+from jaxrobust.model import model_of
 
 EVAL_BATCH_SIZE = 128
 SMOOTHING_SIGMA = 0.25  # of --certify's randomized smoothing, in pixel units of [0, 1]
 SMOOTHING_RADII = (0.0, 0.125, 0.25, 0.5)  # L2 radii of its certified accuracy
-MODEL_NAMES = ("plain", "adversarial", "trades", "ibp")  # jaxrobust.demo.train.METHODS
 ATTACK_KEY = "pgd"  # the attack's name in each model's jr.Report
-
-
-def _eps_max(text: str) -> float:
-  try:
-    value = float(text)
-  except ValueError:
-    raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-  if not (math.isfinite(value) and 0.0 < value < 1.0):
-    raise argparse.ArgumentTypeError(
-      f"must be in (0, 1): a Linf radius for images in [0, 1], got {text}"
-    )
-  return value
-
-
-def _model_names(text: str) -> tuple[str, ...]:
-  """``--models``: comma-separated names of `MODEL_NAMES`, repeats dropped, in the given order."""
-  names = [name.strip() for name in text.split(",") if name.strip()]
-  unknown = [name for name in names if name not in MODEL_NAMES]
-  if not names or unknown:
-    raise argparse.ArgumentTypeError(
-      f"expected a comma-separated list of {','.join(MODEL_NAMES)}, got {text!r}")
-  return tuple(dict.fromkeys(names))
-
-
-def build_parser() -> argparse.ArgumentParser:
-  """The argument parser of the ``jaxrobust`` command."""
-  parser = argparse.ArgumentParser(
-    prog="jaxrobust", description="Empirical adversarial robustness evaluation in JAX."
-  )
-  commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-  demo = commands.add_parser(
-    "demo",
-    help="train CNNs on the digits plainly and robustly (PGD, TRADES, IBP) and compare their "
-    "robustness curves",
-    description="Train (or load from the cache) SmallCNNs on scikit-learn's 8x8 digits, plainly "
-    "and with jaxrobust.training's losses (PGD adversarial training, TRADES, IBP), evaluate every "
-    "one with the same Linf PGD robustness curve (and, with --certify, certified accuracy), print "
-    "a table and write a JSON report.",
-  )
-  demo.add_argument("--out", type=pathlib.Path, default=pathlib.Path("report.json"),
-                    help="where to write the JSON report (default: ./report.json)")
-  demo.add_argument("--eps-max", type=_eps_max, default=0.3,
-                    help="largest Linf eps of the grid, in pixel units of [0, 1] (default: 0.3)")
-  demo.add_argument("--num-eps", type=int_at_least(2), default=7,
-                    help="number of eps values, evenly spaced from 0 to --eps-max inclusive "
-                    "(default: 7)")
-  demo.add_argument("--steps", type=int_at_least(1), default=20,
-                    help="PGD steps of the evaluation attack (default: 20)")
-  demo.add_argument("--restarts", type=int_at_least(1), default=1,
-                    help="PGD random restarts of the evaluation attack (default: 1)")
-  demo.add_argument("--test-size", type=int_at_least(1), default=None,
-                    help="evaluate on the first N test images (default: the whole test split, 540)")
-  demo.add_argument("--models", type=_model_names, default=MODEL_NAMES, metavar="NAMES",
-                    help="which models to train and compare, comma-separated (default: "
-                    f"{','.join(MODEL_NAMES)}): plain training, PGD-7 adversarial training "
-                    "(Madry et al., Linf 0.2), TRADES (beta 6, Linf 0.2), IBP training (Gowal et "
-                    "al., Linf ramped to 0.1)")
-  demo.add_argument("--epochs", type=int_at_least(1), default=None,
-                    help="training epochs of every model (default: 20)")
-  demo.add_argument("--cache-dir", type=pathlib.Path, default=None,
-                    help="parameter cache directory (default: $XDG_CACHE_HOME/jaxrobust or "
-                    "~/.cache/jaxrobust)")
-  demo.add_argument("--no-cache", action="store_true",
-                    help="always train, and do not write the cache")
-  demo.add_argument("--seed", type=int_at_least(0), default=0,
-                    help="seed of training and of the attacks' random starts (default: 0)")
-  demo.add_argument("--certify", action="store_true",
-                    help="also certify every model: IBP and CROWN certified Linf curves beside the "
-                    "PGD curves (lower bounds), and randomized smoothing (L2)")
-  demo.add_argument("--smoothing-n", type=int_at_least(1), default=1_000,
-                    help="noise draws per image for --certify's randomized smoothing "
-                    "(default: 1000; Cohen et al. use 100000)")
-  demo.add_argument("--quiet", action="store_true",
-                    help="no progress bars or status messages; only the table and the report path")
-  demo.add_argument("--text", action="store_true",
-                    help="the text demo instead (synthetic data): word swaps against a sentiment "
-                    "classifier and GCG jailbreaks of a tiny language model, see "
-                    "jaxrobust.demo.text_demo (uses --out, --seed, --test-size, --epochs, "
-                    "--cache-dir, --no-cache, --quiet)")
-  cli_evaluate.add_evaluate_parser(commands)
-  cli_evaluate.add_compare_parser(commands)
-  return parser
-
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-  """Runs the ``jaxrobust`` command and returns its exit status (never raises ``SystemExit``).
-
-  Args:
-    argv: the arguments after the program name; ``None`` means ``sys.argv[1:]``.
-
-  Returns:
-    0 on success, 1 if the command failed, 2 for bad command-line options (and, for
-    ``evaluate``/``compare``, mistakes in the user's module or data), 130 when interrupted.
-
-  Examples:
-    >>> main(["demo", "--epochs", "1", "--test-size", "32", "--num-eps", "2", "--steps", "2",
-    ...       "--no-cache", "--quiet", "--out", "/tmp/report.json"])  # doctest: +SKIP
-    0
-  """
-  parser = build_parser()
-  try:
-    args = parser.parse_args(argv)
-  except SystemExit as exit_:  # argparse's --help (0) and usage errors (2)
-    return exit_.code if isinstance(exit_.code, int) else 2
-  if args.command is None:
-    parser.print_help(sys.stderr)
-    return 2
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if args.command == "evaluate":
-    return cli_evaluate.evaluate_main(args, argv)
-  if args.command == "compare":
-    return cli_evaluate.compare_main(args)
-  try:
-    if args.text:
-      from jaxrobust.demo import text_demo  # imports flax: the demo extra
-
-      text_demo.run_text_demo(args, argv)
-    else:
-      run_demo(args, argv=argv)
-  except (ImportError, OSError, ValueError) as error:  # missing extra, unwritable path, bad size
-    print(f"jaxrobust demo: error: {error}", file=sys.stderr)
-    return 1
-  except KeyboardInterrupt:
-    print("jaxrobust demo: interrupted", file=sys.stderr)
-    return 130
-  return 0
 
 
 def _status(args: argparse.Namespace, message: str) -> None:
@@ -306,9 +180,7 @@ def _certified_lines(report: dict[str, Any]) -> list[str]:
 def _test_split(test_size: Optional[int]) -> tuple[Any, Any, int]:
   """``(x, y, available)``: the first ``test_size`` images of the digits test split (all of them
   for ``None``) and the size of the whole split."""
-  from jaxrobust.demo import data  # raises a clear ImportError without scikit-learn
-
-  _, _, x_test, y_test = data.load_digits()
+  _, _, x_test, y_test = data.load_digits()  # a clear ImportError without scikit-learn
   available = int(x_test.shape[0])
   n = available if test_size is None else test_size
   if n > available:
@@ -323,8 +195,6 @@ def _train_models(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, d
     ``(params_of, models)``, both keyed by model name: the parameters, and each model's entry of
     the report so far (``name``, ``training``, ``loaded_from_cache``, ``train_seconds``).
   """
-  from jaxrobust.demo import train as train_lib
-
   models: dict[str, dict[str, Any]] = {}
   params_of: dict[str, Any] = {}
   for name in args.models:
@@ -356,8 +226,6 @@ def _evaluate_model(apply_fn: Any, params: Any, x: Any, y: Any, *, attack: Any, 
   Returns:
     A :class:`jaxrobust.Report` with the attack under the name :data:`ATTACK_KEY`.
   """
-  import jaxrobust as jr
-
   # All eps vectorised and the attack loop unrolled: no loop around the model, which on XLA:CPU
   # runs the strided convolution's input gradient several times faster (see
   # benchmarks/RESULTS.md); results are those of any other setting up to float rounding.
@@ -392,8 +260,6 @@ def model_results(report: Any) -> dict[str, Any]:
     >>> [[round(b, 4) for b in ci] for ci in results["robust_accuracy_interval"]]
     [[0.1941, 0.9937], [0.0063, 0.8059]]
   """
-  import numpy as np
-
   n = report.num_examples
   attack = report.attacks[ATTACK_KEY]
   return {
@@ -417,8 +283,6 @@ def _demo_apply() -> Any:
   """``SmallCNN().apply``, one bound method per process (bound methods of two equal modules are
   different functions to ``jax.jit``), so every model and every run in the process shares the
   compiled evaluation step."""
-  from jaxrobust.demo.model import SmallCNN
-
   return SmallCNN().apply
 
 
@@ -442,11 +306,6 @@ def _evaluate_models(args: argparse.Namespace, params_of: dict[str, Any], x: Any
   minus the fastest first step of the others, and each model's ``eval_seconds`` is its
   ``jr.evaluate`` time without it (with a single model it includes it).
   """
-  import jax
-  import numpy as np
-
-  import jaxrobust as jr
-
   apply_fn = _demo_apply()  # one function for every partial: the compiled step is reused
   attack = jr.attacks.pgd("linf", steps=args.steps, restarts=args.restarts)
   eps_grid = np.linspace(0.0, args.eps_max, args.num_eps)
@@ -490,12 +349,6 @@ def _smoothing_program(n: int, sigma: float, radii: tuple[float, ...]) -> Any:
   """``(model, x, y, key) -> (certified counts [R], abstentions)``, jitted once per setting;
   ``model`` is a :class:`jaxrobust.model.Model`, whose parameters are arguments, so other
   parameters of the same shapes (the demo's other models) reuse the compiled program."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-
-  import jaxrobust as jr
-
   radii_array = np.asarray(radii, np.float32)
 
   @jax.jit
@@ -518,11 +371,6 @@ def smoothing_results(logits_fn: Any, x: Any, y: Any, *, n: int, key: Any,
 
   The model's parameters (:func:`jaxrobust.model.model_of`) are arguments of the compiled
   program (compiled once for all the demo's models)."""
-  import numpy as np
-
-  import jaxrobust as jr
-  from jaxrobust.model import model_of
-
   counts, abstained = _smoothing_program(n, float(sigma), tuple(SMOOTHING_RADII))(
       model_of(logits_fn), x, np.asarray(y), key)
   counts = np.asarray(counts)
@@ -536,8 +384,6 @@ def smoothing_results(logits_fn: Any, x: Any, y: Any, *, n: int, key: Any,
 
 def _dataset_info(available: int) -> dict[str, Any]:
   """The report's description of the data set; ``available`` is the size of the test split."""
-  from jaxrobust.demo import data
-
   return {
     "name": "sklearn digits",
     "source": "sklearn.datasets.load_digits",
@@ -556,10 +402,6 @@ def _build_report(args: argparse.Namespace, argv: Optional[list[str]],
                   models: dict[str, dict[str, Any]], evaluation: _Evaluation, num_test: int,
                   available: int, t_start: float) -> dict[str, Any]:
   """The JSON report (see the module docstring)."""
-  import jax
-
-  from jaxrobust.demo import train as train_lib
-
   for name, results in evaluation.results.items():
     models[name].update(results)
   train_seconds = sum(m["train_seconds"] for m in models.values())
@@ -602,7 +444,7 @@ def run_demo(args: argparse.Namespace, argv: Optional[list[str]] = None) -> dict
   """Trains or loads the models, evaluates them, prints the table and writes the report.
 
   Args:
-    args: parsed ``jaxrobust demo`` options (see `build_parser`).
+    args: parsed ``jaxrobust demo`` options (see :func:`jaxrobust.cli.demo.add_parser`).
     argv: the command line, recorded in the report.
 
   Returns:
@@ -623,10 +465,8 @@ def run_demo(args: argparse.Namespace, argv: Optional[list[str]] = None) -> dict
 
 def _write_plot(reports: dict[str, Any], path: pathlib.Path) -> Optional[pathlib.Path]:
   """Every model's curve with its confidence band in one PNG (``None`` without matplotlib)."""
-  from jaxrobust import plotting
-
   try:
-    plotting.plot_reports(reports, path, title="Linf PGD on the digits (bands: 95% exact CI)")
+    jr.plotting.plot_reports(reports, path, title="Linf PGD on the digits (bands: 95% exact CI)")
   except ImportError as error:
     print(f"curves.png not written: {error}", file=sys.stderr)
     return None
