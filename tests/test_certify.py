@@ -186,7 +186,7 @@ def test_bound_radius_is_the_exact_linf_distance_on_linear_models(linear_problem
   p = linear_problem_linf
   x, y = jnp.asarray(p.x), jnp.asarray(p.y)
   budget = jr.Budget(0.5, p.lower, p.upper)
-  for method in ("ibp", "crown"):
+  for method in ("ibp", "crown-ibp", "crown"):
     c = jax.jit(lambda x, y: jr.certify.certify_bounds(p.model.logits_fn, x, y, budget,
                                                        method=method))(x, y)
     np.testing.assert_array_equal(c.prediction, p.y)
@@ -214,11 +214,14 @@ def test_bound_radius_is_never_beaten_by_an_attack_and_crown_is_tighter():
   y = jr.predict(model(x))
   y = y.at[:3].set((y[:3] + 1) % 3)  # three misclassified points
   budget = jr.Budget(0.3)
-  run = jax.jit(lambda x, y: (jr.certify.certify_bounds(model, x, y, budget),
-                              jr.certify.certify_bounds(model, x, y, budget, method="crown")))
-  ibp, crown = run(x, y)
+  run = jax.jit(lambda x, y: [jr.certify.certify_bounds(model, x, y, budget, method=method)
+                              for method in ("ibp", "crown-ibp", "crown")])
+  ibp, crown_ibp, crown = run(x, y)
   assert np.all(np.asarray(ibp.radius)[:3] == 0) and np.all(np.asarray(crown.radius)[:3] == 0)
   assert np.all(crown.radius >= ibp.radius - 1e-4 * 0.3)
+  # CROWN-IBP's margin bounds are at least IBP's at every eps, so its bisection never ends lower.
+  assert np.all(crown_ibp.radius >= ibp.radius - 1e-4 * 0.3)
+  assert np.sum(crown_ibp.radius > ibp.radius + 1e-3) >= 5
   assert np.sum(crown.radius > ibp.radius + 1e-3) >= 5  # strictly tighter on several points
   # No attack finds an adversarial point inside a certified radius (PGD at exactly that radius).
   attack = jr.attacks.pgd("linf", steps=50, restarts=2)

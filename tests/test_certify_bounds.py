@@ -158,7 +158,7 @@ def test_ibp_of_one_affine_layer_is_exact_and_attained_at_a_vertex():
   np.testing.assert_allclose(hi, np.einsum("bdk,dk->bk", argmax, w64) + b64, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("method", ["ibp", "crown"])
+@pytest.mark.parametrize("method", ["ibp", "crown-ibp", "crown"])
 def test_margin_bounds_of_a_linear_model_are_exact(method):
   """For z = Wx + b on [x - eps, x + eps]: min z_y - z_j = m_j(x) - eps ||w_y - w_j||_1."""
   model = nnx.Linear(6, 4, rngs=nnx.Rngs(0))
@@ -433,21 +433,46 @@ def test_margin_bounds_are_sound_and_merging_the_margin_is_tighter():
   y = jnp.array([0, 1, 2, 3])
   margins_of = _jit(certify.margin_bounds, static_argnums=0, static_argnames="method")
   ibp = margins_of(MLP, y, lower, upper, method="ibp")
+  crown_ibp = margins_of(MLP, y, lower, upper, method="crown-ibp")
   crown = margins_of(MLP, y, lower, upper, method="crown")
   logits = jax.vmap(MLP)(_points(lower, upper, 48))  # [N, B, C]
   margins = jnp.take_along_axis(logits, y[None, :, None], axis=2) - logits
   others = np.asarray(jnp.arange(4)[None, :] != y[:, None])
-  for bound in (ibp, crown):
+  for bound in (ibp, crown_ibp, crown):
     assert np.all(np.isinf(np.asarray(bound)[~others]))
     assert np.all(np.asarray(margins)[:, others] >= np.asarray(bound)[others][None] - 1e-5)
+  # CROWN-IBP and CROWN are never looser than IBP, and the relaxation through the ReLUs pays.
   assert np.all(np.asarray(crown)[others] >= np.asarray(ibp)[others])
+  assert np.all(np.asarray(crown_ibp)[others] >= np.asarray(ibp)[others])
+  assert np.any(np.asarray(crown_ibp)[others] > np.asarray(ibp)[others] + 1e-3)
   lo, hi = certify.interval_bounds(MLP, lower, upper)
   naive = jnp.take_along_axis(lo, y[:, None], axis=1) - hi
   assert np.all(np.asarray(ibp)[others] >= np.asarray(naive)[others] - 1e-6)
 
 
+def test_examples_per_pass_bounds_the_same_numbers_a_few_examples_at_a_time():
+  """The memory knob changes how many examples one pass holds (lax.map instead of vmap), not the
+  bounds: equal to float rounding (two programs), including a last pass of fewer examples."""
+  lower, upper = _box(51, (5, 3), radius=0.3)
+  y = jnp.array([0, 1, 2, 3, 0])
+  for method in ("ibp", "crown-ibp", "crown"):
+    bounds = [_jit(certify.margin_bounds, static_argnums=0,
+                   static_argnames=("method", "examples_per_pass"))(
+        MLP, y, lower, upper, method=method, examples_per_pass=k) for k in (None, 1, 2)]
+    for other in bounds[1:]:
+      np.testing.assert_allclose(other, bounds[0], rtol=1e-6, atol=1e-6)
+  linear = [_jit(certify.linear_bounds, static_argnums=0, static_argnames="examples_per_pass")(
+      MLP, lower, upper, examples_per_pass=k) for k in (None, 2)]
+  np.testing.assert_allclose(linear[1], linear[0], rtol=1e-6, atol=1e-6)
+
+
 def test_bad_inputs_get_clear_errors():
   lower, upper = _box(49, (2, 3))
+  for bad in (0, -1, 1.5, True):
+    with pytest.raises(ValueError, match="examples_per_pass"):
+      certify.margin_bounds(MLP, jnp.array([0, 1]), lower, upper, examples_per_pass=bad)
+  with pytest.raises(ValueError, match="examples_per_pass"):
+    certify.linear_bounds(MLP, lower, upper, examples_per_pass=0)
   with pytest.raises(ValueError, match="method"):
     certify.margin_bounds(MLP, jnp.array([0, 1]), lower, upper, method="zonotope")
   with pytest.raises(ValueError, match=r"\[0, 4\)"):

@@ -33,6 +33,8 @@ from jax import lax
 
 from jaxrobust._batch import like_batch, predict
 from jaxrobust._types import NORMS
+from jaxrobust.certify._linear import check_examples_per_pass
+from jaxrobust.certify._margins import check_method
 from jaxrobust.certify._radius import certified_at
 from jaxrobust.certify._smoothing import _check, smoothing
 
@@ -82,7 +84,8 @@ def smoothing_certifier(*, sigma: float, n0: int = 100, n: int = 100_000, alpha:
                    json.dumps(config))
 
 
-def bounds_certifier(*, method: str = "ibp", norm: str = "linf") -> Certifier:
+def bounds_certifier(*, method: str = "ibp", norm: str = "linf",
+                     examples_per_pass: int | None = None) -> Certifier:
   r"""Bound propagation (:func:`jaxrobust.certify.margin_bounds`) as a :class:`Certifier`: example
   ``i`` is certified at each eps of the grid when the model classifies it correctly and every
   margin bound over ``[max(x - eps, lower), min(x + eps, upper)]`` is positive (one bound
@@ -93,8 +96,8 @@ def bounds_certifier(*, method: str = "ibp", norm: str = "linf") -> Certifier:
     >>> jr.certify.bounds_certifier(method="crown").name
     'bounds-crown-linf'
   """
-  if method not in ("ibp", "crown"):
-    raise ValueError(f"method must be 'ibp' or 'crown', got {method!r}.")
+  check_method(method)
+  check_examples_per_pass(examples_per_pass)
   if norm not in NORMS:
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}.")
 
@@ -103,7 +106,7 @@ def bounds_certifier(*, method: str = "ibp", norm: str = "linf") -> Certifier:
     correct = predict(logits_fn(x)) == y
     per_eps = lambda eps: certified_at(
         logits_fn, x, y, like_batch(jnp.broadcast_to(eps, y.shape), x), lower, upper,
-        method) & correct
+        method, examples_per_pass) & correct
     return correct, lax.map(per_eps, epsilons)
 
   config = {"factory": "bounds_certifier", "method": method, "norm": norm}

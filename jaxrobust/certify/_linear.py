@@ -178,6 +178,25 @@ def crown_intervals(graph: Graph, lower: Array, upper: Array) -> dict:
   return propagate(graph, lower, upper, refine)
 
 
+def check_examples_per_pass(examples_per_pass: int | None) -> int | None:
+  """``None`` or a positive int, else a ``ValueError``."""
+  if examples_per_pass is not None and (
+      isinstance(examples_per_pass, bool) or not isinstance(examples_per_pass, int)
+      or examples_per_pass < 1):
+    raise ValueError("examples_per_pass must be None (every example at once) or a positive int, "
+                     f"got {examples_per_pass!r}")
+  return examples_per_pass
+
+
+def per_example(fn: Callable, examples_per_pass: int | None, *arrays: Array):
+  """``fn`` mapped over the leading axis of ``arrays``: all at once (``vmap``) when
+  ``examples_per_pass`` is ``None``, else ``examples_per_pass`` at a time (``lax.map``), so the
+  memory of the pass is that of ``examples_per_pass`` examples."""
+  if examples_per_pass is None:
+    return jax.vmap(fn)(*arrays)
+  return jax.lax.map(lambda a: fn(*a), arrays, batch_size=examples_per_pass)
+
+
 def per_example_graph(fn: Callable[[Array], Array], lower: Array, full_shape: tuple) -> Graph:
   """``fn`` traced on one example (batch 1); its output must be ``[1, ...]`` and match the full
   batch's output shape ``full_shape`` (bounds are computed one example at a time)."""
@@ -193,7 +212,8 @@ def per_example_graph(fn: Callable[[Array], Array], lower: Array, full_shape: tu
   return graph
 
 
-def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array) -> tuple:
+def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array, *,
+                  examples_per_pass: int | None = None) -> tuple:
   r"""Sound elementwise bounds on ``fn(x)`` for ``lower <= x <= upper``, by CROWN.
 
   Backward linear relaxation (Zhang et al. 2018): each output element ``z_k`` is bounded by
@@ -212,8 +232,11 @@ def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array) -> t
 
   Examples are bounded one at a time (``vmap`` over the batch): ``fn`` must treat them
   independently, as every ``logits_fn`` does, and map ``[B, ...]`` to ``[B, ...]``. The cost is one
-  backward pass per nonlinear layer with twice as many rows as that layer has units per example.
-  Call it under ``jax.jit``: run eagerly, every small operation of the backward passes is
+  backward pass per nonlinear layer with twice as many rows as that layer has units per example,
+  and the memory of one such pass holds a ``[rows, units]`` coefficient per layer below it: fine
+  for MLPs and small convolutional networks, out of reach at 32x32x16 units (a WideResNet's
+  first group), where :func:`jaxrobust.certify.margin_bounds` with ``method="crown-ibp"`` is the
+  linear bound that scales. Call it under ``jax.jit``: run eagerly, every small operation of the backward passes is
   compiled on its own (seconds even for a tiny network).
 
   Args:
@@ -221,6 +244,8 @@ def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array) -> t
       ``nnx`` module works as it is.
     lower, upper: arrays of ``x``'s full shape, ``lower <= upper``; may be tracers. bfloat16 boxes
       are bounded in float32.
+    examples_per_pass: the memory knob (static): ``None`` bounds every example at once (one
+      ``vmap``); an int bounds that many at a time (``lax.map``) for the same result.
 
   Returns:
     ``(lo, hi)``, each of ``fn(x)``'s shape, in float32 (or the input's dtype if wider).
@@ -244,6 +269,7 @@ def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array) -> t
     H. Zhang, T.-W. Weng, P.-Y. Chen, C.-J. Hsieh, L. Daniel. Efficient neural network robustness
     certification with general activation functions. NeurIPS 2018.
   """
+  check_examples_per_pass(examples_per_pass)
   lower, upper = check_box(lower, upper)
   ibp_lower, ibp_upper = interval_bounds(fn, lower, upper)
   graph = per_example_graph(fn, lower, ibp_lower.shape)
@@ -254,6 +280,6 @@ def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array) -> t
                                 example_upper[None].astype(dtype))
     return tuple(node_bounds(graph, intervals, graph.output, dtype))
 
-  crown_lower, crown_upper = jax.vmap(one_example)(lower, upper)
+  crown_lower, crown_upper = per_example(one_example, examples_per_pass, lower, upper)
   return (jnp.maximum(ibp_lower, crown_lower.reshape(ibp_lower.shape)),
           jnp.minimum(ibp_upper, crown_upper.reshape(ibp_upper.shape)))

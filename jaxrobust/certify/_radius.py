@@ -30,25 +30,29 @@ from jaxrobust._batch import expand, like_batch, predict
 from jaxrobust._types import NORMS, Budget, Certificate
 from jaxrobust._validation import check_number
 from jaxrobust.certify._jaxpr import check_deterministic
-from jaxrobust.certify._margins import margin_bounds
+from jaxrobust.certify._linear import check_examples_per_pass
+from jaxrobust.certify._margins import check_method, margin_bounds
 
 Array = jax.Array
 
 
 def certified_at(logits_fn: Callable[[Array], Array], x: Array, y: Array, eps: Array,
-                 lower: Array, upper: Array, method: str) -> Array:
+                 lower: Array, upper: Array, method: str,
+                 examples_per_pass: int | None = None) -> Array:
   """``[B]`` bool: the bounds prove label ``y`` on the box of radius ``eps`` (``[B]``) around
   ``x``, intersected with ``[lower, upper]``."""
   radius = expand(eps.astype(jnp.float32), x.ndim)
   xf = x.astype(jnp.float32)
   low = jnp.maximum(xf - radius, lower).astype(x.dtype)
   high = jnp.minimum(xf + radius, upper).astype(x.dtype)
-  return jnp.min(margin_bounds(logits_fn, y, low, high, method=method), axis=-1) > 0
+  bounds = margin_bounds(logits_fn, y, low, high, method=method,
+                         examples_per_pass=examples_per_pass)
+  return jnp.min(bounds, axis=-1) > 0
 
 
 def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: Budget, *,
                    method: str = "ibp", norm: str = "linf", max_eps: float | Array | None = None,
-                   tol: float = 1e-4) -> Certificate:
+                   tol: float = 1e-4, examples_per_pass: int | None = None) -> Certificate:
   r"""A :class:`jaxrobust.Certificate` from bound propagation (see the module docstring).
 
   Args:
@@ -58,11 +62,15 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
     y: ``[B]`` labels.
     budget: the box (``budget.lower``, ``budget.upper``) and, unless ``max_eps`` is given, the
       largest radius searched (``budget.eps``, scalar or ``[B]``).
-    method: ``"ibp"`` (interval bounds, fast) or ``"crown"`` (linear bounds, tighter; static).
+    method: ``"ibp"`` (interval bounds, fast), ``"crown-ibp"`` (linear bounds through the ReLUs
+      on IBP's intermediate intervals: one more backward pass, tighter, for any network size) or
+      ``"crown"`` (CROWN's intermediate bounds too: tightest, for small networks; static); see
+      :func:`jaxrobust.certify.margin_bounds`.
     norm: the norm of the radius (static); L2 and L1 balls are enclosed in their Linf box.
     max_eps: the largest radius searched (data), default ``budget.eps``.
     tol: bisection tolerance relative to ``max_eps`` (static): the returned radius is within
       ``tol * max_eps`` of the largest eps the check passes at (when that set is an interval).
+    examples_per_pass: the memory knob (static) of :func:`jaxrobust.certify.margin_bounds`.
 
   Returns:
     ``Certificate(prediction, radius)``: the model's prediction on ``x`` and the certified radius;
@@ -85,8 +93,8 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
   check_deterministic(logits_fn)
   if norm not in NORMS:
     raise ValueError(f"norm must be one of {NORMS}, got {norm!r}.")
-  if method not in ("ibp", "crown"):
-    raise ValueError(f"method must be 'ibp' or 'crown', got {method!r}.")
+  check_method(method)
+  check_examples_per_pass(examples_per_pass)
   tol = check_number("tol", tol, low=0.0, high=1.0, low_open=True, high_open=True)
   steps = math.ceil(math.log2(1.0 / tol))
   lower = jnp.asarray(budget.lower, jnp.float32)
@@ -95,7 +103,8 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
   top = like_batch(jnp.broadcast_to(top, x.shape[:1]), x)
   prediction = predict(logits_fn(x))
   correct = prediction == y
-  check = lambda eps: certified_at(logits_fn, x, y, eps, lower, upper, method) & correct
+  check = lambda eps: certified_at(logits_fn, x, y, eps, lower, upper, method,
+                                   examples_per_pass) & correct
   at_top = check(top)
 
   def bisect(bracket, _):
