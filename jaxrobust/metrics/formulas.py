@@ -16,6 +16,9 @@ Conventions shared by all metrics:
 * A ratio whose denominator is zero is NaN (for instance any metric of an all-``False`` mask).
 * Ratios are returned as float32 scalars; perturbation norms are computed in float32.
 
+These conventions are implemented once, in :mod:`jaxrobust.metrics.conventions`, for the formulas
+and the reducers alike.
+
 For evaluation over many batches or devices, :class:`jaxrobust.metrics.Counts` accumulates the
 sums behind these metrics (see :mod:`jaxrobust.metrics.reducers`).
 """
@@ -28,61 +31,17 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust import projections
+from jaxrobust.metrics.conventions import (array_namespace, as_predictions, count_true, int_like,
+                                           masked_sum, matches, ratio, row_mask)
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
 _OVER = ("all", "clean_correct")
-_NO_PREDICTION = -1
 
 
 # ------------------------------------------------------------------------------------------------
-# Private helpers.
-
-
-def _as_pred(pred: ArrayLike, name: str) -> Array:
-  pred = jnp.asarray(pred)
-  if pred.ndim != 1:
-    raise ValueError(f"{name} must have shape [B], got {pred.shape}.")
-  if not jnp.issubdtype(pred.dtype, jnp.integer):
-    raise ValueError(f"{name} must be an integer array, got dtype {pred.dtype}.")
-  return pred
-
-
-def _like(a: ArrayLike, ref: Array, name: str) -> Array:
-  """``a`` as an integer array with the shape and dtype of ``ref``."""
-  a = jnp.asarray(a)
-  if a.shape != ref.shape:
-    raise ValueError(f"{name} must have shape {ref.shape}, got {a.shape}.")
-  if not jnp.issubdtype(a.dtype, jnp.integer):
-    raise ValueError(f"{name} must be an integer array, got dtype {a.dtype}.")
-  return a.astype(ref.dtype)
-
-
-def _mask(mask: Optional[ArrayLike], batch: int) -> Array:
-  if mask is None:
-    return jnp.ones((batch,), dtype=bool)
-  mask = jnp.asarray(mask)
-  if mask.shape != (batch,):
-    raise ValueError(f"mask must have shape ({batch},), got {mask.shape}.")
-  return mask.astype(bool)
-
-
-def _hits(pred: Array, label: Array) -> Array:
-  """``pred == label``, where the "no prediction" value -1 never hits."""
-  return (pred == label) & (pred != _NO_PREDICTION)
-
-
-def _count(flags: Array) -> Array:
-  return jnp.sum(flags, dtype=jnp.int32)
-
-
-def _ratio(num: ArrayLike, den: ArrayLike) -> Array:
-  """``num / den`` in float32, NaN where ``den == 0``."""
-  num = jnp.asarray(num).astype(jnp.float32)
-  den = jnp.asarray(den).astype(jnp.float32)
-  ok = den > 0
-  return jnp.where(ok, num / jnp.where(ok, den, 1.0), jnp.nan)
+# Pieces of the metrics that the reducers share.
 
 
 def _lp_norm(v: Array, norm: str) -> Array:
@@ -90,7 +49,8 @@ def _lp_norm(v: Array, norm: str) -> Array:
   return projections.norm(jnp.asarray(v).astype(jnp.float32), norm)
 
 
-def _perturbation(x: ArrayLike, x_adv: ArrayLike, norm: str, batch: int) -> tuple[Array, Array]:
+def perturbation_sizes(x: ArrayLike, x_adv: ArrayLike, norm: str, batch: int
+                       ) -> tuple[Array, Array]:
   """``(||x_adv - x||_p, ||x_adv - x||_p / ||x||_p)``, each ``[B]`` float32.
 
   The relative size is 0 where the perturbation is 0 (even if ``x == 0``) and ``inf`` where
@@ -110,9 +70,12 @@ def _perturbation(x: ArrayLike, x_adv: ArrayLike, norm: str, batch: int) -> tupl
   return size, rel
 
 
-def _masked_sum(flags: Array, values: Array) -> Array:
-  """``sum(values[flags])`` in float32; unselected values (even NaN) never leak in."""
-  return jnp.sum(jnp.where(flags, values, 0.0), dtype=jnp.float32)
+def success_flags(pred_adv: Array, y: Array, target: Optional[Array]) -> Array:
+  """Per-example attack success ``[B]``: ``pred_adv != y`` untargeted (a missing prediction
+  succeeds), ``pred_adv == target`` targeted (a missing prediction does not)."""
+  if target is None:
+    return ~matches(pred_adv, y)
+  return matches(pred_adv, target)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -138,10 +101,10 @@ def accuracy(pred: ArrayLike, y: ArrayLike, mask: Optional[ArrayLike] = None) ->
     >>> float(metrics.accuracy(jnp.array([0, 1, -1, 3]), jnp.array([0, 1, 2, 2])))
     0.5
   """
-  pred = _as_pred(pred, "pred")
-  y = _like(y, pred, "y")
-  m = _mask(mask, pred.shape[0])
-  return _ratio(_count(_hits(pred, y) & m), _count(m))
+  pred = as_predictions(pred, "pred")
+  y = int_like(y, pred, "y")
+  m = row_mask(mask, pred.shape[0])
+  return ratio(count_true(matches(pred, y) & m), count_true(m))
 
 
 def robust_accuracy(
@@ -171,11 +134,11 @@ def robust_accuracy(
     Croce et al., "RobustBench: a standardized adversarial robustness benchmark", NeurIPS 2021
     Datasets and Benchmarks.
   """
-  pc = _as_pred(pred_clean, "pred_clean")
-  pa = _like(pred_adv, pc, "pred_adv")
-  y = _like(y, pc, "y")
-  m = _mask(mask, pc.shape[0])
-  return _ratio(_count(_hits(pc, y) & _hits(pa, y) & m), _count(m))
+  pc = as_predictions(pred_clean, "pred_clean")
+  pa = int_like(pred_adv, pc, "pred_adv")
+  y = int_like(y, pc, "y")
+  m = row_mask(mask, pc.shape[0])
+  return ratio(count_true(matches(pc, y) & matches(pa, y) & m), count_true(m))
 
 
 def conditional_robust_accuracy(
@@ -202,12 +165,12 @@ def conditional_robust_accuracy(
     ...     jnp.array([0, 1, 2, 0]), jnp.array([0, 2, 2, 3]), y))
     0.6666666865348816
   """
-  pc = _as_pred(pred_clean, "pred_clean")
-  pa = _like(pred_adv, pc, "pred_adv")
-  y = _like(y, pc, "y")
-  m = _mask(mask, pc.shape[0])
-  clean = _hits(pc, y) & m
-  return _ratio(_count(clean & _hits(pa, y)), _count(clean))
+  pc = as_predictions(pred_clean, "pred_clean")
+  pa = int_like(pred_adv, pc, "pred_adv")
+  y = int_like(y, pc, "y")
+  m = row_mask(mask, pc.shape[0])
+  clean = matches(pc, y) & m
+  return ratio(count_true(clean & matches(pa, y)), count_true(clean))
 
 
 def adversarial_accuracy(
@@ -238,18 +201,12 @@ def adversarial_accuracy(
     >>> float(metrics.adversarial_accuracy(jnp.array([0, 1, 2, 3]), jnp.array([0, 1, 0, 0]), y))
     0.5
   """
-  pc = _as_pred(pred_clean, "pred_clean")
-  pa = _like(pred_adv, pc, "pred_adv")
-  y = _like(y, pc, "y")
-  m = _mask(mask, pc.shape[0])
-  clean = _hits(pc, y) & m
-  return _ratio(_count(clean & (pa == pc)), _count(clean))
-
-
-def _success(pred_adv: Array, y: Array, target: Optional[Array]) -> Array:
-  if target is None:
-    return ~_hits(pred_adv, y)
-  return _hits(pred_adv, target)
+  pc = as_predictions(pred_clean, "pred_clean")
+  pa = int_like(pred_adv, pc, "pred_adv")
+  y = int_like(y, pc, "y")
+  m = row_mask(mask, pc.shape[0])
+  clean = matches(pc, y) & m
+  return ratio(count_true(clean & (pa == pc)), count_true(clean))
 
 
 def attack_success_rate(
@@ -295,14 +252,14 @@ def attack_success_rate(
   """
   if over not in _OVER:
     raise ValueError(f"over must be one of {_OVER}, got {over!r}.")
-  pc = _as_pred(pred_clean, "pred_clean")
-  pa = _like(pred_adv, pc, "pred_adv")
-  y = _like(y, pc, "y")
-  t = None if target is None else _like(target, pc, "target")
-  m = _mask(mask, pc.shape[0])
+  pc = as_predictions(pred_clean, "pred_clean")
+  pa = int_like(pred_adv, pc, "pred_adv")
+  y = int_like(y, pc, "y")
+  t = None if target is None else int_like(target, pc, "target")
+  m = row_mask(mask, pc.shape[0])
   if over == "clean_correct":
-    m = m & _hits(pc, y)
-  return _ratio(_count(_success(pa, y, t) & m), _count(m))
+    m = m & matches(pc, y)
+  return ratio(count_true(success_flags(pa, y, t) & m), count_true(m))
 
 
 def empirical_robustness(
@@ -350,12 +307,12 @@ def empirical_robustness(
     Moosavi-Dezfooli, Fawzi, Frossard, "DeepFool: a simple and accurate method to fool deep
     neural networks", CVPR 2016 (the robustness measure rho_adv).
   """
-  pc = _as_pred(pred_clean, "pred_clean")
-  pa = _like(pred_adv, pc, "pred_adv")
-  m = _mask(mask, pc.shape[0])
-  _, rel = _perturbation(x, x_adv, norm, pc.shape[0])
+  pc = as_predictions(pred_clean, "pred_clean")
+  pa = int_like(pred_adv, pc, "pred_adv")
+  m = row_mask(mask, pc.shape[0])
+  _, rel = perturbation_sizes(x, x_adv, norm, pc.shape[0])
   flipped = (pa != pc) & m
-  return _ratio(_masked_sum(flipped, rel), _count(flipped))
+  return ratio(masked_sum(flipped, rel), count_true(flipped))
 
 
 def mean_perturbation(
@@ -389,9 +346,9 @@ def mean_perturbation(
   success = jnp.asarray(success)
   if success.ndim != 1:
     raise ValueError(f"success must have shape [B], got {success.shape}.")
-  s = success.astype(bool) & _mask(mask, success.shape[0])
-  size, _ = _perturbation(x, x_adv, norm, success.shape[0])
-  return _ratio(_masked_sum(s, size), _count(s))
+  s = success.astype(bool) & row_mask(mask, success.shape[0])
+  size, _ = perturbation_sizes(x, x_adv, norm, success.shape[0])
+  return ratio(masked_sum(s, size), count_true(s))
 
 
 def certified_accuracy(
@@ -424,19 +381,19 @@ def certified_accuracy(
     Cohen, Rosenfeld, Kolter, "Certified adversarial robustness via randomized smoothing",
     ICML 2019.
   """
-  pred = _as_pred(pred, "pred")
-  y = _like(y, pred, "y")
+  pred = as_predictions(pred, "pred")
+  y = int_like(y, pred, "y")
   radius = jnp.asarray(radius)
   if radius.shape != pred.shape:
     raise ValueError(f"radius must have shape {pred.shape}, got {radius.shape}.")
   if not jnp.issubdtype(radius.dtype, jnp.floating):
     radius = radius.astype(jnp.float32)
   r = jnp.asarray(r).astype(radius.dtype)
-  m = _mask(mask, pred.shape[0])
-  ok = _hits(pred, y) & m
+  m = row_mask(mask, pred.shape[0])
+  ok = matches(pred, y) & m
   # [R, B]: explicit ranks on both sides (no implicit rank promotion).
   hits = ok[None, :] & (radius[None, :] >= r.reshape((-1, 1)))
-  return _ratio(jnp.sum(hits, axis=1, dtype=jnp.int32), _count(m)).reshape(r.shape)
+  return ratio(jnp.sum(hits, axis=1, dtype=jnp.int32), count_true(m)).reshape(r.shape)
 
 
 def curve_auc(epsilons: ArrayLike, accuracies: ArrayLike, clean_accuracy: ArrayLike) -> Array:
@@ -465,13 +422,16 @@ def curve_auc(epsilons: ArrayLike, accuracies: ArrayLike, clean_accuracy: ArrayL
     >>> float(metrics.curve_auc(jnp.array([2.0, 1.0]), jnp.array([0.0, 0.5]), 1.0))
     0.5
   """
-  return _curve_auc(jnp, epsilons, accuracies, clean_accuracy)
+  return trapezoid_auc(*(jnp.asarray(v) for v in (epsilons, accuracies, clean_accuracy)))
 
 
-def _curve_auc(xp, epsilons, accuracies, clean_accuracy):
-  """:func:`curve_auc` in the array namespace ``xp``: ``jax.numpy`` (traceable) or ``numpy``
-  (host reports: no dozen small device ops dispatched one by one). The sort is stable in both,
-  so tied eps keep their order and both give the same formula."""
+def trapezoid_auc(epsilons, accuracies, clean_accuracy):
+  """:func:`curve_auc` computed in the array namespace of its arguments
+  (:func:`~jaxrobust.metrics.conventions.array_namespace`): ``jax.numpy`` for JAX arrays
+  (traceable), NumPy when all three are NumPy (host reports: no dozen small device ops dispatched
+  one by one). The sort is stable in both, so tied eps keep their order and both give the same
+  formula."""
+  xp = array_namespace(epsilons, accuracies, clean_accuracy)
   acc = xp.asarray(accuracies)
   dtype = acc.dtype if xp.issubdtype(acc.dtype, xp.floating) else xp.float32
   acc = acc.astype(dtype)
@@ -523,7 +483,7 @@ def perturbation_quantiles(norms: ArrayLike, q: ArrayLike, mask: Optional[ArrayL
     [0.10000000149011612, 0.30000001192092896, inf]
   """
   norms = jnp.asarray(norms, jnp.float32)
-  keep = _mask(mask, norms.shape[0])
+  keep = row_mask(mask, norms.shape[0])
   big = jnp.finfo(jnp.float32).max
   finite = jnp.where(jnp.isinf(norms), big, norms)
   values = jnp.where(keep, finite, jnp.nan)

@@ -53,8 +53,8 @@ import numpy as np
 from jax import lax
 
 from jaxrobust._validation import is_concrete
-from jaxrobust.metrics.formulas import _count, _mask, _ratio
-from jaxrobust.metrics.reducers import Reducer, _zero_int
+from jaxrobust.metrics.conventions import ratio, row_mask
+from jaxrobust.metrics.reducers import Reducer
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -496,7 +496,7 @@ class Rate(_RateSums, Reducer):
       (0, (3,))
     """
     if num_groups is None:
-      return cls(_zero_int(), _zero_int())
+      return cls(jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32))
     zeros = jnp.zeros((_num_groups(num_groups),), jnp.int32)
     return cls(zeros, zeros)
 
@@ -536,7 +536,7 @@ class Rate(_RateSums, Reducer):
     if flags.ndim != 1 or flags.dtype != jnp.bool_:
       raise ValueError(f"flags must be a [B] bool array, got shape {flags.shape} and dtype "
                        f"{flags.dtype} (reduce extra axes first, e.g. jnp.any(flags, axis=1)).")
-    keep = _mask(mask, flags.shape[0])
+    keep = row_mask(mask, flags.shape[0])
     return _rate_of_rows((flags & keep).astype(jnp.int32), keep.astype(jnp.int32), groups,
                          num_groups)
 
@@ -662,7 +662,7 @@ class Rate(_RateSums, Reducer):
       return {"rate": rate, "lower": np.asarray(lower), "upper": np.asarray(upper),
               "hits": self.hits, "total": self.total}
     lower, upper = binomial_interval(self.hits, self.total, confidence)
-    return {"rate": _ratio(self.hits, self.total), "lower": lower, "upper": upper,
+    return {"rate": ratio(self.hits, self.total), "lower": lower, "upper": upper,
             "hits": self.hits, "total": self.total}
 
 
@@ -761,7 +761,7 @@ def _macro_average(rate: Rate, confidence: ArrayLike) -> dict[str, Array]:
     per_group = np.where(has_trials, rate.hits / np.maximum(rate.total, 1), 0.0)
     lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
   else:
-    per_group = jnp.where(has_trials, _ratio(rate.hits, rate.total), 0.0)
+    per_group = jnp.where(has_trials, ratio(rate.hits, rate.total), 0.0)
 
   count = divisor.astype(np.float64 if host else jnp.float32)
 
@@ -861,7 +861,7 @@ def attack_success_rate_generative(judged_harmful: ArrayLike, mask: Optional[Arr
   batch, samples = harmful.shape
   if samples < 1:
     raise ValueError("judged_harmful needs at least one completion per prompt (S >= 1).")
-  keep = _mask(mask, batch)
+  keep = row_mask(mask, batch)
   ok = _valid_judgments(valid, harmful.shape)
   counted = harmful & ok
   if mode == "any":
@@ -924,7 +924,7 @@ def prompt_injection_rate(followed_injection: ArrayLike, mask: Optional[ArrayLik
   """
   _check_invalid(invalid)
   followed = _judgments(followed_injection, "followed_injection", 1)
-  keep = _mask(mask, followed.shape[0])
+  keep = row_mask(mask, followed.shape[0])
   ok = _valid_judgments(valid, followed.shape)
   trials = keep & ok if invalid == "drop" else keep
   return Rate.from_flags(followed & ok & trials, trials)

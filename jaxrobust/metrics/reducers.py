@@ -26,9 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust import projections
-from jaxrobust.metrics.formulas import (_NO_PREDICTION, _as_pred, _count, _hits, _like, _mask,
-                                        _masked_sum, _perturbation, _ratio, _success,
-                                        _curve_auc, curve_auc)
+from jaxrobust.metrics.conventions import (NO_PREDICTION, array_namespace, as_predictions,
+                                           count_true, int_like, masked_sum, matches, ratio,
+                                           row_mask)
+from jaxrobust.metrics.formulas import perturbation_sizes, success_flags, trapezoid_auc
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -43,10 +44,8 @@ def _zero_float() -> Array:
 
 
 def _add(a, b):
-  """``a + b`` in NumPy when both are host arrays (int64 stays int64), else in JAX."""
-  if isinstance(a, (np.ndarray, np.generic)) and isinstance(b, (np.ndarray, np.generic)):
-    return np.add(a, b)
-  return jnp.add(a, b)
+  """``a + b`` in the namespace of both: NumPy for two host arrays (int64 stays int64), else JAX."""
+  return array_namespace(a, b).add(a, b)
 
 
 def _on_host(a) -> np.ndarray:
@@ -71,6 +70,31 @@ def _check_same_shapes(a, b) -> None:
                        f"{jax.tree_util.keystr(path)} has shape {np.shape(left)} in this one and "
                        f"{np.shape(right)} in the other (sums are added, never broadcast)."
                        f"{getattr(a, '_MERGE_HINT', '')}")
+
+
+def psum(counts, axis_name: str):
+  """Sums a reducer (:class:`Counts`, :class:`CurveCounts`, :class:`Rate`, ...) over a named
+  mapped axis: ``jax.lax.psum`` on every field, the same as ``reducer.psum(axis_name)``.
+
+  ``psum(c, a).field = sum over the devices (or vmapped rows) along a of c.field``. Use inside
+  ``jax.shard_map`` (or ``jax.vmap(..., axis_name=...)``) to combine per-shard counts.
+
+  Args:
+    counts: the per-shard reducer (any pytree of arrays; the name is API.md's).
+    axis_name: the mapped axis to reduce over.
+
+  Returns:
+    The total, identical on every shard.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxrobust import metrics
+    >>> pred, y = jnp.array([[0, 1], [2, 2]]), jnp.array([[0, 1], [2, 3]])
+    >>> per_row = lambda p, t: metrics.psum(metrics.Counts.from_batch(p, p, t), "rows")
+    >>> jax.vmap(per_row, axis_name="rows")(pred, y).clean_correct.tolist()
+    [3, 3]
+  """
+  return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), counts)
 
 
 class Reducer:
@@ -110,8 +134,9 @@ class Reducer:
 
   def psum(self, axis_name):
     """The sum over a named mapped axis (``jax.lax.psum`` of every field), the same on every
-    shard; for use inside :func:`jax.shard_map` (or ``jax.vmap(..., axis_name=...)``)."""
-    return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), self)
+    shard; for use inside :func:`jax.shard_map` (or ``jax.vmap(..., axis_name=...)``). The
+    same as :func:`jaxrobust.metrics.psum` (``psum(self, axis_name)``)."""
+    return psum(self, axis_name)
 
   def to_host(self):
     """A NumPy copy with int64 counts and float64 sums, for exact host-side merging.
@@ -244,13 +269,13 @@ class Counts(_CountsSums, Reducer):
       >>> int(c.n), int(c.success), int(c.nonfinite)
       (2, 1, 0)
     """
-    pc = _as_pred(pred_clean, "pred_clean")
-    pa = _like(pred_adv, pc, "pred_adv")
-    y = _like(y, pc, "y")
-    t = None if target is None else _like(target, pc, "target")
-    m = _mask(mask, pc.shape[0])
-    clean = _hits(pc, y) & m
-    success = _success(pa, y, t) & m
+    pc = as_predictions(pred_clean, "pred_clean")
+    pa = int_like(pred_adv, pc, "pred_adv")
+    y = int_like(y, pc, "y")
+    t = None if target is None else int_like(target, pc, "target")
+    m = row_mask(mask, pc.shape[0])
+    clean = matches(pc, y) & m
+    success = success_flags(pa, y, t) & m
     flipped = (pa != pc) & m
     if (x is None) != (x_adv is None):
       raise ValueError("x and x_adv must be given together.")
@@ -259,16 +284,16 @@ class Counts(_CountsSums, Reducer):
     else:
       if norm is None:
         raise ValueError(f"norm is required with x and x_adv; one of {projections.NORMS}.")
-      size, rel = _perturbation(x, x_adv, norm, pc.shape[0])
-      rel_sum, size_sum = _masked_sum(flipped, rel), _masked_sum(success, size)
+      size, rel = perturbation_sizes(x, x_adv, norm, pc.shape[0])
+      rel_sum, size_sum = masked_sum(flipped, rel), masked_sum(success, size)
     return cls(
-      n=_count(m),
-      clean_correct=_count(clean),
-      robust=_count(clean & _hits(pa, y)),
-      success=_count(success),
-      success_clean_correct=_count(success & clean),
-      flipped=_count(flipped),
-      nonfinite=_count(((pc == _NO_PREDICTION) | (pa == _NO_PREDICTION)) & m),
+      n=count_true(m),
+      clean_correct=count_true(clean),
+      robust=count_true(clean & matches(pa, y)),
+      success=count_true(success),
+      success_clean_correct=count_true(success & clean),
+      flipped=count_true(flipped),
+      nonfinite=count_true(((pc == NO_PREDICTION) | (pa == NO_PREDICTION)) & m),
       rel_perturbation_sum=rel_sum,
       success_perturbation_sum=size_sum,
     )
@@ -320,7 +345,9 @@ class Counts(_CountsSums, Reducer):
     ``conditional_robust_accuracy`` and ``adversarial_accuracy`` = robust / clean_correct;
     ``attack_success_rate`` = success / n; ``attack_success_rate_clean_correct`` =
     success_clean_correct / clean_correct; ``empirical_robustness`` = rel_perturbation_sum /
-    flipped; ``mean_perturbation`` = success_perturbation_sum / success.
+    flipped; ``mean_perturbation`` = success_perturbation_sum / success. Device counts give
+    JAX scalars; host counts (:meth:`to_host`, int64) give NumPy ones, computed without passing
+    through int32.
 
     Returns:
       A dict from metric name to float32 scalar.
@@ -333,40 +360,15 @@ class Counts(_CountsSums, Reducer):
       (['accuracy', 'adversarial_accuracy'], True)
     """
     return {
-      "accuracy": _ratio(self.clean_correct, self.n),
-      "robust_accuracy": _ratio(self.robust, self.n),
-      "conditional_robust_accuracy": _ratio(self.robust, self.clean_correct),
-      "adversarial_accuracy": _ratio(self.robust, self.clean_correct),
-      "attack_success_rate": _ratio(self.success, self.n),
-      "attack_success_rate_clean_correct": _ratio(self.success_clean_correct, self.clean_correct),
-      "empirical_robustness": _ratio(self.rel_perturbation_sum, self.flipped),
-      "mean_perturbation": _ratio(self.success_perturbation_sum, self.success),
+      "accuracy": ratio(self.clean_correct, self.n),
+      "robust_accuracy": ratio(self.robust, self.n),
+      "conditional_robust_accuracy": ratio(self.robust, self.clean_correct),
+      "adversarial_accuracy": ratio(self.robust, self.clean_correct),
+      "attack_success_rate": ratio(self.success, self.n),
+      "attack_success_rate_clean_correct": ratio(self.success_clean_correct, self.clean_correct),
+      "empirical_robustness": ratio(self.rel_perturbation_sum, self.flipped),
+      "mean_perturbation": ratio(self.success_perturbation_sum, self.success),
     }
-
-
-def psum(counts, axis_name: str):
-  """Sums a reducer (:class:`Counts`, :class:`CurveCounts`, :class:`Rate`, ...) over a named
-  mapped axis: ``jax.lax.psum`` on every field, the same as ``reducer.psum(axis_name)``.
-
-  ``psum(c, a).field = sum over the devices (or vmapped rows) along a of c.field``. Use inside
-  ``jax.shard_map`` (or ``jax.vmap(..., axis_name=...)``) to combine per-shard counts.
-
-  Args:
-    counts: the per-shard reducer (any pytree of arrays; the name is API.md's).
-    axis_name: the mapped axis to reduce over.
-
-  Returns:
-    The total, identical on every shard.
-
-  Examples:
-    >>> import jax, jax.numpy as jnp
-    >>> from jaxrobust import metrics
-    >>> pred, y = jnp.array([[0, 1], [2, 2]]), jnp.array([[0, 1], [2, 3]])
-    >>> per_row = lambda p, t: metrics.psum(metrics.Counts.from_batch(p, p, t), "rows")
-    >>> jax.vmap(per_row, axis_name="rows")(pred, y).clean_correct.tolist()
-    [3, 3]
-  """
-  return jax.tree.map(lambda v: jax.lax.psum(v, axis_name), counts)
 
 
 class _CurveSums(NamedTuple):
@@ -422,10 +424,10 @@ class CurveCounts(_CurveSums, Reducer):
       mask: optional ``[B]`` bool; ``False`` rows (padding) are not counted.
     """
     correct = jnp.asarray(correct, bool)
-    keep = _mask(mask, correct.shape[0])
+    keep = row_mask(mask, correct.shape[0])
     good = keep & correct
     robust = jnp.asarray(robust, bool) & good[None, :]
-    return cls(_count(keep), _count(good), jnp.sum(robust, axis=1, dtype=jnp.int32))
+    return cls(count_true(keep), count_true(good), jnp.sum(robust, axis=1, dtype=jnp.int32))
 
   @classmethod
   def from_norms(cls, norms: ArrayLike, correct: ArrayLike, epsilons: ArrayLike,
@@ -452,24 +454,11 @@ class CurveCounts(_CurveSums, Reducer):
       >>> float(out["clean_accuracy"]), out["robust_accuracy"].tolist(), float(out["auc"])
       (0.75, [0.5, 0.25], 0.5)
     """
-    if _is_host(self):
-      n = np.float32(self.n)
-      if n > 0:
-        clean = np.float32(self.correct) / n
-        robust = np.asarray(self.robust, np.float32) / n
-      else:
-        clean, robust = np.float32(np.nan), np.full(np.shape(self.robust), np.nan, np.float32)
-      auc = np.asarray(_curve_auc(np, np.asarray(epsilons, np.float32), robust, clean))
-      return {"clean_accuracy": clean, "robust_accuracy": robust, "auc": auc}
-    clean = _ratio(self.correct, self.n)
-    robust = _ratio(self.robust, self.n)
-    return {"clean_accuracy": clean, "robust_accuracy": robust,
-            "auc": curve_auc(jnp.asarray(epsilons, jnp.float32), robust, clean)}
-
-
-def _is_host(reducer) -> bool:
-  """Whether ``reducer`` holds NumPy sums (:meth:`Reducer.to_host`) rather than JAX arrays."""
-  return isinstance(reducer[0], (np.ndarray, np.generic))
+    xp = array_namespace(*self)  # NumPy for host sums: int64 counts never pass through int32
+    clean = ratio(self.correct, self.n)
+    robust = ratio(self.robust, self.n)
+    auc = trapezoid_auc(xp.asarray(epsilons, xp.float32), robust, clean)
+    return {"clean_accuracy": clean, "robust_accuracy": robust, "auc": xp.asarray(auc)}
 
 
 class NormHistogram(CurveCounts):
@@ -529,7 +518,7 @@ class NormHistogram(CurveCounts):
       :math:`(e_{k-1}, e_k]`, and above :math:`e_{E-1}` (the last bin includes ``inf``); ``auc``.
       Ratios are NaN when ``n == 0``.
     """
-    xp = np if _is_host(self) else jnp  # host sums stay int64 (counts past 2**31)
+    xp = array_namespace(*self)  # host sums stay int64 (counts past 2**31)
     above = xp.asarray(self.above)
     at_or_below = xp.concatenate([xp.asarray(self.correct, above.dtype)[None], above])
     histogram = xp.concatenate([at_or_below[:-1] - at_or_below[1:], at_or_below[-1:]])
