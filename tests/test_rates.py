@@ -1,6 +1,6 @@
-"""Tests for jaxrobust.metrics.rates: Clopper-Pearson bounds against SciPy (float64), closed forms
-and exact binomial coverage; the Rate reducer's algebra across batches, devices and hosts; the
-generative-model rates against NumPy hand counts.
+"""Tests for jaxrobust.metrics.intervals, .rates and .generative: Clopper-Pearson bounds against
+SciPy (float64), closed forms and exact binomial coverage; the Rate reducer's algebra across
+batches, devices and hosts; the generative-model rates against NumPy hand counts.
 
 Compiles are the cost here (about 2 s each): every interval check shares three jitted programs
 (one per ``sided``) over one padded batch of 512 cases, plus one eager scalar program.

@@ -7,12 +7,18 @@
   ``psum`` / ``to_host`` / ``compute``): :class:`Counts` (the sums behind the formulas),
   :class:`CurveCounts` (robustness curves; what :func:`jaxrobust.evaluate` and
   :class:`jaxrobust.Report` are built on) and :class:`NormHistogram` (curves from minimal norms);
-* :mod:`jaxrobust.metrics.rates` -- exact Clopper--Pearson bounds (:func:`binomial_interval`),
-  the mergeable :class:`Rate` (hits out of trials, with its interval) and the generative-model
-  rates built on it (:func:`attack_success_rate_generative`, :func:`prompt_injection_rate`,
+* :mod:`jaxrobust.metrics.intervals` -- exact Clopper--Pearson bounds (:func:`binomial_interval`,
+  and :func:`binomial_interval_table` for host reports), in float32 and traceable;
+* :mod:`jaxrobust.metrics.rates` -- the mergeable :class:`Rate` (hits out of trials, with its
+  interval; grouped, micro and macro averages);
+* :mod:`jaxrobust.metrics.generative` -- the generative-model rates built on it
+  (:func:`attack_success_rate_generative`, :func:`prompt_injection_rate`,
   :func:`paraphrase_consistency`);
 * :mod:`jaxrobust.metrics.model_evaluations` -- :func:`count_evaluations`, the rows an attack
   sends through the model with and without a gradient (the hardware-independent cost).
+
+The conventions they share (predictions, masks, counts, ratios, and the array namespace that lets
+one ``merge`` / ``compute`` serve device and host sums) are :mod:`jaxrobust.metrics.conventions`.
 
 Examples:
   >>> import jax.numpy as jnp
@@ -28,16 +34,17 @@ from jaxrobust.metrics.formulas import (accuracy, adversarial_accuracy, attack_s
                                         robust_accuracy)
 from jaxrobust.metrics.reducers import Counts, CurveCounts, NormHistogram, Reducer, psum
 from jaxrobust.metrics.model_evaluations import EvaluationCounter, count_evaluations
-from jaxrobust.metrics.rates import (Rate, attack_success_rate_generative, binomial_interval,
-                                     binomial_interval_table, paraphrase_consistency,
-                                     prompt_injection_rate)
+from jaxrobust.metrics.intervals import binomial_interval, binomial_interval_table
+from jaxrobust.metrics.rates import Rate
+from jaxrobust.metrics.generative import (attack_success_rate_generative, paraphrase_consistency,
+                                          prompt_injection_rate)
 
 __all__ = [
     "Counts", "CurveCounts", "NormHistogram", "Reducer", "accuracy", "adversarial_accuracy",
     "attack_success_rate", "certified_accuracy", "conditional_robust_accuracy", "curve_auc",
     "empirical_robustness", "mean_perturbation", "median_perturbation", "perturbation_quantiles",
     "psum", "robust_accuracy",
-    # Rates with exact binomial intervals (jaxrobust.metrics.rates).
+    # Rates with exact binomial intervals (jaxrobust.metrics.intervals, .rates, .generative).
     "Rate", "attack_success_rate_generative", "binomial_interval", "binomial_interval_table",
     "paraphrase_consistency", "prompt_injection_rate",
     # The cost of an evaluation in model rows (jaxrobust.metrics.model_evaluations).
