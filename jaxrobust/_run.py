@@ -6,8 +6,9 @@ from typing import Callable
 
 import jax
 
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, AttackResult, Budget
-from jaxrobust._validation import check_chunk_size, check_inputs
+from jaxrobust._validation import check_inputs
 from jaxrobust.engine.attack_loop import run_attack
 
 Array = jax.Array
@@ -20,15 +21,10 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   """Runs ``attack`` on a batch and returns the best adversarial points with honest scores.
 
   The attack's ``init``/``step`` run in a loop and ``finalize`` hands back the best point seen.
-  With ``early_exit`` (the default) a point stops costing model evaluations once the attack has
-  found an adversarial point for it: broken rows are frozen, the rows left are re-compacted every
-  few steps, and the loop ends when none is left (:mod:`jaxrobust.engine.early_exit`; attacks
-  that declare ``done``: FGSM/PGD, APGD(-T), Square, and DeepFool, C&W, FMN and FAB at a finite
-  eps). The success flags are those of the full run, but a broken point's ``x_adv`` is its
-  *first* adversarial point rather than the one of largest loss (or, for FMN and C&W, the
-  smallest found); pass ``early_exit=False`` for the strongest
-  adversarial example (one fixed-length ``jax.lax.scan``, which can also be differentiated in
-  reverse mode). Then, on the returned points only:
+  With early exit (the default) a point stops costing model evaluations once it is broken, so a
+  broken point's ``x_adv`` is its *first* adversarial point; ``early_exit=False`` returns the
+  strongest one (the options ``early_exit``, ``chunk_size`` and ``unroll`` are explained once, in
+  :class:`jaxrobust._options.RunOptions`). Then, on the returned points only:
 
   * points misclassified on the clean input are not attacked: they get ``x_adv = x`` and
     ``norm = 0``; an untargeted attack counts them as ``success = True`` (the model is already
@@ -53,10 +49,8 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   broken (the prediction is not ``y``): :func:`jaxrobust.robustness_curve` counts a point as
   robust only where the prediction on the returned point is still ``y``.
 
-  On CPU, an attack on a model that holds a convolution is traced once more with every
-  convolution in XLA:CPU's canonical form (the same values): XLA canonicalises convolutions only
-  outside loops, and the input gradient's convolution would otherwise run 3-7 times slower per
-  step (:mod:`jaxrobust.engine.canonical_conv`).
+  On CPU, an attack on a model that holds a convolution runs with canonical convolutions (the
+  same values, faster steps; ``canonical`` of :class:`~jaxrobust._options.RunOptions`).
 
   Inputs are validated here when they are concrete; inside a user's ``jax.jit`` only shapes are
   checked, so call :func:`jaxrobust.check_inputs` on the host once if values may be wrong.
@@ -72,20 +66,13 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
     target: ``[B]`` int target classes, for targeted attacks only.
     allow_large_eps: accept budgets that cover the whole box (otherwise a ``ValueError``, since
       they usually mean eps in 0-255 units).
-    unroll: passed to ``jax.lax.scan`` (with early exit: steps per iteration of its inner loop).
-      ``True`` unrolls the whole attack loop and so turns early exit off (no loop is left to
-      leave). It used to be the fast setting on CPU for convolutional models; now that the
-      attack's convolutions are made canonical on CPU (see below) the loops run as fast, and
-      unrolling only costs compile time (about 4 s at 10 unrolled L2 PGD steps, a minute at 14
-      on the demo CNN). Results agree up to float rounding.
-    chunk_size: skip the points that need no attack (misclassified ones; for an ensemble, those an
-      earlier member broke): the points to attack are compacted into chunks of this many rows and
-      only chunks holding such points are computed. Results equal the dense run (``None``). The
-      chunk loop is a ``lax.while_loop``, which JAX cannot differentiate in reverse mode: to take
-      ``jax.grad`` through an attack (adversarial training), leave ``chunk_size=None`` and pass
-      ``early_exit=False``. With early exit, the rows per chunk of its re-compaction (``None``:
-      up to 64 rows on CPU, 512 on accelerators, balanced across the batch).
-    early_exit: stop attacking a point once it is broken (see above).
+    unroll: passed to ``jax.lax.scan``; ``True`` turns early exit off (see
+      :class:`~jaxrobust._options.RunOptions`).
+    chunk_size: rows per chunk of the compaction that skips points needing no attack (``None``:
+      a backend default with early exit, no compaction without; see
+      :class:`~jaxrobust._options.RunOptions`).
+    early_exit: stop attacking a point once it is broken (see
+      :class:`~jaxrobust._options.RunOptions`).
 
   Returns:
     A :class:`jaxrobust.AttackResult`.
@@ -105,6 +92,5 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
                targeted=attack.targeted, minimum_norm=attack.minimum_norm,
                allow_large_eps=allow_large_eps, samples=attack.samples, name=attack.name)
-  check_chunk_size(chunk_size)
-  return run_attack(attack, logits_fn, x, y, budget, key, target, unroll=unroll,
-                    chunk_size=chunk_size, early_exit=early_exit, canonical=True)[0]
+  options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, unroll=unroll)
+  return run_attack(attack, logits_fn, x, y, budget, key, target, options=options)[0]

@@ -76,8 +76,11 @@ class Attack(NamedTuple):
       not ``active`` (``[B]`` bool) cost close to nothing. ``info`` is a dict of arrays that ends up
       in :attr:`AttackResult.info`. ``init``/``step``/``finalize`` still work on their own.
       A drive function with the attribute ``takes_active = True`` is also given the keyword
-      ``active=`` (``[B]`` bool, the rows that are data rather than padding), and one with
-      ``takes_early_exit = True`` the keyword ``early_exit=`` (see ``done``).
+      ``active=`` (``[B]`` bool, the rows that are data rather than padding), one with
+      ``takes_options = True`` the keyword ``options=`` (the run's
+      :class:`~jaxrobust._options.RunOptions`: early exit, compaction; ``chunk_size`` is then
+      ``options.chunk_size``), and otherwise one with ``takes_early_exit = True`` the keyword
+      ``early_exit=`` (see ``done``).
     samples: ``0`` for a deterministic model ``logits_fn(x)``; ``n > 0`` for an attack on a
       randomized model ``logits_fn(x, keys)`` (see :func:`jaxrobust.attacks.eot`), whose
       prediction is judged over ``n`` draws.

@@ -133,13 +133,6 @@ def trace_logits(logits_fn: Callable[..., jax.Array], x: jax.Array,
   return tuple(out.shape), captured_constants(closed)
 
 
-def check_chunk_size(chunk_size: Any) -> None:
-  """``None`` or a positive Python int."""
-  if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int)
-                                 or chunk_size < 1):
-    raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}.")
-
-
 def check_batch(x: Any, y: Any, target: Any = None) -> None:
   """Static checks of ``x`` (float, non-empty batch) and of ``y`` / ``target`` (int ``[B]``)."""
   if not hasattr(x, "shape") or not hasattr(x, "dtype"):

@@ -16,9 +16,10 @@ import numpy as np
 
 from jaxrobust import metrics
 from jaxrobust._batch import as_keys, like_batch
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget, Curve
 from jaxrobust._validation import check_eps, check_inputs
-from jaxrobust.engine.curve_kernel import check_options, robust_flags
+from jaxrobust.engine.curve_kernel import robust_flags
 from jaxrobust.engine.scoring import clean_diagnosis
 
 Array = jax.Array
@@ -67,25 +68,16 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
 
   The whole curve is one program under ``jax.jit``; ``epsilons`` is data, so new values never
   recompile. A fixed-budget attack runs once per eps, with the example's key folded with the eps
-  index, so every ``eps_batch_size`` draws the same random starts (XLA may round a vectorised
-  model evaluation differently, so a borderline example can still flip between settings); a
-  minimum-norm attack runs once and every eps follows from its norms (:func:`curve_from_norms`).
+  index; a minimum-norm attack runs once and every eps follows from its norms
+  (:func:`curve_from_norms`).
 
-  By default the work falls with every point broken, on every backend:
-
-  * **early exit** (``early_exit=True``): within a run, a point stops costing model evaluations
-    once it is broken (see :func:`jaxrobust.run`);
-  * **cross-eps skipping** (with ``eps_batch_size=None``, the default): the eps run in increasing
-    order and each one attacks only the points still robust at the smaller eps (and only
-    clean-correct ones), so a point broken at a small eps costs nothing at the larger ones.
-
-  The curve is the same as the dense computation's (``early_exit=False``, or a vectorised
-  ``eps_batch_size``): a point broken at a smaller eps is broken at every larger one either way,
-  and a point that is never broken runs every step in both. This is what makes an expensive
-  attack such as :func:`jaxrobust.attacks.auto_attack` affordable over a whole curve.
-  ``eps_batch_size=0`` with ``unroll=True`` instead leaves no loop around the model (and so no
-  early exit), which XLA:CPU runs faster per step for strided convolutions (see
-  :func:`jaxrobust.run`), at the price of attacking every point at every eps.
+  By default the work falls with every point broken, on every backend: early exit within each
+  run, and cross-eps skipping across the grid (the eps in increasing order, each attacking only
+  the points still robust at the smaller ones). The curve is the same as the dense
+  computation's; this is what makes an expensive attack such as
+  :func:`jaxrobust.attacks.auto_attack` affordable over a whole curve. The options
+  ``eps_batch_size``, ``unroll``, ``chunk_size`` and ``early_exit`` are explained once, in
+  :class:`jaxrobust._options.RunOptions`.
 
   Args:
     attack: from :mod:`jaxrobust.attacks`.
@@ -96,15 +88,16 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
     key: a PRNG key, or ``[B]`` per-example keys.
     lower, upper: the box.
     eps_batch_size: ``None`` runs the eps one after another (least memory), ``0`` vectorises all
-      of them at once, ``b`` runs chunks of ``b`` vectorised eps.
+      of them at once, ``b`` runs chunks of ``b`` vectorised eps (see
+      :class:`~jaxrobust._options.RunOptions`).
     target: ``[B]`` target classes for a targeted attack.
     allow_large_eps: accept budgets covering the whole box.
-    unroll: how far to unroll each attack loop (see :func:`jaxrobust.run`).
-    chunk_size: rows per chunk of the compaction (``None``: a backend default with early exit;
-      without early exit, ``None`` turns compaction off); needs ``eps_batch_size=None``. Under
-      an Explicit mesh axis, early exit compacts only inside your own ``shard_map`` (as
-      :func:`jaxrobust.evaluate` runs), while an explicit ``chunk_size`` compacts per device.
-    early_exit: stop attacking points once broken and skip across eps (see above).
+    unroll: how far to unroll each attack loop (see :class:`~jaxrobust._options.RunOptions`).
+    chunk_size: rows per chunk of the compaction (``None``: a backend default with early exit,
+      no compaction without); needs ``eps_batch_size=None`` (see
+      :class:`~jaxrobust._options.RunOptions`).
+    early_exit: stop attacking points once broken and skip across eps (see
+      :class:`~jaxrobust._options.RunOptions`).
 
   Returns:
     A :class:`jaxrobust.Curve` whose ``info`` holds the attack's reliability checks over the grid:
@@ -124,7 +117,9 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
     >>> curve_fn(jnp.array([0.0, 0.05, 0.15, 0.45])).robust_accuracy
     Array([1. , 1. , 0.5, 0. ], dtype=float32)
   """
-  check_options(attack, eps_batch_size, chunk_size)
+  options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, unroll=unroll,
+                       eps_batch_size=eps_batch_size)
+  options.check_curve(attack)
   epsilons = jnp.asarray(epsilons, jnp.float32)
   if epsilons.ndim != 1 or epsilons.shape[0] == 0:
     raise ValueError(f"epsilons must be a non-empty 1-D array [K], got shape {epsilons.shape}.")
@@ -139,8 +134,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   correct, bad_gradient = clean_diagnosis(attack.samples, logits_fn, x, y, keys)
   flags = robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
                        correct=correct, bad_gradient=bad_gradient, target=target,
-                       eps_batch_size=eps_batch_size, unroll=unroll, chunk_size=chunk_size,
-                       early_exit=early_exit)
+                       options=options)
   return _curve(epsilons, correct, flags.robust, flags.info)
 
 

@@ -13,6 +13,7 @@ from jax import lax
 
 import jaxrobust as jr
 from jax.extend import core
+from jaxrobust._options import RunOptions
 
 from jaxrobust.engine.canonical_conv import canonical_convolutions, noncanonical_convolutions
 
@@ -60,8 +61,9 @@ def test_attack_loops_hold_only_canonical_convolutions(attack, early_exit):
   curve = lambda x: jr.robustness_curve(attack, conv_model, x, Y, jnp.array([0.05, 0.1]),
                                         jax.random.key(0), early_exit=early_exit)
   # Not vacuous: the same attack without the rewrite holds the gradients' 01oi convolutions.
-  raw = lambda x: jr.engine.attack_loop.run_attack(attack, conv_model, x, Y, jr.Budget(0.1),
-                                                   jax.random.key(0), early_exit=early_exit)
+  raw = lambda x: jr.engine.attack_loop.run_attack(
+      attack, conv_model, x, Y, jr.Budget(0.1), jax.random.key(0),
+      options=RunOptions(early_exit=early_exit, canonical=False))
   assert noncanonical_in_loops(raw, X) > 0
   if jax.default_backend() == "cpu":
     assert noncanonical_in_loops(run, X) == 0
@@ -96,8 +98,8 @@ def test_rewrite_keeps_values_and_gradients(dimension_numbers, kernel_shape, gro
 def test_rewritten_attack_gives_the_same_verdicts():
   attack = jr.attacks.pgd("linf", steps=5)
   run = jax.jit(lambda x, canonical: jr.engine.attack_loop.run_attack(
-      attack, conv_model, x, Y, jr.Budget(0.05), jax.random.key(0), canonical=canonical)[0],
-                static_argnums=1)
+      attack, conv_model, x, Y, jr.Budget(0.05), jax.random.key(0),
+      options=RunOptions(early_exit=False, canonical=canonical))[0], static_argnums=1)
   plain, rewritten = run(X, False), run(X, True)
   np.testing.assert_array_equal(np.asarray(plain.success), np.asarray(rewritten.success))
   np.testing.assert_allclose(np.asarray(plain.x_adv), np.asarray(rewritten.x_adv), atol=1e-6)

@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxrobust as jr
 from jaxrobust import _checkpoint
+from jaxrobust._options import RunOptions
 from jaxrobust.model import model_of
 
 evaluate_lib = importlib.import_module("jaxrobust.evaluation.device_step")
@@ -158,14 +159,14 @@ def cached_step(identity, **options):
   """The compiled step jr.evaluate cached for a model (its identity: the logits_fn of a closure,
   the function of a partial) and options (``keep_per_example``, ``chunk_size``, ...; one device
   unless ``mesh`` is given)."""
-  names = ("keep_per_example", "eps_batch_size", "unroll", "chunk_size", "early_exit", "mesh")
   options = {"mesh": None, **options}
   found = []
   for (base, _), (step, _) in evaluate_lib._STEP_CACHE.items():
     kind, spec, _ = base[0]  # the Model's identity: (kind, spec, compute_dtype)
     model_identity = spec[0] if kind == "partial" else spec  # a partial's function
-    if model_identity is identity and all(base[4 + names.index(k)] == v
-                                          for k, v in options.items()):
+    keep_per_example, run_options, mesh = base[4:7]  # run_options: one RunOptions
+    settings = {"keep_per_example": keep_per_example, "mesh": mesh, **run_options.provenance()}
+    if model_identity is identity and all(settings[k] == v for k, v in options.items()):
       found.append(step)
   assert len(found) == 1, f"{len(found)} cached steps for this model and options"
   return found[0]
@@ -350,8 +351,9 @@ def test_hlo_attack_loop_has_no_collective(setup):
   spec = jax.ShapeDtypeStruct((16, *x.shape[1:]), x.dtype, sharding=NamedSharding(mesh, P("data")))
   with jax.set_mesh(mesh):
     trace = evaluate_lib._trace_model(model, spec, None)
-  step = evaluate_lib._jitted_step(model, trace, attacks, jax.random.key_impl(key), True, None,
-                                   evaluate_worker.UNROLL, None, True, mesh, "data", False)
+  options = RunOptions(unroll=evaluate_worker.UNROLL)  # jr.evaluate's, with the worker's unroll
+  step = evaluate_lib._jitted_step(model, trace, attacks, jax.random.key_impl(key), True, options,
+                                   mesh, "data", False)
   with jax.set_mesh(mesh):
     put = lambda a, spec: jax.device_put(a, NamedSharding(mesh, spec))
     args = (put(x[:16], P("data")), put(y[:16], P("data")), put(np.ones(16, bool), P("data")),

@@ -181,6 +181,7 @@ def test_non_finite_gradient_count_is_the_same_at_every_front_door(problem):
 def test_run_attack_counts_non_finite_gradients_on_active_rows_only(problem):
   """Rows outside ``active`` are not data (padding): the engine's own clean diagnosis does not
   count them either."""
+  from jaxrobust._options import RunOptions
   from jaxrobust.engine.attack_loop import run_attack
   w, v, x, y = problem
   model = functools.partial(nan_gradient, w, v)
@@ -188,7 +189,8 @@ def test_run_attack_counts_non_finite_gradients_on_active_rows_only(problem):
   active = np.arange(BATCH) % 2 == 0
   assert 0 < (bad & active).sum() < bad.sum()
   result, _ = run_attack(jr.attacks.fgsm("linf"), model, x, y, jr.Budget(0.05),
-                         jax.random.key(0), active=jnp.asarray(active))
+                         jax.random.key(0), active=jnp.asarray(active),
+                         options=RunOptions(early_exit=False, canonical=False))
   assert int(result.info["counts"]["non_finite_gradient_points"]) == int((bad & active).sum())
 
 

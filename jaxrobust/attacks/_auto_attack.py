@@ -208,11 +208,10 @@ def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_class
   Robust accuracy is :math:`\frac1N\sum_x [f(x) = y]\prod_m [\text{member } m \text{ fails on }
   x]`, with each member run only on the points still robust (see the module docstring for the
   members). ``jr.run(...).info`` holds ``robust_after`` (``[M, B]``, the per-attack breakdown),
-  ``flags`` (the reliability checks) and ``counts``. Pass ``chunk_size=`` to :func:`jaxrobust.run`
-  or :func:`jaxrobust.robustness_curve` so that points already broken cost close to nothing; the
-  chunk loop is a ``lax.while_loop``, which JAX cannot differentiate in reverse mode, so leave
-  ``chunk_size=None`` to take ``jax.grad`` through the result (with it, FAB's projections make
-  ``jax.grad`` raise).
+  ``flags`` (the reliability checks) and ``counts``. The run's options (early exit,
+  ``chunk_size``: :class:`jaxrobust._options.RunOptions`) reach every member, so points already
+  broken cost close to nothing; with them FAB's projections make ``jax.grad`` through the result
+  raise.
 
   ``version="fast"`` is not AutoAttack: APGD on the probability-margin loss
   (:func:`jaxrobust.losses.probability_margin`, PMA) and then APGD-T with targeted DLR towards the

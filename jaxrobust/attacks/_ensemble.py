@@ -25,6 +25,7 @@ from typing import Callable, NamedTuple, Sequence
 import jax
 
 from jaxrobust._batch import work_dtype
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import logits_shape
 from jaxrobust.engine.members import run_members
@@ -72,15 +73,19 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
   user's whole batch, not a chunk of it, and comes before minutes of tracing).
   """
 
-  def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size, *, active=None,
-            early_exit=False):
+  def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size=None, *, active=None,
+            early_exit=False, options=None):
+    # The engine passes its options; a direct call (init below, or a user's) gives the drive
+    # protocol's chunk_size and early_exit (jr.Attack.drive).
+    if options is None:
+      options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, canonical=False)
     if check_input is not None:
       check_input(x)
     num_classes = logits_shape(logits_fn, x, samples)[-1]
     members = list(members_fn(num_classes))
     check_members(members)
     x_adv, robust_after = run_members(members, logits_fn, x, y, Budget(*budget), keys, target,
-                                      todo, chunk_size, early_exit=early_exit)
+                                      todo, options)
     info = {"robust_after": robust_after}
     if extra_info is not None:
       info.update(extra_info(logits_fn, x, y, Budget(*budget), keys, target, todo, robust_after,
@@ -88,7 +93,8 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
     return x_adv, info
 
   drive.takes_active = True  # the engine passes active= (the rows that are data) to this drive
-  drive.takes_early_exit = True  # ... and early_exit= (members stop attacking broken rows)
+  drive.takes_options = True  # ... and the run's RunOptions as options= (members exit early)
+  drive.takes_early_exit = True  # the older protocol (early_exit=), for callers that look for it
 
   def init(logits_fn, x, y, budget, keys, target=None):
     x = x.astype(work_dtype(x))
@@ -116,15 +122,13 @@ def ensemble(*attacks: Attack, name: str | None = None) -> Attack:
   adversarial found, or ``x`` where every member failed. ``jr.run(...).info["robust_after"]`` is
   ``[M, B]``: the robust flags after members ``1..m``, whose means are the per-attack breakdown.
 
-  Members run one after another; pass ``chunk_size=`` to :func:`jaxrobust.run` (or
-  :func:`jaxrobust.robustness_curve`) to compact the survivors into chunks, so that points broken
-  by an earlier member (or at a smaller eps of a curve) cost close to nothing. The chunk loop is a
-  ``lax.while_loop`` (its trip count depends on how many points survive), which JAX cannot
-  differentiate in reverse mode: ``jax.grad`` through a result computed with ``chunk_size`` raises
-  as soon as a member's point depends differentiably on what is differentiated (FAB's
-  projections, L2 steps); leave ``chunk_size=None`` to differentiate. Every member gets
-  the ensemble's per-example keys unchanged, so the ensemble's robust accuracy is never above any
-  member's run alone with the same key.
+  Members run one after another, with the run's options (early exit, ``chunk_size``:
+  :class:`jaxrobust._options.RunOptions`), so that points broken by an earlier member (or at a
+  smaller eps of a curve) cost close to nothing. ``jax.grad`` through a result computed with
+  ``chunk_size`` or early exit raises as soon as a member's point depends differentiably on what
+  is differentiated (FAB's projections, L2 steps). Every member gets the ensemble's per-example
+  keys unchanged, so the ensemble's robust accuracy is never above any member's run alone with
+  the same key.
 
   Args:
     *attacks: :class:`jaxrobust.Attack` objects with one norm, all untargeted or all targeted.

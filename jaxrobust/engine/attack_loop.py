@@ -3,7 +3,9 @@ r"""The one attack loop: an attack's ``init``/``step``/``finalize`` under ``lax.
 
 Every front door runs attacks through :func:`run_attack`: :func:`jaxrobust.run` (one budget),
 the curve kernel (:mod:`jaxrobust.engine.curve_kernel`, one run per eps), ensemble members
-(:mod:`jaxrobust.engine.members`) and :func:`jaxrobust.evaluate`.
+(:mod:`jaxrobust.engine.members`) and :func:`jaxrobust.evaluate`. How it runs (early exit,
+compaction, unrolling, scoring, canonical convolutions) is one
+:class:`~jaxrobust._options.RunOptions`, ``options``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust._batch import as_keys, like_batch, work_dtype
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, AttackResult, Budget
 from jaxrobust.engine import canonical_conv, compaction, early_exit as early_exit_lib
 from jaxrobust.engine.scoring import clean_diagnosis, score
@@ -31,9 +34,10 @@ def _zero_logits(logits_fn: Callable[..., Array], x: Array) -> Array:
 
 
 def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
-                unroll: int | bool) -> Callable[..., Array]:
+                options: RunOptions) -> Callable[..., Array]:
   """``(x, y, eps, keys, target) -> x_adv``: the attack's ``init``, ``num_steps`` ``step``\\ s
-  under one ``lax.scan``, and ``finalize``, on rows that are independent of each other."""
+  under one ``lax.scan`` (unrolled by ``options.unroll``), and ``finalize``, on rows that are
+  independent of each other."""
 
   def rows(x, y, eps, keys, target):
     budget = Budget(eps, lower, upper)
@@ -42,7 +46,7 @@ def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
       return attack.step(logits_fn, state, x, y, budget, target), None
 
     state = attack.init(logits_fn, x, y, budget, keys, target)
-    state, _ = jax.lax.scan(body, state, None, length=attack.num_steps, unroll=unroll)
+    state, _ = jax.lax.scan(body, state, None, length=attack.num_steps, unroll=options.unroll)
     return attack.finalize(logits_fn, state, x, y, budget, target).astype(x.dtype)
 
   return rows
@@ -50,11 +54,9 @@ def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
 
 def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                budget: Budget, key: Array, target: Array | None = None, *,
-               unroll: int | bool = 1, clean_correct: Array | None = None,
-               bad_gradient: Array | None = None, active: Array | None = None,
-               chunk_size: int | None = None, early_exit: bool = False,
-               score_skipped_rows: bool = True,
-               canonical: bool = False) -> tuple[AttackResult, Array]:
+               options: RunOptions, clean_correct: Array | None = None,
+               bad_gradient: Array | None = None,
+               active: Array | None = None) -> tuple[AttackResult, Array]:
   """:func:`jaxrobust.run` without input validation, and ``broken`` (``[B]`` bool).
 
   ``broken`` says the point is not robust: the clean prediction or the prediction on ``x_adv``
@@ -64,30 +66,17 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
   Drivers that have them already pass ``clean_correct`` and ``bad_gradient`` (``[B]`` bool, from
   :func:`jaxrobust.engine.scoring.clean_diagnosis`), saving a forward and a backward pass per
   call. ``active`` (``[B]`` bool) restricts the attack to some rows (the others get
-  ``x_adv = x``); with ``chunk_size`` the rows to attack are compacted into chunks of that many
-  rows and only chunks holding such rows are computed (:mod:`jaxrobust.engine.compaction`).
+  ``x_adv = x``).
 
-  ``early_exit`` (for attacks that declare ``done``, unless ``unroll=True``): rows stop once
-  broken, the rows left are re-compacted every few steps into chunks of ``chunk_size`` rows (a
-  backend default when ``None``) and the loop ends when none is left
-  (:mod:`jaxrobust.engine.early_exit`). The verdicts equal the dense run's; a broken row returns
-  its first success. It is off by default here because the training losses need the dense,
-  differentiable scan and the highest-loss point; the front doors turn it on.
-
-  ``score_skipped_rows=False`` (with early exit) re-scores only the rows attacked: callers that
-  read only ``broken`` and ``success`` of those rows (curves, ensemble members) save a forward
-  pass over the others (see :func:`jaxrobust.engine.scoring.score`).
-
-  ``canonical=True`` (the front doors): on CPU, for a deterministic model that holds a
-  convolution, the whole attack is traced once more with every convolution in XLA:CPU's canonical
-  form (:mod:`jaxrobust.engine.canonical_conv`): the same values, 3-7 times faster per step in the
-  attack loops. Nested calls (ensemble members) are covered by the outer one.
+  ``options`` (every caller states them: the front doors their users', the training losses the
+  dense, differentiable scan) say how it runs: early exit (for attacks that declare ``done``,
+  unless ``unroll=True``), compaction, scoring of skipped rows, canonical convolutions
+  (:class:`~jaxrobust._options.RunOptions`): they choose the program, not the verdicts.
   """
-  options = dict(unroll=unroll, clean_correct=clean_correct, bad_gradient=bad_gradient,
-                 active=active, chunk_size=chunk_size, early_exit=early_exit,
-                 score_skipped_rows=score_skipped_rows)
-  run = lambda: _run_attack(attack, logits_fn, x, y, budget, key, target, **options)
-  if not canonical or attack.samples:  # a randomized model takes keys: left as it is
+  rows = dict(clean_correct=clean_correct, bad_gradient=bad_gradient, active=active)
+  run = lambda: _run_attack(attack, logits_fn, x, y, budget, key, target, options=options,
+                            **rows)
+  if not options.canonical or attack.samples:  # a randomized model takes keys: left as it is
     return run()
   return canonical_conv.on_cpu_canonical(run, logits_fn, x)
 
@@ -101,10 +90,9 @@ def _all_infinite(eps) -> bool:
 
 
 def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
-                budget: Budget, key: Array, target: Array | None = None, *, unroll: int | bool,
-                clean_correct: Array | None, bad_gradient: Array | None, active: Array | None,
-                chunk_size: int | None, early_exit: bool, score_skipped_rows: bool
-                ) -> tuple[AttackResult, Array]:
+                budget: Budget, key: Array, target: Array | None = None, *,
+                options: RunOptions, clean_correct: Array | None, bad_gradient: Array | None,
+                active: Array | None) -> tuple[AttackResult, Array]:
   budget = Budget(*budget)
   x_input = x
   x = x.astype(work_dtype(x))
@@ -125,32 +113,37 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
     # counts non-finite logits on those rows only.
     extra = {"active": jnp.ones_like(todo) if active is None else active} if getattr(
         attack.drive, "takes_active", False) else {}
-    if getattr(attack.drive, "takes_early_exit", False):
-      extra["early_exit"] = early_exit
-    x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, chunk_size, **extra)
+    if getattr(attack.drive, "takes_options", False):
+      extra["options"] = options
+    elif getattr(attack.drive, "takes_early_exit", False):
+      extra["early_exit"] = options.early_exit
+    x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, options.chunk_size,
+                               **extra)
     info = dict(info or {})
   else:
-    rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, unroll)
-    exits = early_exit and attack.done is not None and attack.num_steps > 0 and unroll is not True
+    rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, options)
+    exits = (options.early_exit and attack.done is not None and attack.num_steps > 0
+             and options.unroll is not True)
     if exits and attack.minimum_norm and _all_infinite(budget.eps):
       exits = False  # a minimum-norm search: no row is ever done, so the plain scan
     if exits:
       until_done = lambda frozen, x, y, eps, keys, target: early_exit_lib.run_until_done(
           attack, logits_fn, x, y, eps, keys, target, frozen, lower=budget.lower,
-          upper=budget.upper, unroll=unroll, chunk_size=chunk_size)
-      if chunk_size is not None and compaction.batch_axis(todo) is not None:
+          upper=budget.upper, options=options)
+      if options.chunk_size is not None and compaction.batch_axis(todo) is not None:
         # Per device (shard_map): each device re-compacts its own rows every segment.
         x_adv = compaction.per_device(lambda todo, *rows: until_done(~todo, *rows), todo, x, y,
                                       eps, keys, target)
       else:
         x_adv = until_done(~todo, x, y, eps, keys, target)
-    elif chunk_size is None:
+    elif options.chunk_size is None:
       x_adv = rows(x, y, eps, keys, target)
     else:
-      x_adv = compaction.compacted(rows, todo, chunk_size, x, y, eps, keys, target)
+      x_adv = compaction.compacted(rows, todo, options.chunk_rows(batch, exits=False), x, y, eps,
+                                   keys, target)
   logits_of_todo = None
-  chunk = early_exit_lib.chunk_rows(batch, chunk_size)
-  if early_exit and not score_skipped_rows and not attack.samples:
+  if options.early_exit and not options.score_skipped_rows and not attack.samples:
+    chunk = options.chunk_rows(batch)
     if early_exit_lib.compactable(todo, chunk):
       logits_of_todo = lambda x_adv: compaction.map_rows(
           lambda _, rows: logits_fn(rows), todo, chunk, (x_adv,))

@@ -14,13 +14,15 @@ inside every larger one, so the curve is non-increasing by construction. A minim
 runs once: :math:`r_{k,i} = c_i \wedge [\epsilon^*_i > \epsilon_k]`.
 
 Three schedules compute the same flags: eps one after another (``eps_batch_size=None``),
-vectorised (``0``) or in vectorised chunks (``b``). One after another, with early exit or with
-``chunk_size``, they use **cross-eps skipping**: the eps run in increasing order and each attacks
-only the rows not yet broken, so a point broken at a small eps costs close to nothing at the
-larger ones (with early exit those rows are frozen from the start and compacted away,
-:mod:`jaxrobust.engine.early_exit`; with ``chunk_size`` alone they are compacted away,
-:mod:`jaxrobust.engine.compaction`). A skipped row reads "not broken" at that eps, and the worst
-case over smaller eps restores it, so the flags equal the dense ones.
+vectorised (``0``) or in vectorised chunks (``b``), as the run's
+:class:`~jaxrobust._options.RunOptions` say. One after another, with early exit or with
+``chunk_size`` (:attr:`~jaxrobust._options.RunOptions.skips_across_eps`), they use **cross-eps
+skipping**: the eps run in increasing order and each attacks only the rows not yet broken, so a
+point broken at a small eps costs close to nothing at the larger ones (with early exit those rows
+are frozen from the start and compacted away, :mod:`jaxrobust.engine.early_exit`; with
+``chunk_size`` alone they are compacted away, :mod:`jaxrobust.engine.compaction`). A skipped row
+reads "not broken" at that eps, and the worst case over smaller eps restores it, so the flags
+equal the dense ones.
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust._batch import fold_in, rows_like
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget
-from jaxrobust._validation import check_chunk_size
 from jaxrobust.engine import scoring
 from jaxrobust.engine.attack_loop import run_attack
 
@@ -46,17 +48,6 @@ class CurveFlags(NamedTuple):
   eps_star: Array | None  # [B] float32 minimal norms (minimum-norm attacks), else None
   info: dict  # "flags": name -> [] bool; "counts": name -> [K] (per eps) or [] int32;
   #             "robust_after": [K, M, B] bool per-member breakdown (ensembles and suites)
-
-
-def check_options(attack: Attack, eps_batch_size: int | None, chunk_size: int | None) -> None:
-  """The option combinations every curve front door accepts (static, checked on the host)."""
-  check_chunk_size(chunk_size)
-  if eps_batch_size is not None and (isinstance(eps_batch_size, bool)
-                                     or not isinstance(eps_batch_size, int) or eps_batch_size < 0):
-    raise ValueError(f"eps_batch_size must be None, 0 or a positive int, got {eps_batch_size!r}.")
-  if chunk_size is not None and eps_batch_size is not None and not attack.minimum_norm:
-    raise ValueError("chunk_size skips points broken at a smaller eps, so the eps run one after "
-                     f"another: use eps_batch_size=None with it (got {eps_batch_size!r}).")
 
 
 def worst_case_over_smaller_eps(broken: Array, epsilons: Array, *, strict: bool = False) -> Array:
@@ -77,13 +68,12 @@ def worst_case_over_smaller_eps(broken: Array, epsilons: Array, *, strict: bool 
 def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                  epsilons: Array, keys: Array, *, lower, upper, correct: Array,
                  bad_gradient: Array | None = None, active: Array | None = None,
-                 target: Array | None = None, eps_batch_size: int | None = None,
-                 unroll: int | bool = 1, chunk_size: int | None = None,
-                 early_exit: bool = False) -> CurveFlags:
+                 target: Array | None = None, options: RunOptions) -> CurveFlags:
   """Per-example robust flags ``[K, B]`` of ``attack`` over ``epsilons`` (see the module).
 
   Args:
-    attack: a :class:`jaxrobust.Attack` (validated by the caller, see :func:`check_options`).
+    attack: a :class:`jaxrobust.Attack` (validated by the caller, with
+      :meth:`~jaxrobust._options.RunOptions.check_curve`).
     logits_fn: the model.
     x: ``[B, ...]`` inputs; y: ``[B]`` labels; epsilons: ``[K]`` float32.
     keys: ``[B]`` per-example keys (a fixed-budget attack uses ``fold_in(keys, k)`` at eps k).
@@ -93,20 +83,21 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
       rows as ``non_finite_gradient_points``.
     active: ``[B]`` rows to attack and count (``None``: all); padding is inactive.
     target: ``[B]`` targets of a targeted attack (robust still means "prediction is ``y``").
-    eps_batch_size, unroll, chunk_size, early_exit: the schedule (see the module).
+    options: the schedule (see the module) and how each run goes; every run scores only the
+      rows it attacked (``score_skipped_rows=False``).
 
   Returns:
     A :class:`CurveFlags`.
   """
   epsilons = jnp.asarray(epsilons, jnp.float32)
   active = jnp.ones_like(correct) if active is None else active
-  common = dict(unroll=unroll, clean_correct=correct, active=active, chunk_size=chunk_size,
-                early_exit=early_exit, score_skipped_rows=False, canonical=True)
+  runs = options.replace(score_skipped_rows=False)
   if attack.minimum_norm:
     budget = Budget(rows_like(x, jnp.inf, jnp.float32), lower, upper)
     # At eps = inf no row is ever done (the answer keeps shrinking): the plain scan.
     result, _ = run_attack(attack, logits_fn, x, y, budget, keys, target,
-                           **{**common, "early_exit": False})
+                           options=runs.replace(early_exit=False), clean_correct=correct,
+                           active=active)
     eps_star = result.norm.astype(jnp.float32)
     robust = correct[None, :] & (eps_star[None, :] > epsilons[:, None])
     return CurveFlags(robust, eps_star, _with_gradient_count(
@@ -115,17 +106,17 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
   def run_at(index, eps, rows):
     budget = Budget(rows_like(x, 0.0, jnp.float32) + eps, lower, upper)
     result, broken = run_attack(attack, logits_fn, x, y, budget, fold_in(keys, index), target,
-                                **{**common, "active": rows})
+                                options=runs, clean_correct=correct, active=rows)
     return broken, _checks(result.info)
 
   indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)
-  if chunk_size is not None or (early_exit and eps_batch_size is None):
+  if options.skips_across_eps:
     broken, per_eps = _skipping(run_at, epsilons, correct, active)
-  elif eps_batch_size == 0:
+  elif options.eps_batch_size == 0:
     broken, per_eps = jax.vmap(lambda ie: run_at(*ie, active))(indexed)
   else:
     broken, per_eps = jax.lax.map(lambda ie: run_at(*ie, active), indexed,
-                                  batch_size=eps_batch_size or None)
+                                  batch_size=options.eps_batch_size or None)
   robust = correct[None, :] & ~worst_case_over_smaller_eps(broken, epsilons)
   info = {"flags": {k: jnp.any(v) for k, v in per_eps["flags"].items()},
           "counts": per_eps["counts"]}

@@ -10,10 +10,11 @@ follows, instead of one fixed-length ``lax.scan`` over the whole batch:
   batch, on the chunking below, or on when the loop ends;
 * **segments with re-compaction** -- the steps run in segments of :math:`R` steps. Before each
   segment the rows still to attack are moved to the front of the batch (a stable sort by
-  ``done``), cut into chunks of ``chunk_size`` rows, and only the chunks holding such rows run the
-  segment's :math:`R` steps; the results go back to their rows. With :math:`a_s` rows left at
-  segment :math:`s`, the model sees about :math:`R \sum_s \lceil a_s / c \rceil c` rows instead of
-  :math:`R\,S\,B`, and the loop ends as soon as no row is left.
+  ``done``), cut into chunks of :math:`c` rows (:meth:`jaxrobust._options.RunOptions.chunk_rows`:
+  ``chunk_size`` or a backend default, balanced over the batch), and only the chunks holding such
+  rows run the segment's :math:`R` steps; the results go back to their rows. With :math:`a_s`
+  rows left at segment :math:`s`, the model sees about :math:`R \sum_s \lceil a_s / c \rceil c`
+  rows instead of :math:`R\,S\,B`, and the loop ends as soon as no row is left.
 
 Exactness. A row that is never done runs exactly the steps of the dense run, so its final point
 is the same; a row that is done holds a successful point in both runs. Hence the success flags,
@@ -21,8 +22,8 @@ robust accuracy and curves equal the dense computation's (up to the float roundi
 evaluated on a chunk instead of the whole batch, which the conformance tests check does not
 flip verdicts on their problems). What changes is the returned point of a broken row: the first
 success (and the one iterate after it that ``finalize`` may score) instead of the success of
-largest loss among all steps. ``early_exit=False`` (:func:`jaxrobust.run`) keeps the old
-behaviour for users who want the strongest adversarial example rather than the verdict.
+largest loss among all steps. ``early_exit=False`` (:class:`jaxrobust._options.RunOptions`) keeps
+the old behaviour for users who want the strongest adversarial example rather than the verdict.
 
 The segment loop's trip count depends on the data, so this cannot be differentiated in reverse
 mode (adversarial training uses the dense scan, :mod:`jaxrobust.training`). Under an Explicit
@@ -40,6 +41,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust._batch import expand
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget
 from jaxrobust.engine import compaction
 
@@ -47,31 +49,6 @@ Array = jax.Array
 
 SEGMENTS = 8
 """About how many segments a run is cut into (each re-compacts the rows left)."""
-
-
-def default_chunk_size() -> int:
-  """Rows per chunk when the caller gives none, from the default backend (static).
-
-  On CPU a model evaluation costs about in proportion to its rows above a few dozen, and a chunk
-  that holds one row still to attack costs all its rows. Measured on the digits models: chunks of
-  64 rows gave the fastest AutoAttack curve on the MLP (4.5 s, against 4.8 s with 32 and 5.5 s
-  with 128; model rows 1.27x the reference's, against 1.09x and 1.78x) and cut the plain CNN's
-  PGD curve by 35%, at 5-15% overhead where almost no point breaks. Accelerators are only
-  saturated by large batches, so their chunks are large (a smaller chunk would save no time).
-  """
-  return 64 if jax.default_backend() == "cpu" else 512
-
-
-def chunk_rows(batch: int, chunk_size: int | None) -> int:
-  """Rows per chunk for a batch: at most ``chunk_size`` (``None``: :func:`default_chunk_size`),
-  balanced so that the chunks cover the batch with the least padding.
-
-  Examples:
-    >>> chunk_rows(540, 64), chunk_rows(64, 128), chunk_rows(100, 32)
-    (60, 64, 25)
-  """
-  limit = max(1, min(chunk_size or default_chunk_size(), batch))
-  return -(-batch // -(-batch // limit))
 
 
 def remainder_rows(chunk: int) -> int:
@@ -114,7 +91,7 @@ def freeze(keep: Array, old: Any, new: Any) -> Any:
 
 def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                    eps: Array, keys: Array, target: Array | None, frozen: Array, *,
-                   lower, upper, unroll: int | bool, chunk_size: int | None) -> Array:
+                   lower, upper, options: RunOptions) -> Array:
   """``x_adv`` of ``attack`` on rows ``[B]``, with early exit (see the module).
 
   Args:
@@ -123,14 +100,15 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
     frozen: ``[B]`` rows not to attack at all (their ``x_adv`` is whatever ``finalize`` makes of
       the initial state; callers replace it).
     lower, upper: the box.
-    unroll: steps per iteration of the inner loop (an int; the done check runs between them).
-    chunk_size: rows per chunk; ``None`` for :func:`default_chunk_size`.
+    options: the run's options: ``unroll`` steps per iteration of the inner loop (an int; the
+      done check runs between them), chunks of :meth:`~jaxrobust._options.RunOptions.chunk_rows`
+      rows of ``x`` (inside a ``shard_map``, of this device's rows).
 
   Returns:
     ``x_adv`` ``[B, ...]`` of ``x``'s dtype.
   """
-  chunk = chunk_rows(x.shape[0], chunk_size)
-  block = max(1, int(unroll))
+  chunk = options.chunk_rows(x.shape[0], exits=True)
+  block = max(1, int(options.unroll))
   length = block * -(-segment_steps(attack.num_steps) // block)
   total = attack.num_steps
   # Rows are never moved across the devices of an Explicit mesh axis (see the module).

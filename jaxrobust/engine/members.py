@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust._batch import expand
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget
 from jaxrobust.engine.attack_loop import run_attack
 
@@ -22,22 +23,24 @@ Array = jax.Array
 
 def run_members(members: Sequence[Attack], logits_fn: Callable[..., Array], x: Array, y: Array,
                 budget: Budget, keys: Array, target: Array | None, todo: Array,
-                chunk_size: int | None, *, early_exit: bool = False) -> tuple[Array, Array]:
+                options: RunOptions) -> tuple[Array, Array]:
   """``(x_adv, robust_after [M, B])``: the first success per row (``x`` where none), and the
   rows of ``todo`` still robust after members ``1..m``.
 
   Every member gets the same per-example ``keys``, so a member computes on the rows it attacks
   exactly what it computes alone: the ensemble is never weaker than any member run alone.
-  ``early_exit`` is passed to every member (:func:`jaxrobust.engine.attack_loop.run_attack`).
+  Every member runs with the ensemble's ``options`` (early exit, compaction), except that it
+  scores only the rows it attacked, leaves canonical convolutions to the outer run and runs its
+  own loop with ``unroll=1`` (:func:`jaxrobust.engine.attack_loop.run_attack`).
   """
+  options = options.replace(unroll=1, score_skipped_rows=False, canonical=False)
   alive = todo
   x_adv = x
   robust_after = []
   everyone = jnp.ones_like(todo)
   for member in members:  # static: the members are configuration
     result, _ = run_attack(member, logits_fn, x, y, budget, keys, target,
-                           clean_correct=everyone, active=alive, chunk_size=chunk_size,
-                           early_exit=early_exit, score_skipped_rows=False)
+                           options=options, clean_correct=everyone, active=alive)
     newly = alive & result.success
     x_adv = jnp.where(expand(newly, x.ndim), result.x_adv, x_adv)
     alive = alive & ~result.success

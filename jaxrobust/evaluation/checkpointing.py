@@ -26,6 +26,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxrobust import _checkpoint
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack
 from jaxrobust.evaluation.device_step import EvalSums, _Trace, hash_array
 from jaxrobust.metrics import CurveCounts
@@ -69,10 +70,14 @@ def _has_contents(cell: Any) -> bool:
 
 def fingerprint(attacks: Mapping[str, Attack], epsilons: np.ndarray, key_data: np.ndarray,
                  key_impl: Any, batch_size: int, lower: float, upper: float,
-                 keep_per_example: bool, eps_batch_size: int | None, unroll: Any,
-                 process: tuple[int, int],
+                 keep_per_example: bool, options: RunOptions, process: tuple[int, int],
                  certifiers: Mapping[str, Any] | None = None) -> dict[str, Any]:
-  """What must match for a checkpoint to be resumed: everything that changes the result."""
+  """What must match for a checkpoint to be resumed: everything that changes the result.
+
+  Of the run's options it holds ``eps_batch_size`` and ``unroll`` (as it always has: the same
+  keys and values, so earlier checkpoints still resume), not ``chunk_size`` and ``early_exit``,
+  which change the work and not the verdicts.
+  """
   described = []
   for name, a in attacks.items():
     config = [_config_of(f) for f in (a.init, a.step, a.finalize, a.drive, a.samples)]
@@ -81,8 +86,8 @@ def fingerprint(attacks: Mapping[str, Attack], epsilons: np.ndarray, key_data: n
   return {"attacks": described, "epsilons": [repr(float(e)) for e in epsilons],
           "key": [str(key_impl), key_data.astype(np.uint32).ravel().tolist()],
           "batch_size": batch_size, "box": [repr(float(lower)), repr(float(upper))],
-          "keep_per_example": keep_per_example, "eps_batch_size": eps_batch_size,
-          "unroll": unroll, "process": list(process),
+          "keep_per_example": keep_per_example, "eps_batch_size": options.eps_batch_size,
+          "unroll": options.unroll, "process": list(process),
           **({"certifiers": [[name, c.name, c.norm, c.config] for name, c in certifiers.items()]}
              if certifiers else {})}
 

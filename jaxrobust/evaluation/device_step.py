@@ -23,6 +23,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxrobust._batch import fold_in, rows_like
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack
 from jaxrobust.engine.curve_kernel import CurveFlags, robust_flags
 from jaxrobust.engine.scoring import clean_diagnosis
@@ -94,23 +95,21 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
   ``epsilons [K]`` float32, ``key_data`` the raw data of one PRNG key, and scalar bounds. Example
   ``i`` draws its randomness from ``fold_in(key, index[i])`` (and, for a fixed-budget attack,
   ``fold_in(., k)`` at the ``k``-th eps, as :func:`jaxrobust.robustness_curve` does), so every
-  attack sees the same keys whatever else is evaluated with it. With ``early_exit`` or
-  ``chunk_size`` each fixed-budget attack skips the rows it broke at a smaller eps (cross-eps
-  skipping, see :mod:`jaxrobust.engine.curve_kernel`), and with ``early_exit`` a row stops
-  costing model evaluations once broken (:mod:`jaxrobust.engine.early_exit`). With ``axis_name`` (inside :func:`jax.shard_map`) the
-  sums are reduced over that axis.
+  attack sees the same keys whatever else is evaluated with it. The attacks run with the options
+  ``eps_batch_size``, ``unroll``, ``chunk_size`` and ``early_exit``, explained once in
+  :class:`jaxrobust._options.RunOptions` (early exit is off by default here). With
+  ``axis_name`` (inside :func:`jax.shard_map`) the sums are reduced over that axis.
 
   Args:
     logits_fn: the model.
     attacks: name -> untargeted :class:`jaxrobust.Attack`.
     key_impl: the PRNG implementation of the key (``jax.random.key_impl``).
     keep_per_example: return a :class:`PerExample`; otherwise ``None``.
-    eps_batch_size: as in :func:`jaxrobust.robustness_curve`.
-    unroll: as in :func:`jaxrobust.run`.
-    chunk_size: as in :func:`jaxrobust.robustness_curve`.
+    eps_batch_size, unroll, chunk_size: see :class:`~jaxrobust._options.RunOptions`.
     axis_name: the mapped batch axis to reduce over, or ``None`` under plain ``jit``.
     certifiers: optional name -> :class:`jaxrobust.certify.Certifier`; certifier ``c`` draws from
       ``fold_in(key_i, CERTIFIER_STREAM + c)`` and its counts are ``EvalSums.certified[c]``.
+    early_exit: see :class:`~jaxrobust._options.RunOptions`.
 
   Returns:
     The step function.
@@ -128,25 +127,22 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
     >>> int(sums.worst_case.correct), sums.curves[0].robust.tolist(), sums.worst_case.robust.tolist()
     (2, [2, 1], [2, 1])
   """
+  options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, unroll=unroll,
+                       eps_batch_size=eps_batch_size)
   inner = _build_step(lambda _: logits_fn, attacks, key_impl=key_impl,
-                      keep_per_example=keep_per_example, eps_batch_size=eps_batch_size,
-                      unroll=unroll, chunk_size=chunk_size, axis_name=axis_name,
-                      certifiers=certifiers, early_exit=early_exit)
+                      keep_per_example=keep_per_example, options=options, axis_name=axis_name,
+                      certifiers=certifiers)
   return functools.partial(inner, ())
 
 
 def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
                 attacks: Mapping[str, Attack], *, key_impl: Any, keep_per_example: bool,
-                eps_batch_size: int | None, unroll: int | bool, chunk_size: int | None,
-                axis_name: str | None,
-                certifiers: Mapping[str, Any] | None = None,
-                early_exit: bool = False) -> Callable[..., tuple]:
+                options: RunOptions, axis_name: str | None,
+                certifiers: Mapping[str, Any] | None = None) -> Callable[..., tuple]:
   """:func:`build_step` whose step takes the model's arrays first: ``step(model_arrays, x, ...)``
   with ``logits_fn = rebuild(model_arrays)``."""
   items = tuple(attacks.values())
   certify = tuple((certifiers or {}).values())
-  options = dict(eps_batch_size=eps_batch_size, unroll=unroll, chunk_size=chunk_size,
-                 early_exit=early_exit)
 
   def step(model_arrays, x, y, mask, index, epsilons, key_data, lower, upper):
     logits_fn = rebuild(model_arrays)
@@ -158,7 +154,8 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
     # attacked (it costs nothing with chunk_size) and never counted.
     correct, bad_gradient = clean_diagnosis(max(a.samples for a in items), logits_fn, x, y, keys)
     results = [robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
-                            correct=correct, bad_gradient=bad_gradient, active=mask, **options)
+                            correct=correct, bad_gradient=bad_gradient, active=mask,
+                            options=options)
                for attack in items]
     robust = jnp.stack([r.robust for r in results])  # [A, K, B]
     worst = jnp.all(robust, axis=0)  # [K, B]: robust under every attack
@@ -245,8 +242,7 @@ _STEP_CACHE_SIZE = 8
 
 
 def _jitted_step(model: Model, trace: _Trace, attacks, key_impl, keep_per_example,
-                 eps_batch_size, unroll, chunk_size, early_exit, mesh, axis, use_shard_map,
-                 certifiers=None):
+                 options: RunOptions, mesh, axis, use_shard_map, certifiers=None):
   """The ``jax.jit``-ed step, reused only where it computes what a fresh one would.
 
   A compiled step depends on its arguments (data, eps, key and the model's arrays in
@@ -258,8 +254,7 @@ def _jitted_step(model: Model, trace: _Trace, attacks, key_impl, keep_per_exampl
   steps of the same model with other captured arrays are dropped (they can only be stale).
   """
   base = (model.identity, trace.program, tuple(attacks.items()), str(key_impl), keep_per_example,
-          eps_batch_size, unroll, chunk_size, early_exit, mesh, axis, use_shard_map,
-          tuple((certifiers or {}).items()))
+          options, mesh, axis, use_shard_map, tuple((certifiers or {}).items()))
   cache_key = (base, tuple(_constant_key(c) for c in trace.constants))
   try:
     cached = _STEP_CACHE.get(cache_key)
@@ -267,11 +262,9 @@ def _jitted_step(model: Model, trace: _Trace, attacks, key_impl, keep_per_exampl
     cache_key, cached = None, None
   if cached is not None:
     return cached[0]
-  step_fn = _build_step(lambda params: model.with_params(params).as_callable(), attacks, key_impl=key_impl,
-                        keep_per_example=keep_per_example, eps_batch_size=eps_batch_size,
-                        unroll=unroll, chunk_size=chunk_size,
-                        axis_name=axis if use_shard_map else None, certifiers=certifiers,
-                        early_exit=early_exit)
+  step_fn = _build_step(lambda params: model.with_params(params).as_callable(), attacks,
+                        key_impl=key_impl, keep_per_example=keep_per_example, options=options,
+                        axis_name=axis if use_shard_map else None, certifiers=certifiers)
   if use_shard_map:  # data parallel: the model's arrays are replicated on every device
     batch_spec = P(axis)
     step_fn = jax.shard_map(

@@ -15,6 +15,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_eps, check_labels, check_logits, check_x_in_box, logits_shape
 from jaxrobust.evaluation import host
@@ -71,17 +72,14 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     batch_axis: the mesh axis to shard the batch over (default: the first).
     use_shard_map: run the step per device under ``jax.shard_map`` (requires ``mesh``).
     keep_per_example: keep per-example arrays in the report (``Report.per_example``).
-    eps_batch_size: how fixed-budget attacks loop over eps (see :func:`robustness_curve`).
-    unroll: attack-loop unrolling (see :func:`jaxrobust.run`).
-    chunk_size: rows per chunk of the compaction behind early exit and cross-eps skipping
-      (``None``: a backend default; without early exit, ``None`` turns compaction off); needs
-      ``eps_batch_size=None``. With a ``mesh`` it selects the ``shard_map`` path, so the
-      compaction stays per device.
-    early_exit: each attack stops attacking a point once broken, and each fixed-budget attack
-      runs the eps in increasing order attacking only the points it has not broken at a smaller
-      eps (see :func:`jaxrobust.robustness_curve`; the report is the same, the model evaluations
-      fewer). With a ``mesh`` it selects the ``shard_map`` path, so rows never move between
-      devices.
+    eps_batch_size: how fixed-budget attacks loop over eps.
+    unroll: attack-loop unrolling.
+    chunk_size: rows per chunk of the compaction behind early exit and cross-eps skipping; with
+      a ``mesh`` it selects the ``shard_map`` path, so the compaction stays per device.
+    early_exit: stop attacking a point once broken and skip across eps (the report is the same,
+      the model evaluations fewer); with a ``mesh`` it selects the ``shard_map`` path. These
+      four options are explained in :class:`jaxrobust._options.RunOptions`; the report's
+      provenance records them.
     allow_large_eps: accept budgets that cover the whole box.
     certifiers: optional name -> :class:`jaxrobust.certify.Certifier` (e.g.
       ``{"ibp": jr.certify.bounds_certifier()}``), run on every batch beside the attacks; their
@@ -113,16 +111,17 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     worst case over attacks).
   """
   start_time = time.perf_counter()
+  options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, unroll=unroll,
+                       eps_batch_size=eps_batch_size)
   plan = host.plan_run(attacks, epsilons, key, batch_size, mesh, batch_axis, use_shard_map, lower,
-                       upper, eps_batch_size, chunk_size, early_exit)
-  options = (keep_per_example, eps_batch_size, unroll, chunk_size, early_exit)
+                       upper, options)
   certifiers = _check_certifiers(certifiers, plan.attacks)
   if certifiers and plan.mesh is not None:  # bounds trace the model per example: keep it local
     plan = plan._replace(use_shard_map=True)
   state = EvalState(tuple(plan.attacks), plan.min_norm, keep_per_example)
   ckpt = None if checkpoint is None else Checkpoint(checkpoint, fingerprint(
       plan.attacks, plan.epsilons, plan.key_data, jax.random.key_impl(plan.key), batch_size,
-      plan.lower, plan.upper, keep_per_example, eps_batch_size, unroll,
+      plan.lower, plan.upper, keep_per_example, plan.options,
       (plan.process_index, plan.num_processes), certifiers), state)
   resume_at = 0 if ckpt is None else ckpt.resume_at
   model = model_of(logits_fn)  # the parameters as they are now, at call time
@@ -144,7 +143,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       if ckpt is not None:  # the data fingerprint is only needed to resume
         host.hash_batch(hasher, x, y, index)
       if step_fn is None:  # the first batch: the model as it is now, at the step's shapes
-        step_fn, num_classes = _compile(model, logits_fn, plan, x, options, ckpt, certifiers)
+        step_fn, num_classes = _compile(model, logits_fn, plan, x, keep_per_example, ckpt,
+                                        certifiers)
       position += 1
       if position <= resume_at:  # done before the interruption: only advance and hash
         ckpt.check_data(position, hasher.hexdigest())
@@ -172,9 +172,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   timing = host.timing(start_time, time.perf_counter(), clock["after_first"], clock["compile"],
                        clock["step"], clock["evaluated"], clock["first_n"])
   run = {"batch_size": batch_size, "keep_per_example": keep_per_example,
-         "eps_batch_size": eps_batch_size, "unroll": unroll, "chunk_size": chunk_size, "early_exit": early_exit,
-         "use_shard_map": use_shard_map, "devices": 1 if mesh is None else int(mesh.size),
-         "processes": plan.num_processes}
+         **plan.options.provenance(), "use_shard_map": use_shard_map,
+         "devices": 1 if mesh is None else int(mesh.size), "processes": plan.num_processes}
   return _report(plan, state, timing, run, certifiers)
 
 
@@ -203,7 +202,7 @@ def _check_certifiers(certifiers: Mapping[str, Any] | None,
   return dict(certifiers)
 
 
-def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, options: tuple,
+def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, keep_per_example: bool,
              ckpt: Checkpoint | None, certifiers: Mapping[str, Any]) -> tuple[Callable[..., Any],
                                                                               int]:
   """The compiled step for the model as it is now (traced at the step's batch shape), and the
@@ -221,8 +220,9 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, options: tuple,
   warn_if_captured(trace.constants, where="jr.evaluate", stacklevel=4)
   if ckpt is not None:
     ckpt.check_model(model_fingerprint(model, trace))
-  return _jitted_step(model, trace, plan.attacks, jax.random.key_impl(plan.key), *options,
-                      plan.mesh, plan.axis, plan.use_shard_map, certifiers), num_classes
+  return _jitted_step(model, trace, plan.attacks, jax.random.key_impl(plan.key), keep_per_example,
+                      plan.options, plan.mesh, plan.axis, plan.use_shard_map,
+                      certifiers), num_classes
 
 
 def _constants(plan: host.Plan, x: np.ndarray, allow_large_eps: bool) -> tuple:

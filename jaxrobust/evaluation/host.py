@@ -20,9 +20,9 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_batch, check_bounds
-from jaxrobust.engine.curve_kernel import check_options
 
 Array = jax.Array
 
@@ -44,6 +44,7 @@ class Plan(NamedTuple):
   use_shard_map: bool
   num_processes: int
   process_index: int
+  options: RunOptions  # how every attack runs (early exit, compaction, eps schedule, unrolling)
 
 
 def _as_attacks(attacks: Attack | Mapping[str, Attack]) -> dict[str, Attack]:
@@ -75,8 +76,7 @@ def _as_attacks(attacks: Attack | Mapping[str, Attack]) -> dict[str, Attack]:
 
 
 def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, batch_axis: Any,
-             use_shard_map: bool, lower: Any, upper: Any, eps_batch_size: Any,
-             chunk_size: Any, early_exit: bool = False) -> Plan:
+             use_shard_map: bool, lower: Any, upper: Any, options: RunOptions) -> Plan:
   """Checks the configuration of :func:`jaxrobust.evaluate` and returns its :class:`Plan`."""
   attacks = _as_attacks(attacks)
   epsilons = np.asarray(epsilons, np.float32)
@@ -85,7 +85,7 @@ def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, 
   if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
     raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
   for attack in attacks.values():
-    check_options(attack, eps_batch_size, chunk_size)
+    options.check_curve(attack)
   check_bounds(lower, upper)
   key = _single_key(key)
   num_processes, process_index = jax.process_count(), jax.process_index()
@@ -103,7 +103,7 @@ def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, 
     # Compaction moves rows within the batch: run it per device, where it stays local (under jit,
     # Explicit axes cannot close over the mesh-placed parameters inside the compaction's own
     # shard_map, and Auto axes would move rows between devices).
-    use_shard_map = use_shard_map or chunk_size is not None or early_exit
+    use_shard_map = use_shard_map or options.moves_rows
   elif use_shard_map:
     raise ValueError("use_shard_map=True needs a mesh=.")
   elif num_processes > 1:
@@ -112,7 +112,7 @@ def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, 
               epsilons=epsilons, batch_size=batch_size, local_batch=batch_size // num_processes,
               key=key, key_data=np.asarray(jax.random.key_data(key)), lower=float(lower),
               upper=float(upper), mesh=mesh, axis=axis, use_shard_map=use_shard_map,
-              num_processes=num_processes, process_index=process_index)
+              num_processes=num_processes, process_index=process_index, options=options)
 
 
 def _single_key(key: Any) -> Array:

@@ -11,7 +11,7 @@ from jaxrobust import losses
 from jaxrobust._types import Attack, Budget
 from jaxrobust.attacks import pgd
 from jaxrobust.training._aux import Aux
-from jaxrobust.training._inner import attack_every_point, check_attack
+from jaxrobust.training._inner import attack_every_point, check_attack, inner_options
 from jaxrobust.training._model import roles
 
 Array = jax.Array
@@ -60,9 +60,8 @@ def adversarial_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array,
       attacks are refused: they do not look for the worst point of the budget).
     attack_logits_fn: the model the attack runs (default ``logits_fn``), e.g. an eval-mode view
       ``nnx.view(model, deterministic=True, use_running_average=True)``.
-    unroll: passed to the attack's ``jax.lax.scan`` (see :func:`jaxrobust.run`): ``True``
-      unrolls it, which only costs compile time now: on CPU the loop's convolutions are made
-      canonical (:mod:`jaxrobust.training._inner`), so it runs as fast as the unrolled steps.
+    unroll: passed to the inner attack's ``jax.lax.scan`` (see
+      :class:`~jaxrobust._options.RunOptions`).
 
   Returns:
     ``(loss [], Aux(x_adv, None, logits_adv))``.
@@ -93,6 +92,6 @@ def adversarial_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   budget = Budget(*budget)
   model = roles(logits_fn)
   attacker = model.frozen if attack_logits_fn is None else roles(attack_logits_fn).frozen
-  x_adv = attack_every_point(attack, attacker, x, y, budget, key, unroll=unroll)
+  x_adv = attack_every_point(attack, attacker, x, y, budget, key, options=inner_options(unroll))
   logits_adv = model.outer(x_adv)
   return mean_cross_entropy(logits_adv, y), Aux(x_adv, None, logits_adv)

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust._batch import is_correct, predict
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_inputs
 from jaxrobust.attacks import pgd
@@ -50,12 +51,10 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
     attack: an untargeted attack for a deterministic model (fixed-budget or minimum-norm, whose
       points lie inside ``budget.eps``); ``None``: ``pgd("linf", steps=10)``.
     mask: optional ``[B]`` bool; ``False`` rows (padding) are neither attacked nor counted.
-    unroll: passed to the attack's ``jax.lax.scan`` (see :func:`jaxrobust.run`): ``True``
-      unrolls it, which only costs compile time now: on CPU the loop's convolutions are made
-      canonical (:mod:`jaxrobust.training._inner`), so it runs as fast as the unrolled steps.
-    early_exit: stop attacking a point once broken (see :func:`jaxrobust.run`): the same counts
-      of robust points, fewer model evaluations; the perturbation sums are then those of each
-      broken point's first adversarial point.
+    unroll: passed to the attack's ``jax.lax.scan`` (see :class:`~jaxrobust._options.RunOptions`).
+    early_exit: stop attacking a point once broken (see :class:`~jaxrobust._options.RunOptions`):
+      the same counts of robust points, fewer model evaluations; the perturbation sums are then
+      those of each broken point's first adversarial point.
 
   Returns:
     :class:`jaxrobust.metrics.Counts` of the batch (with the attack-norm perturbation sums).
@@ -76,6 +75,7 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   """
   attack = pgd("linf", steps=DEFAULT_STEPS) if attack is None else attack
   check_attack(attack, training=False)
+  options = RunOptions(early_exit=early_exit, unroll=unroll)
   budget = Budget(*budget)
   model = roles(logits_fn).frozen
   check_inputs(model, x, y, budget, norm=attack.norm, minimum_norm=attack.minimum_norm,
@@ -83,7 +83,7 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   logits_clean = model(x)
   clean_correct = is_correct(logits_clean, y)
   active = None if mask is None else jnp.asarray(mask, bool)
-  result, _ = run_attack(attack, model, x, y, budget, key, clean_correct=clean_correct,
-                         active=active, unroll=unroll, early_exit=early_exit, canonical=True)
+  result, _ = run_attack(attack, model, x, y, budget, key, options=options,
+                         clean_correct=clean_correct, active=active)
   return Counts.from_batch(predict(logits_clean), predict(result.logits), y, x=x,
                            x_adv=result.x_adv, norm=attack.norm, mask=mask)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 from jaxrobust import projections
 from jaxrobust._batch import (as_keys, expand, finite_or_zero, fold_in, like_batch, rows_finite,
                               rows_like, work_dtype)
+from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_inputs
 from jaxrobust.engine.attack_loop import run_attack
@@ -75,20 +76,26 @@ def check_attack(attack: Attack, *, training: bool = True) -> Attack:
   return attack
 
 
+def inner_options(unroll: int | bool) -> RunOptions:
+  """The run options of a loss's inner attack: every step on every row in one dense
+  ``lax.scan`` (``early_exit=False``, no compaction), which returns the highest-loss point seen,
+  unrolled by ``unroll``; canonical convolutions on CPU (see the module docstring)."""
+  return RunOptions(early_exit=False, unroll=unroll)
+
+
 def attack_every_point(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
-                       budget: Budget, key: Array, *, unroll: int | bool = 1) -> Array:
+                       budget: Budget, key: Array, *, options: RunOptions) -> Array:
   """The attack's best point for **every** row, misclassified ones included (``stop_gradient``).
 
   The engine's attack loop is told that every row is clean-correct, which is how a driver says
   "attack this row"; the returned point is scored as usual (finite, in the box and the ball,
-  rounded towards ``x`` in ``x``'s dtype). On CPU a convolutional model's loop runs with
-  canonical convolutions (``canonical=True``, see the module docstring).
+  rounded towards ``x`` in ``x``'s dtype). ``options``: :func:`inner_options` for a loss.
   """
   check_attack(attack)
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, name=attack.name)
   every_row = rows_like(x, True, bool)  # carries x's batch sharding
-  result, _ = run_attack(attack, logits_fn, x, y, budget, key, clean_correct=every_row,
-                         unroll=unroll, canonical=True)
+  result, _ = run_attack(attack, logits_fn, x, y, budget, key, options=options,
+                         clean_correct=every_row)
   return jax.lax.stop_gradient(result.x_adv)
 
 

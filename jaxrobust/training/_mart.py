@@ -14,7 +14,7 @@ from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_inputs
 from jaxrobust.training._adversarial import mean_cross_entropy
 from jaxrobust.training._aux import Aux
-from jaxrobust.training._inner import attack_every_point, gaussian_start_ascent
+from jaxrobust.training._inner import attack_every_point, gaussian_start_ascent, inner_options
 from jaxrobust.training._model import roles
 from jaxrobust.training._options import check_weight
 from jaxrobust.training._trades import LINF_STEP_SIZE
@@ -106,9 +106,8 @@ def mart_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: B
     beta: weight of the KL term, ``>= 0`` (a traced scalar is used unchecked).
     attack: ``None`` (the reference's attack, Linf) or a fixed-budget untargeted attack.
     attack_logits_fn: the model the inner attack runs (default ``logits_fn``).
-    unroll: passed to the attack's ``jax.lax.scan`` (see :func:`jaxrobust.run`): ``True``
-      unrolls it, which only costs compile time now: on CPU the loop's convolutions are made
-      canonical (:mod:`jaxrobust.training._inner`), so it runs as fast as the unrolled steps.
+    unroll: passed to the inner attack's ``jax.lax.scan`` (see
+      :class:`~jaxrobust._options.RunOptions`).
 
   Returns:
     ``(loss [], Aux(x_adv, logits_clean, logits_adv))``.
@@ -143,7 +142,8 @@ def mart_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: B
                                   steps=DEFAULT_STEPS, step_size=LINF_STEP_SIZE, norm="linf",
                                   unroll=unroll)
   else:
-    x_adv = attack_every_point(attack, attacker, x, y, budget, key, unroll=unroll)
+    x_adv = attack_every_point(attack, attacker, x, y, budget, key,
+                               options=inner_options(unroll))
   logits_clean = model.outer(x)
   logits_adv = model.outer(x_adv)
   boosted, weighted_kl = mart_terms(logits_clean, logits_adv, y)

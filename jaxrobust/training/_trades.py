@@ -89,9 +89,8 @@ def trades_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget:
       ``2 / steps`` for ``"l2"``.
     norm: ``"linf"`` or ``"l2"``.
     attack_logits_fn: the model the inner attack runs (default ``logits_fn``).
-    unroll: passed to the attack's ``jax.lax.scan`` (see :func:`jaxrobust.run`): ``True``
-      unrolls it, which only costs compile time now: on CPU the loop's convolutions are made
-      canonical (:mod:`jaxrobust.training._inner`), so it runs as fast as the unrolled steps.
+    unroll: passed to the inner attack's ``jax.lax.scan`` (see
+      :class:`~jaxrobust._options.RunOptions`).
 
   Returns:
     ``(loss [], Aux(x_adv, logits_clean, logits_adv))``.
