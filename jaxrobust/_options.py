@@ -26,10 +26,10 @@ def default_chunk_size() -> int:
   backend (read when called, never at import).
 
   On CPU a model evaluation costs about in proportion to its rows above a few dozen, and a chunk
-  that holds one row still to attack costs all its rows. Measured on the digits models: chunks of
-  64 rows gave the fastest AutoAttack curve on the MLP (4.5 s, against 4.8 s with 32 and 5.5 s
-  with 128; model rows 1.27x the reference's, against 1.09x and 1.78x) and cut the plain CNN's
-  PGD curve by 35%, at 5-15% overhead where almost no point breaks. Accelerators are only
+  that holds one row still to attack costs all its rows. On the digits models, chunks of 64 rows
+  gave the fastest AutoAttack curve of the sizes tried and most of the saving on PGD curves, at a
+  small overhead where almost no point breaks (the figures: ``benchmarks/RESULTS.md``, "Early exit
+  and cross-eps skipping (the defaults) against the dense computation"). Accelerators are only
   saturated by large batches, so their chunks are large (a smaller chunk would save no time).
   """
   return 64 if jax.default_backend() == "cpu" else 512
@@ -100,9 +100,9 @@ class RunOptions:
       the done check running between them). ``True`` unrolls the whole attack loop and so turns
       early exit off (no loop is left to leave). It used to be the fast setting on CPU for
       convolutional models; now that the attack's convolutions are made canonical on CPU (see
-      ``canonical``) the loops run as fast, and unrolling only costs compile time (about 4 s at
-      10 unrolled L2 PGD steps, a minute at 14 on the demo CNN). Results agree up to float
-      rounding. Ensemble members run their own loops with ``unroll=1``.
+      ``canonical``) the loops run as fast, and unrolling only costs compile time, which grows
+      steeply with the unrolled steps (``benchmarks/RESULTS.md``, "PGD overhead"). Results agree
+      up to float rounding. Ensemble members run their own loops with ``unroll=1``.
     eps_batch_size: how a curve runs a fixed-budget attack over its eps grid (curves and
       ``jr.evaluate`` only): ``None`` one eps after another (least memory), ``0`` all eps
       vectorised at once, ``b`` chunks of ``b`` vectorised eps. Each eps folds its index into the
@@ -120,8 +120,8 @@ class RunOptions:
       re-scored, saving a forward pass over the others (:func:`jaxrobust.engine.scoring.score`).
     canonical: on CPU, for a deterministic model that holds a convolution, the whole attack is
       traced once more with every convolution in XLA:CPU's canonical form
-      (:mod:`jaxrobust.engine.canonical_conv`): the same values, 3-7 times faster per step in
-      the attack loops, since XLA:CPU canonicalises convolutions only outside loops. The front
+      (:mod:`jaxrobust.engine.canonical_conv`): the same values, several times faster per step
+      in the attack loops, since XLA:CPU canonicalises convolutions only outside loops. The front
       doors set it; nested runs (ensemble members) are covered by the outer one and leave it off.
 
   Examples:

@@ -23,10 +23,11 @@ jitted function (the code is static and compared by identity of the function and
 A logits function that *captures* large arrays (a closure, a global, an object's attribute, a
 module closed over by the caller's ``jax.jit``) has them compiled into the program as constants:
 XLA then folds computations on them at compile time, which on a ResNet means evaluating the
-clean forward pass while compiling (measured for AutoAttack on a WRN-16-4 on CPU: 6.5 s to
-compile with the weights as arguments, 12.6 s with the weights closed over, 115.6 s with weights
-and data). :func:`captured_constants` lists such arrays from a trace, and :func:`warn_if_captured`
-warns (:class:`CapturedConstantsWarning`, once per message and call site) with the fix.
+clean forward pass while compiling (for AutoAttack on a WRN-16-4 on CPU, with weights and data
+captured, many times the compile time with both as arguments: ``benchmarks/RESULTS.md``,
+"Compile time with and without constants"). :func:`captured_constants` lists such arrays from a
+trace, and :func:`warn_if_captured` warns (:class:`CapturedConstantsWarning`, once per message and
+call site) with the fix.
 
 Examples:
   >>> import functools, jax, jax.numpy as jnp

@@ -219,9 +219,10 @@ def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_class
   (``apgd(..., targets="malt")``), without FAB-T and Square. A robust point costs it
   ``(steps + 1) * 4 + (C - 1)`` gradient rows (MALT scores every class on 10-class models), where
   ``standard`` spends ``(steps + 1) * 10`` on APGD alone, then FAB-T's and Square's 5000 queries.
-  Measured on the digits MLP and CNN (Linf eps 0.05 to 0.2, 360 points; see
-  ``benchmarks/RESULTS.md``): the same or lower robust accuracy than the reference AutoAttack at
-  every eps, with 0.06 to 0.07 times its model rows and 0.02 to 0.12 times its time. Prefer it
+  Measured on the digits MLP and CNN (Linf eps 0.05 to 0.2, 360 points): the same or lower
+  robust accuracy than the reference AutoAttack at every eps, with a small fraction of its model
+  rows and of its time (``benchmarks/RESULTS.md``, "``auto_attack(version="fast")`` against the
+  reference AutoAttack"). Prefer it
   for the many evaluations of model development (sweeps, training curves, early stopping) and on
   models with many classes, where MALT's targets matter most; report ``standard`` for a published
   robustness number, which the community compares across papers, and always when the model may

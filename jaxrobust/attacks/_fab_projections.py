@@ -34,9 +34,9 @@ value :math:`v^* = \max\{\tau : \sum_{v_i \ge \tau} v_i m_i \ge r\}`. Both thres
 by bisection on the bit pattern of a non-negative float (whose order is that of the numbers):
 31 halvings for float32 (63 for float64) end on two adjacent floats around the threshold, so
 the partition is exact, each halving one fused pass over the ``D`` coordinates. This replaces a
-sort of the coordinates, which XLA:CPU runs with a comparator call per comparison (on ``[720,
-64]``, the two projections of one FAB step at batch 360, a sort costs about 8 times the whole
-bisection). Nothing is gathered along the batch axis.
+sort of the coordinates, which XLA:CPU runs with a comparator call per comparison and which costs
+several times the whole bisection (``benchmarks/RESULTS.md``, "Loop bodies: Square, FAB-T").
+Nothing is gathered along the batch axis.
 
 When the problem is infeasible (the box does not reach the hyperplane), the box corner that
 moves furthest towards it is returned, :math:`a_i = m_i` where :math:`v_i > 0` and 0 elsewhere

@@ -6,9 +6,10 @@ needs the canonical ``b01f_01io->b01f`` (NHWC input, HWIO kernel), and its pass
 ``ConvCanonicalization`` (``xla/service/cpu/conv_canonicalization.cc``) rewrites non-canonical
 convolutions by inserting transposes -- in the program's entry computation only. A convolution in
 a ``while`` body (every ``lax.scan``/``while_loop``, i.e. every attack loop) keeps ``01oi`` and
-runs on XLA's generic emitter, 3-7 times slower per step on the demo CNN
+runs on XLA's generic emitter, several times slower per step on the demo CNN
 (``benchmarks/bench_loop_conv.py`` reproduces it and rules out parameters carried through the
-loop, optimisation barriers, partial unrolling and the XLA flags tried).
+loop, optimisation barriers, partial unrolling and the XLA flags tried; the figures are in
+``benchmarks/RESULTS.md``, "Loop-body penalty of convolution gradients on XLA:CPU").
 
 :func:`canonical_convolutions` re-traces a function to a jaxpr and evaluates it with every
 ``conv_general_dilated`` written as transposes around an NHWC/HWIO/NHWC convolution (exact:

@@ -33,8 +33,7 @@ ulp is coarser than that); ``tests/test_rates.py`` checks a grid up to ``10^6``.
 trials (host int64 counts) bounds with ``min(successes, trials - successes) <= 10^6`` stay
 within a few ulps, while those in the bulk are off by up to 0.2 binomial standard deviations
 (about ``1e-6``). Cost: 30 bisection steps, each running the series until every entry of the
-batch has converged (on a 2-core CPU, 0.05 s for 64 intervals at 10^6 trials, 5 s for 10^5
-random intervals).
+batch has converged (timings: ``benchmarks/RESULTS.md``, "Exact binomial intervals").
 """
 
 from __future__ import annotations

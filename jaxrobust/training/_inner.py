@@ -15,9 +15,10 @@ Both return a ``stop_gradient`` point inside the box and the ball, finite, of ``
 
 On CPU, for a model holding a convolution, both loops are traced with every convolution in XLA:CPU's
 canonical form (:func:`jaxrobust.engine.canonical_conv.on_cpu_canonical`): the same
-points, 3-7 times faster per step, since XLA:CPU canonicalises the input gradient's convolution
-only outside loops. The loss's value and parameter gradient do not change: they are computed
-outside the rewrite, at the ``stop_gradient`` point it returns.
+points, several times faster per step, since XLA:CPU canonicalises the input gradient's
+convolution only outside loops (``benchmarks/RESULTS.md``, "Canonical convolutions in
+``jr.training``'s inner attacks"). The loss's value and parameter gradient do not change: they
+are computed outside the rewrite, at the ``stop_gradient`` point it returns.
 """
 
 from __future__ import annotations
