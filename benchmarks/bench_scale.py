@@ -34,6 +34,13 @@ Sections (``--sections``):
   reference may run fewer points (``--reference-points``) and fewer eps (``--reference-eps``, the
   largest ones); in the full-cost regime every point and eps costs the same, so the time and row
   ratios are taken per point and eps (said so in the output).
+* ``evaluate``: ``jr.evaluate`` streaming ``--eval-images`` random images (a generator that draws
+  them batch by batch, labels from the clean prediction) through AutoAttack ``fast`` on
+  ``--eval-model`` at ``--eval-batch``, one run per image count: XLA compilations (counted from
+  JAX's compile events), the process's peak resident memory before and after each run (flat in
+  N when the evaluation streams), throughput, and a checkpointed run of the first count stopped
+  halfway, then resumed, whose report must equal the uninterrupted one. Not in the presets' default
+  sections (``--sections evaluate``; small: WRN-10-2, 64 and 256 images in batches of 32).
 * ``compile``: trace+lower and compile time of the AutoAttack curve program on
   ``--compile-model`` (``--points`` points, ``--eps``), with the weights and data as arguments
   (``args``), with the weights closed over (``weights``: XLA constants) and with weights and data
@@ -129,10 +136,11 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jaxrobust as jr  # noqa: E402
+from jaxrobust.model import model_of  # noqa: E402
 import scale_models  # noqa: E402
 from bench_autoattack import import_autoattack  # noqa: E402
 
-SECTIONS = ("pgd", "aa", "compile", "resnet")
+SECTIONS = ("pgd", "aa", "compile", "resnet", "evaluate")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 COMPILE_VARIANTS = ("args", "weights", "weights+data")
 PROGRAMS = ("early-exit", "dense", "full-cost")
@@ -157,6 +165,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                 aa_model="wrn-10-2", points=4, eps=["0.5/255", "2/255"], reference_points=None,
                 reference_eps=1, aa_dtypes=["float32"], compile_model="wrn-10-2",
                 constants=True, repeats=3, aa_repeats=1, rows="all", torch_threads=1,
+                eval_model="wrn-10-2", eval_images=[64, 256], eval_batch=32,
                 section_timeout=600.0, budget=1800.0),
   # An H100/H200 lent for 15 minutes: each unit (section, dtype) under 150 s, all well under 8
   # minutes. AutoAttack at 2 eps (the full-cost curve costs the same per point and eps; 4 eps of
@@ -169,6 +178,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                  aa_model="wrn-16-4", points=128, eps=["1/255", "2/255"], reference_points=None,
                  reference_eps=1, aa_dtypes=["float32"], compile_model="wrn-28-10",
                  constants=False, repeats=3, aa_repeats=1, rows="cheap", torch_threads=None,
+                 eval_model="wrn-16-4", eval_images=[1024, 10000], eval_batch=1024,
                  section_timeout=150.0, budget=450.0),
 }
 
@@ -810,6 +820,96 @@ def compile_unit(args, variant: str) -> dict[str, Any]:
           "variant": variant, "parameters": scale_models.count_parameters(model.module), **info}
 
 
+def image_stream(model: Model, n: int, batch: int, seed: int, labels: Callable):
+  """``(x, y)`` batches of uniform random images, drawn batch by batch (never all of them in host
+  memory), labelled by ``labels`` (the clean prediction)."""
+  shape = scale_models.image_shape(model.name)
+  for start in range(0, n, batch):
+    rows = min(batch, n - start)
+    x = np.random.default_rng([seed, start]).uniform(size=(rows, *shape)).astype(np.float32)
+    yield x, np.asarray(labels(x), np.int32)
+
+
+def evaluate_unit(args, dtype: str) -> dict[str, Any]:
+  """``jr.evaluate`` streaming ``--eval-images`` images through AutoAttack ``fast`` (random
+  regime): compilations, host memory per image count, throughput, and a checkpointed run stopped
+  after its first batches and resumed to the same report."""
+  import resource
+  import shutil
+
+  env = environment()
+  epsilons = parse_eps(args.eps)
+  print(f"\n=== jr.evaluate, AutoAttack fast, {args.eval_model}, batches of {args.eval_batch}, "
+        f"eps {[round(e * 255, 3) for e in epsilons]}/255, {dtype} ===\n{header(env)}", flush=True)
+  model = build_model(args.eval_model, args.wrn_bn, args.seed)
+  apply, state = model.apply(dtype, "random"), model.state[dtype]
+  graphdef = nnx.split(model.module)[0]
+  module = nnx.merge(graphdef, state)  # jr.evaluate passes an NNX module's state as arguments
+  compute = DTYPES[dtype]
+  logits_fn = module if dtype == "float32" else model_of(module).compute_in(compute)
+  predict = jax.jit(lambda state, x: jnp.argmax(apply(state, x), -1))
+  labels = lambda x: predict(state, jnp.asarray(x))
+  compiles: list[float] = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda name, secs, **kw: compiles.append(secs)
+      if name == "/jax/core/compile/backend_compile_duration" else None)
+  options = dict(attacks={"aa-fast": jr.attacks.auto_attack("linf", version="fast")},
+                 epsilons=np.asarray(epsilons, np.float32), key=jax.random.key(args.seed),
+                 batch_size=args.eval_batch, progress=True)
+  out: dict[str, Any] = {"env": env, "model": args.eval_model, "dtype": dtype,
+                         "batch": args.eval_batch, "epsilons": epsilons, "runs": []}
+  reports = {}
+  for n in args.eval_images:
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    before, start = len(compiles), time.perf_counter()
+    report = jr.evaluate(logits_fn, image_stream(model, n, args.eval_batch, args.seed, labels),
+                         **options)
+    wall = time.perf_counter() - start
+    rss_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+    reports[n] = report
+    run = {"images": n, "wall_s": wall, "images_per_s": n / wall,
+           "compiles": len(compiles) - before,
+           "compile_s": float(sum(compiles[before:])), "max_rss_gib_before": rss_before,
+           "max_rss_gib_after": rss_after,
+           "robust_accuracy": [float(a) for a in report.attacks["aa-fast"].robust_accuracy]}
+    out["runs"].append(run)
+    save_partial(out)
+    print(f"  {n} images: {wall:.1f} s ({n / wall:.1f} images/s), {run['compiles']} XLA "
+          f"compilations ({run['compile_s']:.1f} s), process max RSS {rss_before:.2f} -> "
+          f"{rss_after:.2f} GiB, robust accuracy {run['robust_accuracy']}", flush=True)
+  # Checkpoint and resume: stop halfway (the stream raises after half the batches), resume,
+  # compare with the uninterrupted report.
+  n = args.eval_images[0]
+  stop = max(1, -(-n // args.eval_batch) // 2)
+  workdir = pathlib.Path(tempfile.mkdtemp(prefix="bench_scale_ckpt_"))
+  path = workdir / "eval.ckpt"
+
+  def interrupted():
+    for i, batch in enumerate(image_stream(model, n, args.eval_batch, args.seed, labels)):
+      if i == stop:
+        raise KeyboardInterrupt(f"stopped after {stop} batches")
+      yield batch
+
+  try:
+    jr.evaluate(logits_fn, interrupted(), checkpoint=path, **options)
+  except KeyboardInterrupt:
+    pass
+  before, start = len(compiles), time.perf_counter()
+  resumed = jr.evaluate(logits_fn, image_stream(model, n, args.eval_batch, args.seed, labels),
+                        checkpoint=path, **options)
+  same = (resumed.attacks["aa-fast"].robust_count.tolist()
+          == reports[n].attacks["aa-fast"].robust_count.tolist()
+          and resumed.clean_correct == reports[n].clean_correct)
+  out["resume"] = {"images": n, "stopped_after_batches": stop, "equal_report": bool(same),
+                   "compiles": len(compiles) - before, "wall_s": time.perf_counter() - start}
+  shutil.rmtree(workdir, ignore_errors=True)
+  print(f"  stopped after {stop} of {-(-n // args.eval_batch)} batches and resumed: report equal to the uninterrupted one: {same} "
+        f"({out['resume']['compiles']} compilations, {out['resume']['wall_s']:.1f} s)", flush=True)
+  if not same:
+    raise AssertionError("the resumed report differs from the uninterrupted one")
+  return out
+
+
 # ------------------------------------------------------------------------------------------------
 # Orchestration: each unit (a section and dtype, an AutoAttack side, a compile variant) runs in
 # its own subprocess, so its JAX peak memory is its own and a unit over --section-timeout is
@@ -822,6 +922,8 @@ def unit_list(args) -> list[dict[str, str]]:
     if section in ("pgd", "resnet"):
       units += [{"section": section, "dtype": d}
                 for d in (args.dtypes if section == "pgd" else args.resnet_dtypes)]
+    elif section == "evaluate":
+      units += [{"section": "evaluate", "dtype": d} for d in args.aa_dtypes]
     elif section == "aa":
       for d in args.aa_dtypes:
         units += [{"section": "aa", "dtype": d, "side": "jaxrobust"},
@@ -848,6 +950,8 @@ def run_unit(args, unit: dict[str, str]) -> dict[str, Any]:
   if section == "resnet":
     return pgd_unit(args, args.resnet_model, args.resnet_batch, args.resnet_steps, dtype,
                     args.resnet_norms, args.resnet_programs)
+  if section == "evaluate":
+    return evaluate_unit(args, dtype)
   if section == "aa":
     return (aa_jax_unit if unit["side"] == "jaxrobust" else aa_reference_unit)(args, dtype)
   return compile_unit(args, unit["variant"])
@@ -894,6 +998,11 @@ def summary(report: dict[str, Any]) -> str:
                 f"{u['points']} points x {len(u['epsilons'])} eps: {u['time_s']:.1f} s"
                 if "time_s" in u else
                 f"compile {u['compile_s']:.1f} s" if "compile_s" in u else "")
+    elif section == "evaluate":
+      figure = "; ".join(f"{r['images']} images {r['wall_s']:.1f} s, {r['compiles']} compiles, "
+                         f"max RSS {r['max_rss_gib_after']:.2f} GiB" for r in u.get("runs", []))
+      if "resume" in u:
+        figure += f"; resumed report equal: {u['resume']['equal_report']}"
     elif "compile_s" in u:
       figure = (f"trace+lower {u['trace_lower_s']:.1f} s + XLA {u['compile_s']:.1f} s = "
                 f"{u['trace_lower_s'] + u['compile_s']:.1f} s")
@@ -931,6 +1040,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   parser.add_argument("--resnet-norms", nargs="+", choices=("linf", "l2"))
   parser.add_argument("--aa-model")
   parser.add_argument("--compile-model")
+  parser.add_argument("--eval-model", help="evaluate section: the model")
+  parser.add_argument("--eval-images", type=int, nargs="+",
+                      help="evaluate section: image counts, one jr.evaluate run each")
+  parser.add_argument("--eval-batch", type=int, help="evaluate section: batch size")
   parser.add_argument("--points", type=int, help="AutoAttack (and compile) points")
   parser.add_argument("--eps", nargs="+", help="AutoAttack Linf radii, e.g. 0.5/255 2/255")
   parser.add_argument("--reference-points", type=int,
