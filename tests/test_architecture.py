@@ -20,7 +20,8 @@ ROOT = pathlib.Path(jaxrobust.__file__).parent
 # Lower layers never import higher ones. A module's layer is the first rule its name matches.
 LAYERS = (
     ("base", ("jaxrobust._types", "jaxrobust._batch", "jaxrobust._validation",
-              "jaxrobust._options", "jaxrobust._checkpoint", "jaxrobust.model",
+              "jaxrobust._options", "jaxrobust._checkpoint", "jaxrobust._jaxpr_walk",
+              "jaxrobust.model",
               "jaxrobust.projections", "jaxrobust.losses",
               "jaxrobust.metrics")),
     ("engine", ("jaxrobust.engine",)),
