@@ -33,6 +33,7 @@ import numpy as np
 from jax import lax
 from jax.extend import core
 
+from jaxrobust import _jaxpr_walk
 from jaxrobust._batch import work_dtype
 
 Array = jax.Array
@@ -84,61 +85,43 @@ def _shape_of(aval) -> jax.ShapeDtypeStruct:
   return jax.ShapeDtypeStruct(aval.shape, aval.dtype, weak_type=aval.weak_type)
 
 
-def _rewrite_closed_jaxpr(closed: core.ClosedJaxpr) -> core.ClosedJaxpr:
-  avals = [_shape_of(a) for a in closed.in_avals]
-  return jax.make_jaxpr(lambda *args: _eval_canonical(closed.jaxpr, closed.consts, *args))(*avals)
-
-
-def _rewrite_param(value: Any) -> Any:
-  """A primitive's parameter with its jaxprs rewritten (loops, conditionals); else unchanged."""
+def _rewrite(sub: Any) -> Any:
+  """A loop's, conditional's or call's jaxpr (closed or open) re-traced with its convolutions
+  canonical, recursively; an open one that would need constants, or an exotic one that cannot be
+  re-traced (e.g. ``shard_map``'s), stays as it was. Constants of inlined calls become the
+  rewritten jaxpr's own: loops and branches take a closed jaxpr's constants as they are (its
+  operands keep their order and count)."""
   try:
-    if isinstance(value, core.ClosedJaxpr):
-      # Constants of inlined calls become the rewritten jaxpr's own: loops and branches take a
-      # closed jaxpr's constants as they are (its operands keep their order and count).
-      return _rewrite_closed_jaxpr(value)
-    if isinstance(value, core.Jaxpr):
-      rewritten = _rewrite_closed_jaxpr(core.ClosedJaxpr(value, ()))
-      return value if rewritten.consts else rewritten.jaxpr
-    if (isinstance(value, tuple) and value
-        and all(isinstance(v, (core.ClosedJaxpr, core.Jaxpr)) for v in value)):
-      return tuple(_rewrite_param(v) for v in value)
-  except Exception:  # noqa: BLE001 -- an exotic sub-jaxpr (e.g. shard_map's) stays as it was
-    return value
-  return value
+    jaxpr, consts = _jaxpr_walk.open_jaxpr(sub)
+    avals = [_shape_of(aval) for aval in jaxpr.in_avals]
+    rewritten = jax.make_jaxpr(lambda *args: _eval_canonical(jaxpr, consts, *args))(*avals)
+  except Exception:  # noqa: BLE001 -- an exotic sub-jaxpr stays as it was
+    return sub
+  if isinstance(sub, core.ClosedJaxpr):
+    return rewritten
+  return sub if rewritten.consts else rewritten.jaxpr
+
+
+def _canonical_equation(eqn: Any, invals: list) -> list:
+  """One equation of :func:`_eval_canonical` (inlined calls aside): a convolution made
+  canonical, any other primitive bound with its sub-jaxprs rewritten (not a kept call's)."""
+  if eqn.primitive is lax.conv_general_dilated_p:
+    return [_canonical_conv(*invals, **eqn.params)]
+  params = eqn.primitive.get_bind_params(eqn.params)
+  if eqn.primitive.name not in _KEPT_CALLS:
+    params = _jaxpr_walk.map_sub_jaxprs(params, _rewrite)
+  with eqn.ctx.manager:
+    outs = eqn.primitive.bind(*invals, **params)
+  return outs if eqn.primitive.multiple_results else [outs]
+
+
+def _inlined(eqn: Any) -> bool:
+  return eqn.primitive.name in _INLINED_CALLS
 
 
 def _eval_canonical(jaxpr: core.Jaxpr, consts, *args) -> list[Any]:
   """``jax.core.eval_jaxpr`` with every convolution made canonical, recursively."""
-  env: dict[Any, Any] = {}
-
-  def read(var):
-    return var.val if isinstance(var, core.Literal) else env[var]
-
-  env.update(zip(jaxpr.constvars, consts))
-  env.update(zip(jaxpr.invars, args))
-  for eqn in jaxpr.eqns:
-    invals = [read(v) for v in eqn.invars]
-    name = eqn.primitive.name
-    if eqn.primitive is lax.conv_general_dilated_p:
-      outs = [_canonical_conv(*invals, **eqn.params)]
-    elif name in _INLINED_CALLS and any(k in eqn.params for k in ("jaxpr", "call_jaxpr")):
-      sub = eqn.params["jaxpr" if "jaxpr" in eqn.params else "call_jaxpr"]
-      if isinstance(sub, core.ClosedJaxpr):
-        outs = _eval_canonical(sub.jaxpr, sub.consts, *invals)
-      else:
-        outs = _eval_canonical(sub, (), *invals)
-    else:
-      params = eqn.primitive.get_bind_params(eqn.params)
-      if name not in _KEPT_CALLS:
-        params = {k: _rewrite_param(v) for k, v in params.items()}
-      with eqn.ctx.manager:
-        outs = eqn.primitive.bind(*invals, **params)
-      if not eqn.primitive.multiple_results:
-        outs = [outs]
-    for var, value in zip(eqn.outvars, outs):
-      if not isinstance(var, core.DropVar):
-        env[var] = value
-  return [read(v) for v in jaxpr.outvars]
+  return _jaxpr_walk.interpret(jaxpr, consts, args, _canonical_equation, inline=_inlined)
 
 
 def canonical_convolutions(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -198,20 +181,15 @@ def noncanonical_convolutions(fn: Callable[..., Any], *args) -> int:
     (1, 0)
   """
 
-  def count(jaxpr: core.Jaxpr) -> int:
-    total = 0
-    for eqn in jaxpr.eqns:
-      if eqn.primitive is lax.conv_general_dilated_p:
-        lhs, rhs, out = eqn.params["dimension_numbers"]
-        rank = len(lhs)
-        spatial = tuple(range(1, rank - 1))
-        total += ((lhs, rhs, out) != ((0, rank - 1, *spatial), (rank - 1, rank - 2,
-                                                                *range(rank - 2)),
-                                      (0, rank - 1, *spatial)))
-      total += sum(count(sub) for sub in core.jaxprs_in_params(eqn.params))
-    return total
+  def noncanonical(eqn) -> bool:
+    lhs, rhs, out = eqn.params["dimension_numbers"]
+    rank = len(lhs)
+    spatial = tuple(range(1, rank - 1))
+    return (lhs, rhs, out) != ((0, rank - 1, *spatial), (rank - 1, rank - 2, *range(rank - 2)),
+                               (0, rank - 1, *spatial))
 
-  return count(jax.make_jaxpr(fn)(*args).jaxpr)
+  return sum(noncanonical(eqn) for eqn in _jaxpr_walk.iter_equations(jax.make_jaxpr(fn)(*args))
+             if eqn.primitive is lax.conv_general_dilated_p)
 
 
 def has_convolution(fn: Callable[..., Any], *args) -> bool:
@@ -224,12 +202,8 @@ def has_convolution(fn: Callable[..., Any], *args) -> bool:
     False
   """
 
-  def found(jaxpr: core.Jaxpr) -> bool:
-    return any(eqn.primitive is lax.conv_general_dilated_p
-               or any(found(sub) for sub in core.jaxprs_in_params(eqn.params))
-               for eqn in jaxpr.eqns)
-
-  return found(jax.make_jaxpr(fn)(*args).jaxpr)
+  return any(eqn.primitive is lax.conv_general_dilated_p
+             for eqn in _jaxpr_walk.iter_equations(jax.make_jaxpr(fn)(*args)))
 
 
 class _Depth(threading.local):
