@@ -23,9 +23,10 @@ import inspect
 from typing import Any, Callable, NamedTuple, Union
 
 import jax
-import jax.extend as jex
 import jax.numpy as jnp
 import numpy as np
+
+from jaxrobust import _jaxpr_walk
 
 Array = jax.Array
 
@@ -33,7 +34,6 @@ Array = jax.Array
 CALL_PRIMITIVES = frozenset({"jit", "pjit", "closed_call", "core_call", "custom_jvp_call",
                              "custom_vjp_call", "custom_vjp_call_jaxpr", "remat", "remat2",
                              "checkpoint"})
-_SUBJAXPR_PARAMS = ("jaxpr", "call_jaxpr", "fun_jaxpr")
 
 
 class Const(NamedTuple):
@@ -153,42 +153,27 @@ class _Builder:
 
   def inline(self, jaxpr, consts: list, args: list) -> list:
     """Walks ``jaxpr`` with its constvars bound to ``consts`` and its invars to ``args``
-    (node ids or constant arrays); returns its outputs as operands."""
-    env = {}
-    for var, value in zip(jaxpr.constvars, consts):
-      env[var] = Const(value)
-    for var, value in zip(jaxpr.invars, args):
-      env[var] = value if isinstance(value, (int, Const)) else Const(value)
-
-    def read(atom):
-      if isinstance(atom, jex.core.Literal):
-        return Const(atom.val)
-      return env[atom]
-
-    for eqn in jaxpr.eqns:
-      operands = [read(atom) for atom in eqn.invars]
-      results = self.equation(eqn, operands)
-      for var, result in zip(eqn.outvars, results):
-        env[var] = result
-    return [read(atom) for atom in jaxpr.outvars]
+    (node ids or constant arrays), call-like equations (:data:`CALL_PRIMITIVES`) inlined;
+    returns its outputs as operands."""
+    args = [value if isinstance(value, (int, Const)) else Const(value) for value in args]
+    return _jaxpr_walk.interpret(jaxpr, [Const(value) for value in consts], args, self.equation,
+                                 inline=_is_call, wrap=Const)
 
   def equation(self, eqn, operands: list) -> list:
-    name = eqn.primitive.name
-    if name in CALL_PRIMITIVES:
-      sub = next(eqn.params[p] for p in _SUBJAXPR_PARAMS if p in eqn.params)
-      if isinstance(sub, jex.core.ClosedJaxpr):
-        return self.inline(sub.jaxpr, list(sub.consts), operands)
-      return self.inline(sub, [], operands)
     if all(isinstance(op, Const) for op in operands):
       params = eqn.primitive.get_bind_params(eqn.params)
       subfuns, params = params if isinstance(params, tuple) else ((), params)  # older JAX: a pair
       values = eqn.primitive.bind(*subfuns, *[op.value for op in operands], **params)
       values = values if eqn.primitive.multiple_results else [values]
       return [Const(value) for value in values]
-    if list(jex.core.jaxprs_in_params(eqn.params)):
+    if _jaxpr_walk.sub_jaxprs(eqn.params):
       raise NotImplementedError(
-          f"primitive '{name}' (a loop or conditional) on input-dependent values is not "
-          "supported by bound propagation; write fn without control flow over its input")
+          f"primitive '{eqn.primitive.name}' (a loop or conditional) on input-dependent values is "
+          "not supported by bound propagation; write fn without control flow over its input")
     outputs = tuple(self.new_node(var.aval) for var in eqn.outvars)
     self.equations.append(Equation(eqn.primitive, dict(eqn.params), tuple(operands), outputs))
     return list(outputs)
+
+
+def _is_call(eqn) -> bool:
+  return eqn.primitive.name in CALL_PRIMITIVES
