@@ -56,6 +56,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrobust import _jaxpr_walk
+
 Array = jax.Array
 
 CONSTANT_WARNING_BYTES = 1 << 22
@@ -228,16 +230,7 @@ def captured_constants(closed_jaxpr: Any) -> list:
     >>> [c.shape for c in captured_constants(jax.make_jaxpr(lambda x: x @ w)(jnp.ones((1, 3))))]
     [(3, 2)]
   """
-  found = list(getattr(closed_jaxpr, "consts", ()))
-  inner = getattr(closed_jaxpr, "jaxpr", closed_jaxpr)
-  todo = [v for eqn in getattr(inner, "eqns", ()) for v in eqn.params.values()]
-  while todo:
-    value = todo.pop()
-    if isinstance(value, (tuple, list)):
-      todo.extend(value)
-    elif hasattr(value, "eqns") or (hasattr(value, "jaxpr") and hasattr(value, "consts")):
-      found.extend(captured_constants(value))
-  return found
+  return _jaxpr_walk.all_consts(closed_jaxpr)
 
 
 def tracing() -> bool:
