@@ -119,7 +119,6 @@ def test_attacks_and_curves_take_the_parameters_as_arguments(wrn):
   def program(state, x, y, epsilons, key):
     f = functools.partial(apply, graphdef, state)
     return (jr.run(pgd, f, x, y, jr.Budget(epsilons[-1]), key),
-            jr.run(fast, f, x, y, jr.Budget(epsilons[-1]), key),
             jr.robustness_curve(pgd, f, x, y, epsilons, key),
             jr.robustness_curve(fast, f, x, y, epsilons, key))
 
@@ -127,12 +126,12 @@ def test_attacks_and_curves_take_the_parameters_as_arguments(wrn):
   runs_and_curves = jax.jit(program)(state, x, y, EPSILONS, jax.random.key(2))
   model = jax.jit(functools.partial(apply, graphdef))
   eps = float(EPSILONS[-1])
-  for result in runs_and_curves[:2]:
+  for result in runs_and_curves[:1]:
     np.testing.assert_array_equal(result.success, jnp.argmax(model(state, result.x_adv), 1) != y)
     assert float(jnp.max(jnp.abs(result.x_adv - x))) <= eps * (1 + 1e-6)
     assert float(jnp.min(result.x_adv)) >= 0.0 and float(jnp.max(result.x_adv)) <= 1.0
     assert int(jnp.sum(result.success)) > 0
-  for curve in runs_and_curves[2:]:
+  for curve in runs_and_curves[1:]:
     robust = np.asarray(curve.robust_accuracy)
     assert float(curve.clean_accuracy) == 1.0 and robust[0] == 1.0
     assert np.all(np.diff(robust) <= 0) and robust[-1] < 1.0
@@ -178,15 +177,15 @@ takes minutes here, so certification at one eps is read from CROWN's margin boun
     box = lambda v: (jnp.clip(v - eps, 0.0, 1.0), jnp.clip(v + eps, 0.0, 1.0))
     (lower, upper), (lower_small, upper_small) = box(x), box(small)
     ibp = jr.certify.interval_bounds(f, lower, upper)
-    large = [jr.certify.margin_bounds(f, y, lower, upper, method=m, examples_per_pass=4)
-             for m in ("ibp", "crown-ibp")]
+    large = [jr.certify.margin_bounds(f, y[:4], lower[:4], upper[:4], method=m,
+                                      examples_per_pass=2) for m in ("ibp", "crown-ibp")]
     margins = [jr.certify.margin_bounds(f, y_small, lower_small, upper_small, method=m)
                for m in ("ibp", "crown")]
-    certificate = jr.certify.certify_bounds(f, x, y, jr.Budget(eps), method="ibp")
+    certificate = jr.certify.certify_bounds(f, x, y, jr.Budget(eps), method="ibp", tol=0.1)
     draw = lambda lo, hi: jax.random.uniform(key, (16, *lo.shape), minval=lo, maxval=hi)
     sampled = jax.vmap(f)(jnp.concatenate([x[None], draw(lower, upper)]))
     sampled_small = jax.vmap(f)(jnp.concatenate([small[None], draw(lower_small, upper_small)]))
-    attacked = jr.run(jr.attacks.pgd("linf", steps=20), f, small, y_small, jr.Budget(eps), key)
+    attacked = jr.run(jr.attacks.pgd("linf", steps=10), f, small, y_small, jr.Budget(eps), key)
     return ibp, large, sampled, margins, sampled_small, certificate, attacked.success
 
   args = (state, x, y, small, y_small, jnp.float32(CERT_EPS), jax.random.key(4))
@@ -195,10 +194,10 @@ takes minutes here, so certification at one eps is read from CROWN's margin boun
       bounds)(*args)
   slack = 1e-4 * (1 + jnp.abs(sampled))
   assert bool(jnp.all(sampled >= lo[None] - slack)) and bool(jnp.all(sampled <= hi[None] + slack))
-  # At 32x32, CROWN-IBP (one backward pass from the margins, four examples at a time) holds on
+  # At 32x32, CROWN-IBP (one backward pass from the margins, two examples at a time, on four images) holds on
   # the samples and is never looser than IBP (about half IBP's gap on this random network).
-  margins = jnp.take_along_axis(sampled, y[None, :, None], axis=2) - sampled
-  other = (jnp.arange(10)[None, :] != y[:, None])[None]
+  margins = jnp.take_along_axis(sampled[:, :4], y[None, :4, None], axis=2) - sampled[:, :4]
+  other = (jnp.arange(10)[None, :] != y[:4, None])[None]
   large_ibp, large_crown_ibp = large[0][None], large[1][None]
   assert bool(jnp.all(jnp.where(other, margins >= large_crown_ibp - 1e-3, True)))
   assert bool(jnp.all(jnp.where(other, large_crown_ibp >= large_ibp, True)))
