@@ -105,6 +105,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jaxrobust as jr  # noqa: E402
+from tests import test_training  # noqa: E402
 from tests.test_attack_conformance import CLASSES, EPS, REGISTRY, SHAPE  # noqa: E402
 
 BATCH = 16  # a multiple of 8: the 8-device curves shard it
@@ -170,17 +171,7 @@ def tanh_mlp(params, x):
   return hidden @ params["w2"] * 4.0
 
 
-def relu_mlp_params(seed: int, dim: int, hidden: int, classes: int) -> dict:
-  rng = np.random.default_rng(seed)
-  return {"w1": jnp.asarray(rng.normal(size=(dim, hidden)) * 2 / np.sqrt(dim), jnp.float32),
-          "b1": jnp.asarray(rng.normal(size=hidden) * 0.1, jnp.float32),
-          "w2": jnp.asarray(rng.normal(size=(hidden, classes)) / np.sqrt(hidden), jnp.float32),
-          "b2": jnp.asarray(rng.normal(size=classes) * 0.1, jnp.float32)}
-
-
-def relu_mlp(params, x):
-  hidden = jnp.maximum(x.reshape(x.shape[0], -1) @ params["w1"] + params["b1"][None], 0.0)
-  return hidden @ params["w2"] + params["b2"][None]
+relu_mlp_params, relu_mlp = test_training.mlp_params, test_training.mlp_apply
 
 
 def per_example_keys(seed: int, n: int) -> jax.Array:

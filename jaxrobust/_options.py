@@ -35,20 +35,23 @@ def default_chunk_size() -> int:
   return 64 if jax.default_backend() == "cpu" else 512
 
 
+def _optional_int(value: Any, low: int, message: str) -> int | None:
+  """``value`` as an int when it is ``None`` or an int (not a bool) ``>= low``, else
+  ``ValueError(message)``."""
+  if value is not None and (isinstance(value, (bool, np.bool_))
+                            or not isinstance(value, (int, np.integer)) or value < low):
+    raise ValueError(message)
+  return None if value is None else int(value)
+
+
 def _check_chunk_size(chunk_size: Any) -> int | None:
-  if chunk_size is not None and (isinstance(chunk_size, (bool, np.bool_))
-                                 or not isinstance(chunk_size, (int, np.integer))
-                                 or chunk_size < 1):
-    raise ValueError(f"chunk_size must be None or a positive int, got {chunk_size!r}.")
-  return None if chunk_size is None else int(chunk_size)
+  return _optional_int(chunk_size, 1,
+                       f"chunk_size must be None or a positive int, got {chunk_size!r}.")
 
 
 def _check_eps_batch_size(eps_batch_size: Any) -> int | None:
-  if eps_batch_size is not None and (isinstance(eps_batch_size, (bool, np.bool_))
-                                     or not isinstance(eps_batch_size, (int, np.integer))
-                                     or eps_batch_size < 0):
-    raise ValueError(f"eps_batch_size must be None, 0 or a positive int, got {eps_batch_size!r}.")
-  return None if eps_batch_size is None else int(eps_batch_size)
+  return _optional_int(eps_batch_size, 0, "eps_batch_size must be None, 0 or a positive int, "
+                       f"got {eps_batch_size!r}.")
 
 
 def _check_unroll(unroll: Any) -> int | bool:
