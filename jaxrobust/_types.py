@@ -56,7 +56,11 @@ class Attack(NamedTuple):
 
   ``keys`` holds one PRNG key per example (``[B]``), so an example's randomness does not depend on
   its position in the batch. ``target`` is ``None`` for untargeted attacks. The state keeps one
-  pytree type (structure, shapes and dtypes) through every step. ``finalize`` returns the best
+  pytree type (structure, shapes and dtypes) through every step. The engine moves the state
+  row by row (compaction, early exit): every leaf of rank 1 or more is per-row and leads with the
+  batch ``B``, except the fields that a state NamedTuple names in a class attribute
+  ``shared_fields = ("field", ...)`` (shared by all rows, whatever their shape); scalars (step
+  counters) are shared. ``finalize`` returns the best
   point seen (for a fixed-budget attack, the first priority is success, then the loss), inside the
   box and the ball.
 
@@ -91,8 +95,8 @@ class Attack(NamedTuple):
     done: optional ``state -> [B] bool``, the rows whose search is over: the state already
       holds a point that ``finalize`` returns as adversarial (untargeted: ``argmax != y``;
       targeted: ``argmax == target``; APGD-T: ``argmax != y``). With early exit (the default of
-      :func:`jaxrobust.run` and the curves) the engine freezes such rows (every state leaf whose
-      leading axis is the batch keeps its value; other leaves, such as step counters, advance)
+      :func:`jaxrobust.run` and the curves) the engine freezes such rows (every per-row state
+      leaf keeps its value; scalars, such as step counters, advance)
       and leaves the loop once every row is done, so a broken point stops costing model
       evaluations. ``None``: the attack always runs its ``num_steps``. Minimum-norm attacks
       (DeepFool, C&W, FMN, FAB) declare it only for a finite eps (a row holding an adversarial

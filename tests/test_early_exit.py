@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -297,3 +298,54 @@ def test_remainder_chunks_give_the_dense_verdicts_with_fewer_rows():
   np.testing.assert_array_equal(flags[1], flags[0])
   assert 0 < int(flags[0].sum()) < batch
   assert rows[1] < rows[0], rows
+
+
+class _ScheduleState(NamedTuple):
+  """A toy attack's state with a shared table whose length happens to be the batch's."""
+
+  x_adv: jax.Array  # [B, 1], per row
+  schedule: jax.Array  # [steps] step sizes, shared by every row (steps == B below)
+  t: jax.Array  # [] the step counter
+  shared_fields = ("schedule",)
+
+
+def _schedule_attack(steps: int, state_type=_ScheduleState) -> jr.Attack:
+  """Moves each point down by ``schedule[t]`` at step ``t``; done once it is misclassified."""
+  init = lambda f, x, y, budget, keys, target=None: state_type(
+      x, 0.1 * jnp.arange(1, steps + 1, dtype=x.dtype), jnp.zeros((), jnp.int32))
+  step = lambda f, s, x, y, budget, target=None: s._replace(
+      x_adv=s.x_adv - s.schedule[s.t], t=s.t + 1)
+  finalize = lambda f, s, x, y, budget, target=None: s.x_adv
+  return jr.Attack(init, step, finalize, num_steps=steps, norm="linf",
+                   done=lambda s: s.x_adv[:, 0] < 0)
+
+
+@pytest.mark.parametrize("chunk_size", [None, 2])
+def test_a_declared_shared_leaf_is_neither_frozen_nor_compacted(chunk_size):
+  """A row frozen at its first success keeps ``x - cumsum(schedule)[t_i]`` (closed form), which
+  needs the whole shared table in every chunk: treated as per-row (moved with the rows), a chunk
+  of two rows would read ``schedule[t]`` out of its own two entries."""
+  batch = 8
+  start = np.array([0.05, 3.5, 0.25, 1.2, 0.65, 2.0, 0.95, 2.6], np.float32)
+  x = jnp.asarray(start)[:, None]
+  logits_fn = lambda v: jnp.concatenate([v, -v], axis=1)
+  result = jr.run(_schedule_attack(batch), logits_fn, x, jnp.zeros(batch, jnp.int32),
+                  jr.Budget(10.0, -10.0, 10.0), jax.random.key(0), chunk_size=chunk_size)
+  travelled = np.cumsum(0.1 * np.arange(1, batch + 1, dtype=np.float32))
+  first = np.argmax(start[:, None] - travelled[None, :] < 0, axis=1)
+  assert np.all(start - travelled[-1] < 0)  # every row breaks within the steps
+  np.testing.assert_allclose(np.asarray(result.x_adv)[:, 0], start - travelled[first], atol=1e-6)
+  assert np.asarray(result.success).all()
+
+
+def test_an_undeclared_leaf_not_led_by_the_batch_is_refused():
+  class Undeclared(NamedTuple):
+    x_adv: jax.Array
+    schedule: jax.Array  # [steps] with steps != B and not declared shared
+    t: jax.Array
+
+  x = jnp.linspace(0.1, 0.8, 8)[:, None]
+  with pytest.raises(ValueError, match=r"\.schedule of shape \(5,\).*shared_fields"):
+    jr.run(_schedule_attack(5, Undeclared), lambda v: jnp.concatenate([v, -v], axis=1), x,
+           jnp.zeros(8, jnp.int32), jr.Budget(10.0, -10.0, 10.0), jax.random.key(0),
+           chunk_size=2)

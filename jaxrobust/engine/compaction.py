@@ -172,18 +172,40 @@ def chunk_loop(fn: Callable[..., tuple[Any, Any, Array]], active: Array, chunk: 
   return jax.tree.map(lambda leaf: jnp.take(leaf[:batch], inverse, axis=0), outputs), shared
 
 
-def per_row(leaf: Any, batch: int) -> bool:
-  """Whether a pytree leaf is per-row: an array whose leading axis is the batch of ``batch``."""
-  return getattr(leaf, "ndim", 0) >= 1 and leaf.shape[0] == batch
+def shared_marks(tree: Any) -> Any:
+  """A tree of ``tree``'s structure whose leaves say whether that leaf is declared shared: a leaf
+  under a field that its NamedTuple names in its ``shared_fields`` class attribute (see
+  :class:`Layout`).
+
+  Examples:
+    >>> from typing import NamedTuple
+    >>> import jax.numpy as jnp
+    >>> class State(NamedTuple):
+    ...   x: jnp.ndarray
+    ...   table: jnp.ndarray
+    ...   shared_fields = ("table",)
+    >>> shared_marks((State(jnp.zeros(3), jnp.zeros(3)), jnp.zeros(3)))
+    (State(x=False, table=True), False)
+  """
+  declares = lambda node: hasattr(type(node), "_fields") and hasattr(type(node), "shared_fields")
+
+  def mark(node):
+    if not declares(node):
+      return False
+    shared = type(node).shared_fields
+    return type(node)(*(jax.tree.map(lambda _: True, value) if name in shared
+                        else shared_marks(value) for name, value in zip(node._fields, node)))
+
+  return jax.tree.map(mark, tree, is_leaf=declares)
 
 
 def map_rows(fn: Callable[..., Any], active: Array, chunk: int, rows: tuple,
              state: Any = None) -> Any:
   """``fn(state, *rows)`` computed only for the ``active`` rows, ``chunk`` rows at a time.
 
-  ``fn`` treats rows independently; every leaf of ``state`` and of the output whose leading axis
-  is the batch is per-row (moved with its rows; inactive rows of the output are zeros), the other
-  leaves are shared (the same for every chunk; in the output, those of the first chunk that ran,
+  ``fn`` treats rows independently; the per-row leaves of ``state`` and of the output
+  (:class:`Layout`: all but scalars and declared ``shared_fields``) move with their rows (inactive
+  rows of the output are zeros), the other leaves are shared (the same for every chunk; in the output, those of the first chunk that ran,
   zeros if none ran).
 
   Examples:
@@ -212,12 +234,38 @@ def map_rows(fn: Callable[..., Any], active: Array, chunk: int, rows: tuple,
 
 
 class Layout:
-  """Which leaves of a pytree are per-row (leading axis the batch) and which are shared; splits
-  trees of the same structure (e.g. a chunk's) into the two lists of leaves and joins them."""
+  """Which leaves of a pytree are per-row and which are shared, as the tree declares them; splits
+  trees of the same structure (e.g. a chunk's) into the two lists of leaves and joins them.
+
+  Nothing is guessed from shapes: a leaf is shared when it is a scalar (rank 0: a step counter,
+  an optimiser's count) or lies under a field that its NamedTuple declares in a
+  ``shared_fields`` class attribute (a per-batch table that is not per row, whatever its leading
+  dimension); every other leaf is per-row and must lead with the batch, else a ``ValueError``
+  names it.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> Layout((jnp.zeros((4, 2)), jnp.int32(0)), 4).is_row
+    [True, False]
+    >>> Layout((jnp.zeros((3, 2)),), 4).is_row  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: leaf [0] of shape (3, 2) is neither scalar nor per-row (leading axis 4) ...
+  """
 
   def __init__(self, tree: Any, batch: int):
-    leaves, self.treedef = jax.tree.flatten(tree)
-    self.is_row = [per_row(leaf, batch) for leaf in leaves]
+    paths, self.treedef = jax.tree_util.tree_flatten_with_path(tree)
+    marks = self.treedef.flatten_up_to(shared_marks(tree))
+    self.is_row = []
+    for (path, leaf), shared in zip(paths, marks):
+      rank = getattr(leaf, "ndim", 0)
+      if rank and not shared and leaf.shape[0] != batch:
+        raise ValueError(
+            f"leaf {jax.tree_util.keystr(path)} of shape {tuple(leaf.shape)} is neither scalar "
+            f"nor per-row (leading axis {batch}) in a state that the engine moves row by row; "
+            "a leaf shared by all rows goes in a field named in its NamedTuple's "
+            "shared_fields (see jaxrobust.Attack).")
+      self.is_row.append(bool(rank) and not shared)
 
   def split(self, tree: Any) -> tuple[list, list]:
     leaves = self.treedef.flatten_up_to(tree)

@@ -4,8 +4,8 @@ An attack that declares ``done`` (:class:`jaxrobust.Attack`: ``state -> [B]`` bo
 already holds an adversarial point that ``finalize`` returns") runs its ``num_steps`` steps as
 follows, instead of one fixed-length ``lax.scan`` over the whole batch:
 
-* **freezing** -- a step leaves the rows that were done before it unchanged (every state leaf
-  whose leading axis is the batch keeps its value; other leaves, step counters, advance), so a
+* **freezing** -- a step leaves the rows that were done before it unchanged (every per-row state
+  leaf keeps its value; scalars such as step counters, and declared ``shared_fields``, advance), so a
   row's trajectory is its own up to its first success and then stops. It does not depend on the
   batch, on the chunking below, or on when the loop ends;
 * **segments with re-compaction** -- the steps run in segments of :math:`R` steps. Before each
@@ -76,7 +76,8 @@ def segment_steps(num_steps: int) -> int:
 
 
 def freeze(keep: Array, old: Any, new: Any) -> Any:
-  """``new`` with the rows of ``keep`` (``[B]`` bool) taken from ``old`` in every per-row leaf.
+  """``new`` with the rows of ``keep`` (``[B]`` bool) taken from ``old`` in every per-row leaf
+  (:class:`~jaxrobust.engine.compaction.Layout`: scalars and declared ``shared_fields`` advance).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -84,9 +85,11 @@ def freeze(keep: Array, old: Any, new: Any) -> Any:
     ...        (jnp.ones(2), jnp.int32(1)))[0].tolist()
     [0.0, 1.0]
   """
-  batch = keep.shape[0]
-  keep_rows = lambda o, n: jnp.where(expand(keep, o.ndim), o, n)
-  return jax.tree.map(lambda o, n: keep_rows(o, n) if compaction.per_row(o, batch) else n, old, new)
+  layout = compaction.Layout(old, keep.shape[0])
+  old_rows, _ = layout.split(old)
+  new_rows, new_shared = layout.split(new)
+  kept = [jnp.where(expand(keep, o.ndim), o, n) for o, n in zip(old_rows, new_rows)]
+  return layout.join(kept, new_shared)
 
 
 def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
