@@ -15,7 +15,7 @@ Examples:
 """
 
 from jaxrobust import attacks, certify, losses, metrics, plotting, projections, text, training
-from jaxrobust._types import Attack, AttackResult, Budget, Certificate, Curve
+from jaxrobust._types import Attack, AttackResult, Budget, Certificate, Curve, Suite
 from jaxrobust._validation import check_inputs
 from jaxrobust._batch import predict
 from jaxrobust.curves import (CurveConsistency, curve_consistency, curve_from_norms,
@@ -28,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Attack", "AttackResult", "Budget", "Certificate", "Curve", "CurveConsistency", "Report",
+    "Suite",
     "attacks", "certify",
     "check_inputs", "curve_consistency", "curve_from_norms", "evaluate",
     "losses", "metrics", "plotting", "predict", "projections", "robustness_curve", "run", "text",

@@ -74,17 +74,11 @@ class Attack(NamedTuple):
     minimum_norm: ``True`` for attacks that search for the smallest adversarial perturbation
       (``budget.eps`` is then an optional upper bound and may be ``inf``).
     name: a human-readable description used in reports and error messages.
-    drive: optional; attacks that run other attacks (ensembles) set it to
-      ``(logits_fn, x, y, budget, keys, target, active, chunk_size) -> (x_adv, info)`` and
-      :func:`jaxrobust.run` calls it instead of the ``init``/``step`` loop, so that points that are
-      not ``active`` (``[B]`` bool) cost close to nothing. ``info`` is a dict of arrays that ends up
-      in :attr:`AttackResult.info`. ``init``/``step``/``finalize`` still work on their own.
-      A drive function with the attribute ``takes_active = True`` is also given the keyword
-      ``active=`` (``[B]`` bool, the rows that are data rather than padding), one with
-      ``takes_options = True`` the keyword ``options=`` (the run's
-      :class:`~jaxrobust._options.RunOptions`: early exit, compaction; ``chunk_size`` is then
-      ``options.chunk_size``), and otherwise one with ``takes_early_exit = True`` the keyword
-      ``early_exit=`` (see ``done``).
+    drive: optional, superseded by ``suite`` (kept for attacks written against it): a function
+      ``(logits_fn, x, y, budget, keys, target, todo, chunk_size) -> (x_adv, info)`` that
+      :func:`jaxrobust.run` calls instead of the ``init``/``step`` loop, with ``todo`` (``[B]``
+      bool) the rows to attack; ``info`` is a dict of arrays that ends up in
+      :attr:`AttackResult.info`.
     samples: ``0`` for a deterministic model ``logits_fn(x)``; ``n > 0`` for an attack on a
       randomized model ``logits_fn(x, keys)`` (see :func:`jaxrobust.attacks.eot`), whose
       prediction is judged over ``n`` draws.
@@ -102,6 +96,10 @@ class Attack(NamedTuple):
       (DeepFool, C&W, FMN, FAB) declare it only for a finite eps (a row holding an adversarial
       point inside the ball: its smallest point can only shrink further), never true at
       ``eps = inf``, where the answer keeps shrinking.
+    suite: ``None`` for a single attack (a kernel: ``init``/``step``/``finalize``/``done``);
+      for ensembles and AutoAttack a :class:`Suite`, whose members the engine runs one after
+      another on the rows the earlier ones left robust (``init`` then runs the suite in one go,
+      for a user's own scan; ``num_steps`` is 0).
   """
 
   init: Callable[..., Any]
@@ -116,6 +114,33 @@ class Attack(NamedTuple):
   samples: int = 0
   config: Optional[str] = None
   done: Optional[Callable[[Any], Array]] = None
+  suite: Optional["Suite"] = None
+
+
+class Suite(NamedTuple):
+  """Attacks run one after another, each on the rows the earlier ones left robust, with checks.
+
+  A point is broken as soon as one member succeeds on it: the per-example worst case over the
+  members (:func:`jaxrobust.attacks.ensemble`, :func:`jaxrobust.attacks.auto_attack`). The
+  engine runs the members with the run's options (early exit, compaction) and reports
+  ``info["robust_after"]`` (``[M, B]``, the rows still robust after members ``1..m``) and the
+  suite's checks.
+
+  Attributes:
+    members: ``num_classes -> sequence of Attack`` (a suite may choose its members, e.g. its
+      number of targets, once the model's class count is known); one norm, one ``targeted``
+      setting, one kind of model.
+    checks: optional ``(logits_fn, x, y, budget, keys, target, todo, robust_after, members,
+      active) -> {name: Check}`` (:class:`jaxrobust.metrics.checks.Check`: a flag and the count
+      it is decided from), reported in ``info["flags"]`` and ``info["counts"]``; ``todo`` is the
+      rows attacked, ``active`` the rows that are data rather than padding (``None``: all).
+    check_input: optional ``x -> None`` raising for inputs a member cannot take, before any
+      member is traced (so that the error speaks of the user's whole batch).
+  """
+
+  members: Callable[[int], Any]
+  checks: Optional[Callable[..., Any]] = None
+  check_input: Optional[Callable[[Array], None]] = None
 
 
 class AttackResult(NamedTuple):

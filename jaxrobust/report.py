@@ -48,46 +48,10 @@ import numpy as np
 
 from jaxrobust import metrics
 from jaxrobust._types import Attack, Curve
-from jaxrobust.attacks._auto_attack import SQUARE_THRESHOLD
+from jaxrobust.metrics.checks import FRACTION_FLAGS, decide_flags  # noqa: F401 - re-exported
 
 WORST_CASE = "worst_case"
 """The name of the per-example worst case over all attacks in :meth:`Report.curve`."""
-
-FRACTION_FLAGS: Mapping[str, tuple[str, float]] = {
-    "square_beats_white_box": ("square_only_points", SQUARE_THRESHOLD)}
-"""Flags decided from a count and the number of examples: ``flag -> (count, fraction)``, raised
-when the count (summed over the data set) exceeds ``fraction * N`` at some eps."""
-
-
-def decide_flags(flags: Mapping[str, bool], counts: Mapping[str, Any],
-                 n: int) -> dict[str, bool]:
-  r"""An attack's flags over the whole data set, from its OR-ed flags and global counts.
-
-  A flag of :data:`FRACTION_FLAGS` whose count is present is decided again from the count:
-  :math:`\max_k \mathrm{count}_k > \mathrm{fraction} \cdot N` (each batch judged alone would use
-  its own size instead of :math:`N`); every other flag is kept as given.
-
-  Args:
-    flags: flag name -> bool (OR over batches).
-    counts: count name -> int array (``[K]`` per eps, or a scalar), summed over the data set.
-    n: the number of examples.
-
-  Returns:
-    flag name -> bool.
-
-  Examples:
-    >>> import numpy as np
-    >>> flags = {"square_beats_white_box": True, "zero_gradients": False}
-    >>> decide_flags(flags, {"square_only_points": np.array([1, 1])}, n=600)  # 1 > 1.2: no
-    {'square_beats_white_box': False, 'zero_gradients': False}
-    >>> decide_flags(flags, {"square_only_points": np.array([0, 2])}, n=600)  # 2 > 1.2 at eps 2
-    {'square_beats_white_box': True, 'zero_gradients': False}
-  """
-  out = {str(k): bool(v) for k, v in flags.items()}
-  for flag, (count, fraction) in FRACTION_FLAGS.items():
-    if count in counts:
-      out[flag] = bool(np.any(np.asarray(counts[count], np.float64) > fraction * n))
-  return out
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -105,7 +69,7 @@ class AttackSummary:
       accuracy at the report's ``confidence`` (lower, upper).
     auc: area under the curve from ``(0, clean accuracy)``, divided by the largest eps.
     flags: reliability flags of the attack over the whole data set, e.g. zero gradients (see
-      :func:`decide_flags`).
+      :func:`~jaxrobust.metrics.checks.decide_flags`).
     counts: the integer counts behind the flags (``AttackResult.info["counts"]``), summed over
       the data set: ``[K]`` int64 (one per eps) for a fixed-budget attack, ``[]`` for a
       minimum-norm one; e.g. ``non_finite_gradient_points``.
@@ -256,7 +220,7 @@ class Report:
       info: attack name -> ``(description, norm, minimum_norm)``.
       flags: attack name -> reliability flags (OR over batches).
       counts: optional attack name -> count name -> int array, the counts behind the flags summed
-        over the data set; flags of :data:`FRACTION_FLAGS` are decided from them.
+        over the data set; flags of :data:`~jaxrobust.metrics.checks.FRACTION_FLAGS` are decided from them.
       per_example: optional per-example arrays (see the class attributes).
       timing: optional wall-clock statistics.
       confidence: the level of the binomial intervals, in ``(0, 1)``.
@@ -398,7 +362,7 @@ class Report:
 
   @property
   def flags(self) -> dict[str, dict[str, bool]]:
-    """Attack name -> reliability flags over the whole data set (see :func:`decide_flags`)."""
+    """Attack name -> reliability flags over the whole data set (see :func:`~jaxrobust.metrics.checks.decide_flags`)."""
     return {name: dict(s.flags) for name, s in self.attacks.items()}
 
   @property

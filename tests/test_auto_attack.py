@@ -11,6 +11,7 @@ import pytest
 from jax.experimental import io_callback
 
 import jaxrobust as jr
+from jaxrobust.metrics import checks as checks_lib
 from tests.models import Linear, linear_points, random_linear
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
@@ -138,7 +139,8 @@ def test_probability_outputs_flagged_in_every_float_dtype(dtype):
   x = jnp.asarray(rng.uniform(0, 1, size=(64, 8)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(8, 100)) * 3, jnp.float32)
   y = jnp.zeros(64, jnp.int32)
-  flags = auto_attack_lib._flags("linf", "standard", 9, False)
+  checks = auto_attack_lib._checks("linf", "standard", 9, False)
+  flags = lambda *args: checks_lib.as_info(checks(*args))
   verdicts = []
   for outputs in (lambda v: jax.nn.softmax(v @ w).astype(dtype),  # rounded after a softmax
                   lambda v: jax.nn.softmax((v @ w).astype(dtype)),  # computed in dtype
@@ -154,7 +156,8 @@ def test_non_finite_logits_count_real_rows_only():
   real rows count. A real row with NaN logits counts although it is outside ``todo`` (it is
   never clean-correct, so never attacked): counting ``todo`` rows would never count anything."""
   auto_attack_lib = importlib.import_module("jaxrobust.attacks._auto_attack")
-  extra_info = auto_attack_lib._flags("linf", "standard", 9, True)
+  checks = auto_attack_lib._checks("linf", "standard", 9, True)
+  extra_info = lambda *args, **kw: checks_lib.as_info(checks(*args, **kw))
   rng = np.random.default_rng(6)
   w = jnp.asarray(rng.normal(size=(8, 10)), jnp.float32)
   x = jnp.asarray(rng.uniform(0.2, 0.8, size=(8, 8)), jnp.float32)

@@ -201,3 +201,36 @@ def test_bad_chunk_sizes(problem):
   with pytest.raises(ValueError, match="eps_batch_size=None"):
     jr.robustness_curve(attack, logits_fn, x, y, jnp.array([0.1]), jax.random.key(0),
                         eps_batch_size=0, chunk_size=4)
+
+
+def test_a_suite_built_by_hand_runs_like_the_ensemble_with_its_checks(problem, results):
+  """``jr.Suite``: members chosen from the class count, checks reported as flags and counts. The
+  same members as the ensemble give the same breakdown; the check counts the rows the last
+  member alone broke, which the breakdown determines."""
+  logits_fn, x, y = problem
+  _, together, _ = results
+  seen = {}
+
+  def members(num_classes):
+    seen["classes"] = num_classes
+    return MEMBERS
+
+  def checks(logits_fn, x, y, budget, keys, target, todo, robust_after, members, active):
+    last_only = jnp.sum(robust_after[-2] & ~robust_after[-1], dtype=jnp.int32)
+    return {"last_member_needed": jr.metrics.checks.count_check(last_only, "last_member_rows"),
+            "many_rows": jr.metrics.checks.fraction_check(
+                jnp.sum(todo, dtype=jnp.int32), "attacked_rows", 0.5, jnp.sum(active))}
+
+  base = jr.attacks.ensemble(*MEMBERS)
+  suite = base._replace(suite=jr.Suite(members, checks), name="by-hand")
+  result = jax.jit(lambda x, y: jr.run(suite, logits_fn, x, y, jr.Budget(EPS),
+                                       jax.random.key(7)))(x, y)
+  assert seen["classes"] == CLASSES
+  robust_after = np.asarray(result.info["robust_after"])
+  np.testing.assert_array_equal(robust_after, np.asarray(together.info["robust_after"]))
+  expected = int(np.sum(robust_after[-2] & ~robust_after[-1]))
+  counts, flags = result.info["counts"], result.info["flags"]
+  assert int(counts["last_member_rows"]) == expected
+  assert bool(flags["last_member_needed"]) == (expected > 0)
+  attacked = BATCH - 3  # every clean-correct row is attacked
+  assert int(counts["attacked_rows"]) == attacked and bool(flags["many_rows"])

@@ -574,7 +574,7 @@ def square_like_attack():
   """A no-op attack (x_adv = x) reporting AutoAttack's Square check as auto_attack does: the
   points "only Square broke" (here: clean-correct ones whose first input is above 0.999) are
   counted, and each call decides the flag against 0.2% of its own batch."""
-  from jaxrobust.attacks._auto_attack import SQUARE_THRESHOLD
+  from jaxrobust.metrics.checks import SQUARE_ONLY_FRACTION as SQUARE_THRESHOLD
 
   def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size):
     only_square = todo & (x.reshape(x.shape[0], -1)[:, 0] > 0.999)

@@ -50,6 +50,7 @@ import jax.numpy as jnp
 from jaxrobust import losses as losses_lib
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_positive_int
+from jaxrobust.metrics import checks as checks_lib
 from jaxrobust.attacks._common import loss_grad_logits
 from jaxrobust.attacks._apgd import apgd
 from jaxrobust.attacks._ensemble import build as build_ensemble
@@ -63,8 +64,9 @@ Array = jax.Array
 VERSIONS = ("standard", "plus", "rand", "fast")
 FAST_TARGETS = 3
 """MALT targets of the ``fast`` version's APGD-T (at most; ``n_target_classes`` caps it)."""
-SQUARE_THRESHOLD = 0.002
-"""Fraction of the batch Square must break beyond the gradient attacks to raise the flag."""
+SQUARE_THRESHOLD = checks_lib.SQUARE_ONLY_FRACTION
+"""Fraction of the examples Square must break beyond the gradient attacks to raise the flag
+(its home: :data:`jaxrobust.metrics.checks.SQUARE_ONLY_FRACTION`)."""
 
 
 def _targets(norm: str, version: str, n_target_classes: int) -> tuple[int, int]:
@@ -146,15 +148,13 @@ def probability_tolerances(dtype, num_classes: int) -> tuple[float, float]:
   return max(1e-5, eps), max(1e-5, min(num_classes * eps, 0.1))
 
 
-def _flags(norm, version, n_target_classes, has_square):
-  """``extra_info`` for the ensemble: AutoAttack's reliability checks as flags and counts."""
+def _checks(norm, version, n_target_classes, has_square):
+  """The suite's checks: AutoAttack's reliability checks, each a flag and the count behind it."""
 
-  def extra_info(logits_fn, x, y, budget, keys, target, todo, robust_after, members,
-                 active=None):
+  def checks(logits_fn, x, y, budget, keys, target, todo, robust_after, members, active=None):
     """``todo``: the rows attacked (clean-correct and active); ``active``: the rows of the batch
     that are real data (``None``: all of them; a padded batch marks its padding ``False``)."""
     del budget, target, members
-    counts = {}
     if version == "rand":
       logits = logits_fn(x, keys)
       randomized = jnp.zeros((), bool)
@@ -171,7 +171,7 @@ def _flags(norm, version, n_target_classes, has_square):
     # non-finite logits is never clean-correct, so it is never attacked, and it is exactly what
     # this count reports.
     real = jnp.ones_like(finite_rows) if active is None else active
-    counts["non_finite_logits"] = jnp.sum(~finite_rows & real, dtype=jnp.int32)
+    non_finite = jnp.sum(~finite_rows & real, dtype=jnp.int32)
     probability = (jnp.all(logits <= 1.0 + entry_tolerance) & jnp.all(logits >= -entry_tolerance)
                    & jnp.all(jnp.abs(jnp.sum(logits, axis=-1) - 1.0) <= sum_tolerance))
     if version == "rand":
@@ -179,25 +179,26 @@ def _flags(norm, version, n_target_classes, has_square):
     else:
       _, grad, _ = loss_grad_logits(logits_fn, losses_lib.cross_entropy, x, y, None)
       zero = todo & jnp.all(grad.reshape(grad.shape[0], -1) == 0, axis=-1)
-    counts["zero_gradient_points"] = jnp.sum(zero, dtype=jnp.int32)
-    flags = {"probability_outputs": probability, "randomized": randomized,
-             "zero_gradients": counts["zero_gradient_points"] > 0,
-             "non_finite_logits": counts["non_finite_logits"] > 0,
-             "too_few_classes_for_targets": jnp.asarray(
-                 version != "rand"
-                 and logits.shape[-1] - 1 < max(_targets(norm, version, n_target_classes)))}
+    found = {
+        "probability_outputs": checks_lib.Check(probability),
+        "randomized": checks_lib.Check(randomized),
+        "zero_gradients": checks_lib.count_check(jnp.sum(zero, dtype=jnp.int32),
+                                                 "zero_gradient_points"),
+        "non_finite_logits": checks_lib.count_check(non_finite, "non_finite_logits"),
+        "too_few_classes_for_targets": checks_lib.Check(jnp.asarray(
+            version != "rand"
+            and logits.shape[-1] - 1 < max(_targets(norm, version, n_target_classes))))}
     if has_square:
       index = 3  # Square follows APGD-CE, APGD-T/-DLR and FAB in both deterministic versions
       before, after = robust_after[index - 1], robust_after[index]
-      counts["square_only_points"] = jnp.sum(before & ~after, dtype=jnp.int32)
-      flags["square_beats_white_box"] = (
-          counts["square_only_points"].astype(jnp.float32)
-          > SQUARE_THRESHOLD * jnp.sum(real, dtype=jnp.int32).astype(jnp.float32))
+      found["square_beats_white_box"] = checks_lib.fraction_check(
+          jnp.sum(before & ~after, dtype=jnp.int32), "square_only_points", SQUARE_THRESHOLD,
+          jnp.sum(real, dtype=jnp.int32))
     else:
-      flags["square_beats_white_box"] = jnp.zeros((), bool)
-    return {"flags": flags, "counts": counts}
+      found["square_beats_white_box"] = checks_lib.Check(jnp.zeros((), bool))
+    return found
 
-  return extra_info
+  return checks
 
 
 def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_classes: int = 9,
@@ -297,4 +298,4 @@ def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_class
   return build_ensemble(
       members_fn, norm=norm, targeted=False, samples=samples if version == "rand" else 0,
       name=f"auto_attack-{version}-{norm}",
-      extra_info=_flags(norm, version, n_target_classes, has_square), check_input=check_input)
+      checks=_checks(norm, version, n_target_classes, has_square), check_input=check_input)

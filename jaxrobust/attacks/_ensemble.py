@@ -26,9 +26,8 @@ import jax
 
 from jaxrobust._batch import work_dtype
 from jaxrobust._options import RunOptions
-from jaxrobust._types import Attack, Budget
-from jaxrobust._validation import logits_shape
-from jaxrobust.engine.members import run_members
+from jaxrobust._types import Attack, Budget, Suite
+from jaxrobust.engine.attack_loop import check_members, run_suite
 from jaxrobust.engine.scoring import clean_correct_mask
 
 Array = jax.Array
@@ -38,68 +37,29 @@ MembersFn = Callable[[int], Sequence[Attack]]
 
 
 class EnsembleState(NamedTuple):
-  """The (trivial) scan carry: the ensemble does its work in ``init`` (it has no steps)."""
+  """The (trivial) scan carry: the suite does its work in ``init`` (it has no steps)."""
 
   x_adv: Array
 
 
-def check_members(attacks: Sequence[Attack]) -> None:
-  """Members must be attacks with one norm, one ``targeted`` setting and one kind of model."""
-  if not attacks:
-    raise ValueError("ensemble() needs at least one attack.")
-  for attack in attacks:
-    if not isinstance(attack, Attack):
-      raise TypeError(f"ensemble() members must be jr.Attack objects, got {type(attack).__name__}.")
-  norms = sorted({a.norm for a in attacks})
-  if len(norms) > 1:
-    raise ValueError(f"ensemble() members must share one norm, got {norms} "
-                     f"({', '.join(a.name for a in attacks)}).")
-  if len({a.targeted for a in attacks}) > 1:
-    raise ValueError("ensemble() members must be all targeted or all untargeted.")
-  if len({a.samples > 0 for a in attacks}) > 1:
-    raise ValueError("ensemble() members must all attack a deterministic logits_fn(x) or all a "
-                     "randomized logits_fn(x, keys) (wrap each member with jr.attacks.eot).")
-
-
 def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, name: str,
-          extra_info: Callable[..., dict] | None = None,
+          checks: Callable[..., dict] | None = None,
           check_input: Callable[[Array], None] | None = None) -> Attack:
-  """The :class:`~jaxrobust.Attack` of an ensemble whose members may depend on the class count.
+  """The :class:`~jaxrobust.Attack` of a suite (:class:`~jaxrobust.Suite`) whose members may
+  depend on the class count.
 
-  ``extra_info(logits_fn, x, y, budget, keys, target, todo, robust_after, members, active=)``
-  may add entries (e.g. reliability flags) to ``AttackResult.info``; ``active`` is the rows of
-  the batch that are data (not padding), as the driver passes them. ``check_input(x)`` may raise for
-  inputs a member cannot take, before any member is traced (so that the error speaks about the
-  user's whole batch, not a chunk of it, and comes before minutes of tracing).
+  The engine runs the suite (:func:`jaxrobust.engine.attack_loop.run_suite`); ``init`` runs it in
+  one go (no early exit, no compaction), so that the attack also works in a user's own
+  ``init``/``step``/``finalize`` loop, where ``step`` does nothing.
   """
-
-  def drive(logits_fn, x, y, budget, keys, target, todo, chunk_size=None, *, active=None,
-            early_exit=False, options=None):
-    # The engine passes its options; a direct call (init below, or a user's) gives the drive
-    # protocol's chunk_size and early_exit (jr.Attack.drive).
-    if options is None:
-      options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, canonical=False)
-    if check_input is not None:
-      check_input(x)
-    num_classes = logits_shape(logits_fn, x, samples)[-1]
-    members = list(members_fn(num_classes))
-    check_members(members)
-    x_adv, robust_after = run_members(members, logits_fn, x, y, Budget(*budget), keys, target,
-                                      todo, options)
-    info = {"robust_after": robust_after}
-    if extra_info is not None:
-      info.update(extra_info(logits_fn, x, y, Budget(*budget), keys, target, todo, robust_after,
-                             members, active=active))
-    return x_adv, info
-
-  drive.takes_active = True  # the engine passes active= (the rows that are data) to this drive
-  drive.takes_options = True  # ... and the run's RunOptions as options= (members exit early)
-  drive.takes_early_exit = True  # the older protocol (early_exit=), for callers that look for it
+  suite = Suite(members_fn, checks, check_input)
+  whole = RunOptions(early_exit=False, chunk_size=None, canonical=False)
 
   def init(logits_fn, x, y, budget, keys, target=None):
     x = x.astype(work_dtype(x))
     todo = clean_correct_mask(samples, logits_fn, x, y, keys)
-    x_adv, _ = drive(logits_fn, x, y, budget, keys, target, todo, None)
+    x_adv, _ = run_suite(suite, samples, logits_fn, x, y, Budget(*budget), keys, target, todo,
+                         options=whole)
     return EnsembleState(x_adv)
 
   def step(logits_fn, state, x, y, budget, target=None):
@@ -111,7 +71,7 @@ def build(members_fn: MembersFn, *, norm: str, targeted: bool, samples: int, nam
     return state.x_adv
 
   return Attack(init=init, step=step, finalize=finalize, num_steps=0, norm=norm,
-                targeted=targeted, minimum_norm=False, name=name, drive=drive, samples=samples)
+                targeted=targeted, minimum_norm=False, name=name, samples=samples, suite=suite)
 
 
 def ensemble(*attacks: Attack, name: str | None = None) -> Attack:
@@ -135,8 +95,8 @@ def ensemble(*attacks: Attack, name: str | None = None) -> Attack:
     name: the ensemble's name (default: the members' names joined by ``" -> "``).
 
   Returns:
-    A fixed-budget :class:`jaxrobust.Attack` (``num_steps = 0``: it does its work in ``init``, or
-    in ``drive`` when run by :func:`jaxrobust.run`).
+    A fixed-budget :class:`jaxrobust.Attack` whose ``suite`` the engine runs (``num_steps = 0``:
+    in a user's own scan it does its work in ``init``).
 
   Examples:
     >>> import jax, jax.numpy as jnp

@@ -80,7 +80,7 @@ def eot(attack: Attack, samples: int = 20) -> Attack:
   samples = check_positive_int("samples", samples)
   if attack.samples:
     raise ValueError(f"{attack.name} already attacks a randomized model; do not nest eot().")
-  if attack.drive is not None:
+  if attack.suite is not None or attack.drive is not None:
     raise ValueError(f"eot() cannot wrap the ensemble {attack.name!r}: wrap each member, e.g. "
                      "ensemble(eot(a, n), eot(b, n)).")
 

@@ -1,25 +1,33 @@
-r"""The one attack loop: an attack's ``init``/``step``/``finalize`` under ``lax.scan`` (or its own
-``drive``), optionally compacted to the rows still to attack, then scored honestly.
+r"""The one attack loop: a single attack's ``init``/``step``/``finalize`` under ``lax.scan``, or a
+suite's members one after another, optionally compacted to the rows still to attack, then
+scored honestly.
 
 Every front door runs attacks through :func:`run_attack`: :func:`jaxrobust.run` (one budget),
-the curve kernel (:mod:`jaxrobust.engine.curve_kernel`, one run per eps), ensemble members
-(:mod:`jaxrobust.engine.members`) and :func:`jaxrobust.evaluate`. How it runs (early exit,
-compaction, unrolling, scoring, canonical convolutions) is one
-:class:`~jaxrobust._options.RunOptions`, ``options``.
+the curve kernel (:mod:`jaxrobust.engine.curve_kernel`, one run per eps), the members of a
+suite (:func:`run_suite`) and :func:`jaxrobust.evaluate`. How it runs (early exit, compaction,
+unrolling, scoring, canonical convolutions) is one :class:`~jaxrobust._options.RunOptions`,
+``options``.
+
+A suite (:class:`jaxrobust.Suite`: ensembles, AutoAttack) with members :math:`A_1..A_M` and
+rows to attack :math:`T` runs member :math:`m` on :math:`T \setminus \bigcup_{l<m} S_l`
+(:math:`S_l` the rows member :math:`l` broke) and keeps, per row, the first successful
+adversarial point (:func:`run_members`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._batch import as_keys, like_batch, work_dtype
+from jaxrobust._batch import as_keys, expand, like_batch, work_dtype
 from jaxrobust._options import RunOptions
-from jaxrobust._types import Attack, AttackResult, Budget
+from jaxrobust._types import Attack, AttackResult, Budget, Suite
+from jaxrobust._validation import logits_shape
+from jaxrobust.metrics import checks as checks_lib
 from jaxrobust.engine import canonical_conv, compaction, early_exit as early_exit_lib
 from jaxrobust.engine.scoring import clean_diagnosis, score
 
@@ -108,17 +116,12 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
     # (a curve's grid usually starts at 0). A randomized model is still re-scored there.
     todo = todo & (eps > 0)
   info = {}
-  if attack.drive is not None:
-    # A drive that says so also learns which rows are data (padding excluded): AutoAttack
-    # counts non-finite logits on those rows only.
-    extra = {"active": jnp.ones_like(todo) if active is None else active} if getattr(
-        attack.drive, "takes_active", False) else {}
-    if getattr(attack.drive, "takes_options", False):
-      extra["options"] = options
-    elif getattr(attack.drive, "takes_early_exit", False):
-      extra["early_exit"] = options.early_exit
-    x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, options.chunk_size,
-                               **extra)
+  if attack.suite is not None:
+    x_adv, info = run_suite(attack.suite, attack.samples, logits_fn, x, y, budget, keys, target,
+                            todo, options=options,
+                            active=jnp.ones_like(todo) if active is None else active)
+  elif attack.drive is not None:  # the protocol suites replaced (jr.Attack.drive)
+    x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, options.chunk_size)
     info = dict(info or {})
   else:
     rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, options)
@@ -154,3 +157,72 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
   return score(attack, logits_fn, x_input, x, x_adv, y, budget, keys, target, todo=todo,
                clean_correct=clean_correct, bad_gradient=bad_gradient, info=info,
                logits_of_todo=logits_of_todo, active=active)
+
+
+def check_members(attacks: Sequence[Attack]) -> None:
+  """Members must be attacks with one norm, one ``targeted`` setting and one kind of model."""
+  if not attacks:
+    raise ValueError("ensemble() needs at least one attack.")
+  for attack in attacks:
+    if not isinstance(attack, Attack):
+      raise TypeError(f"ensemble() members must be jr.Attack objects, got {type(attack).__name__}.")
+  norms = sorted({a.norm for a in attacks})
+  if len(norms) > 1:
+    raise ValueError(f"ensemble() members must share one norm, got {norms} "
+                     f"({', '.join(a.name for a in attacks)}).")
+  if len({a.targeted for a in attacks}) > 1:
+    raise ValueError("ensemble() members must be all targeted or all untargeted.")
+  if len({a.samples > 0 for a in attacks}) > 1:
+    raise ValueError("ensemble() members must all attack a deterministic logits_fn(x) or all a "
+                     "randomized logits_fn(x, keys) (wrap each member with jr.attacks.eot).")
+
+
+def run_suite(suite: Suite, samples: int, logits_fn: Callable[..., Array], x: Array, y: Array,
+              budget: Budget, keys: Array, target: Array | None, todo: Array, *,
+              options: RunOptions, active: Array | None = None) -> tuple[Array, dict]:
+  """``(x_adv, info)`` of a suite on the rows ``todo``: its members (chosen for the model's
+  class count) by :func:`run_members`, ``info["robust_after"]`` (``[M, B]``) and its checks
+  (``info["flags"]``, ``info["counts"]``, :func:`jaxrobust.metrics.checks.as_info`).
+
+  ``samples`` is the suite's attack's (``> 0``: a randomized ``logits_fn(x, keys)``); ``active``
+  the rows that are data, not padding (``None``: all), for the checks.
+  """
+  if suite.check_input is not None:
+    suite.check_input(x)
+  members = list(suite.members(logits_shape(logits_fn, x, samples)[-1]))
+  check_members(members)
+  budget = Budget(*budget)
+  x_adv, robust_after = run_members(members, logits_fn, x, y, budget, keys, target, todo,
+                                    options)
+  info = {"robust_after": robust_after}
+  if suite.checks is not None:
+    info.update(checks_lib.as_info(suite.checks(logits_fn, x, y, budget, keys, target, todo,
+                                                robust_after, members, active=active)))
+  return x_adv, info
+
+
+def run_members(members: Sequence[Attack], logits_fn: Callable[..., Array], x: Array, y: Array,
+                budget: Budget, keys: Array, target: Array | None, todo: Array,
+                options: RunOptions) -> tuple[Array, Array]:
+  """``(x_adv, robust_after [M, B])``: the first success per row (``x`` where none), and the
+  rows of ``todo`` still robust after members ``1..m``.
+
+  Every member gets the same per-example ``keys``, so a member computes on the rows it attacks
+  exactly what it computes alone: the suite is never weaker than any member run alone.
+  Every member runs with the suite's ``options`` (early exit, compaction), except that it
+  scores only the rows it attacked, leaves canonical convolutions to the outer run and runs its
+  own loop with ``unroll=1``.
+  """
+  options = options.replace(unroll=1, score_skipped_rows=False, canonical=False)
+  alive = todo
+  x_adv = x
+  robust_after = []
+  everyone = jnp.ones_like(todo)
+  for member in members:  # static: the members are configuration
+    result, _ = run_attack(member, logits_fn, x, y, budget, keys, target,
+                           options=options, clean_correct=everyone, active=alive)
+    newly = alive & result.success
+    x_adv = jnp.where(expand(newly, x.ndim), result.x_adv, x_adv)
+    alive = alive & ~result.success
+    robust_after.append(alive)
+  return x_adv, jnp.stack(robust_after)
