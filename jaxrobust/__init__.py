@@ -20,6 +20,7 @@ from jaxrobust._validation import check_inputs
 from jaxrobust._batch import predict
 from jaxrobust.curves import (CurveConsistency, curve_consistency, curve_from_norms,
                               robustness_curve)
+from jaxrobust.diagnosis import diagnose
 from jaxrobust.evaluation import evaluate
 from jaxrobust.report import Report
 from jaxrobust._run import run
@@ -30,7 +31,7 @@ __all__ = [
     "Attack", "AttackResult", "Budget", "Certificate", "Curve", "CurveConsistency", "Report",
     "Suite",
     "attacks", "certify",
-    "check_inputs", "curve_consistency", "curve_from_norms", "evaluate",
+    "check_inputs", "curve_consistency", "curve_from_norms", "diagnose", "evaluate",
     "losses", "metrics", "plotting", "predict", "projections", "robustness_curve", "run", "text",
     "training",
 ]

@@ -10,13 +10,15 @@ list holding jaxprs (nested ones too), counts.
 
 * :func:`sub_jaxprs` finds them in one equation's parameters, :func:`map_sub_jaxprs` replaces
   them (a re-traced loop body), :func:`call_body` picks the one a call-like equation evaluates;
-* :func:`iter_equations` reads every equation, nested ones included; :func:`all_consts`
-  collects the constants of a closed jaxpr and of every closed jaxpr nested in it;
+* :func:`iter_equations` reads every equation, nested ones included, :func:`iter_jaxprs` every
+  jaxpr; :func:`all_consts` collects the constants of a closed jaxpr and of every closed jaxpr
+  nested in it;
 * :func:`interpret` evaluates a jaxpr with a rule per equation, inlining chosen calls.
 
 Used by :mod:`jaxrobust.engine.canonical_conv` (re-evaluation with canonical convolutions),
-:mod:`jaxrobust.certify._jaxpr` (flattening for bound propagation) and
-:func:`jaxrobust.model.captured_constants`.
+:mod:`jaxrobust.certify._jaxpr` (flattening for bound propagation),
+:func:`jaxrobust.model.captured_constants` and :func:`jaxrobust.diagnosis.diagnose` (which
+operations lie on the path from the input to the logits).
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -102,6 +104,16 @@ def iter_equations(jaxpr: Any, recursive: bool = True) -> Iterator[Any]:
     if recursive:
       for sub in sub_jaxprs(eqn.params):
         yield from iter_equations(sub)
+
+
+def iter_jaxprs(jaxpr: Any) -> Iterator[Any]:
+  """The open jaxpr of ``jaxpr`` (closed or open), then those nested in its equations'
+  parameters, recursively, depth first (a jaxpr held twice is yielded twice)."""
+  inner = open_jaxpr(jaxpr)[0]
+  yield inner
+  for eqn in inner.eqns:
+    for sub in sub_jaxprs(eqn.params):
+      yield from iter_jaxprs(sub)
 
 
 def all_consts(jaxpr: Any) -> list:

@@ -41,6 +41,21 @@ def test_iter_equations_reaches_loops_conditionals_and_calls():
   assert "sin" not in top and "scan" in top
 
 
+def test_iter_jaxprs_yields_every_nested_jaxpr_once_per_place():
+  def fn(x):
+    y = jax.lax.cond(x > 0, jnp.sin, lambda v: jax.jit(jnp.tanh)(v), x)
+    return jax.lax.scan(lambda c, _: (jnp.cos(c), None), y, None, length=2)[0]
+
+  closed = _closed(fn, 0.5)
+  jaxprs = list(walk.iter_jaxprs(closed))
+  assert jaxprs[0] is closed.jaxpr
+  # top, the two branches, the jit inside the second, the scan body (jnp.sin/tanh/cos may be
+  # further jits of their own, each with one equation)
+  names = [[e.primitive.name for e in j.eqns] for j in jaxprs]
+  assert ["scan" in n for n in names].count(True) == 1 and any(n == ["cos"] for n in names)
+  assert sum(len(j.eqns) for j in jaxprs) == len(list(walk.iter_equations(closed)))
+
+
 def test_all_consts_own_first_then_nested_last_found_first():
   w1, w2, w3 = np.ones(3), np.full(3, 2.0), np.full(3, 3.0)
 
