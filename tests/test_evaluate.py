@@ -23,6 +23,7 @@ from jax.sharding import PartitionSpec as P
 import jaxrobust as jr
 from jaxrobust import _checkpoint
 from jaxrobust._options import RunOptions
+from jaxrobust.evaluation import checkpointing
 from jaxrobust.model import model_of
 
 evaluate_lib = importlib.import_module("jaxrobust.evaluation.device_step")
@@ -791,3 +792,14 @@ def test_progress_without_tqdm_prints_a_text_line(monkeypatch, capsys):
   err = capsys.readouterr().err
   assert "jr.evaluate: 3/3 ex" in err and "clean=1.0000" in err
   assert report.num_examples == 3
+
+
+def test_a_hand_built_attack_is_identified_by_what_its_functions_capture():
+  """Checkpoints identify factory-built attacks by their recorded config and hand-built ones
+  (``config=None``) by the static values their closures capture: another threshold, another
+  digest; the same, the same."""
+  digest = checkpointing.attack_digest
+  assert flagging_attack(0.5).config is None
+  assert digest(flagging_attack(0.5)) == digest(flagging_attack(0.5))
+  assert digest(flagging_attack(0.5)) != digest(flagging_attack(0.25))
+  assert digest(jr.attacks.fgsm()) != digest(jr.attacks.fgsm("l2"))

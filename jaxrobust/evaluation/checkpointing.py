@@ -32,7 +32,8 @@ from jaxrobust.evaluation.device_step import EvalSums, _Trace, hash_array
 from jaxrobust.metrics import CurveCounts
 from jaxrobust.model import Model
 
-VERSION = 3  # 2: model fingerprint, reliability counts; 3: the state is EvalSums
+VERSION = 4  # 2: model fingerprint, reliability counts; 3: the state is EvalSums; 4: attacks
+# identified by their recorded config (attack_digest)
 
 
 _PRIMITIVE = (bool, int, float, str, bytes, type(None))
@@ -42,7 +43,8 @@ _MAX_DEPTH = 8
 
 
 def _config_of(fn: Any, depth: int = 0) -> Any:
-  """The static configuration captured by an attack's closures, as JSON-ready values."""
+  """The static configuration captured by a hand-built attack's closures, as JSON-ready values
+  (attacks built by a factory are identified by their recorded ``config``)."""
   if isinstance(fn, _PRIMITIVE):
     return fn if not isinstance(fn, (float, bytes)) else repr(fn)
   if depth >= _MAX_DEPTH:
@@ -78,11 +80,8 @@ def fingerprint(attacks: Mapping[str, Attack], epsilons: np.ndarray, key_data: n
   keys and values, so earlier checkpoints still resume), not ``chunk_size`` and ``early_exit``,
   which change the work and not the verdicts.
   """
-  described = []
-  for name, a in attacks.items():
-    config = [_config_of(f) for f in (a.init, a.step, a.finalize, a.drive, a.samples)]
-    digest = hashlib.sha256(repr(config).encode()).hexdigest()[:16]
-    described.append([name, a.name, a.norm, a.num_steps, a.minimum_norm, a.samples, digest])
+  described = [[name, a.name, a.norm, a.num_steps, a.minimum_norm, a.samples, attack_digest(a)]
+               for name, a in attacks.items()]
   return {"attacks": described, "epsilons": [repr(float(e)) for e in epsilons],
           "key": [str(key_impl), key_data.astype(np.uint32).ravel().tolist()],
           "batch_size": batch_size, "box": [repr(float(lower)), repr(float(upper))],
@@ -90,6 +89,27 @@ def fingerprint(attacks: Mapping[str, Attack], epsilons: np.ndarray, key_data: n
           "unroll": options.unroll, "process": list(process),
           **({"certifiers": [[name, c.name, c.norm, c.config] for name, c in certifiers.items()]}
              if certifiers else {})}
+
+
+def attack_digest(attack: Attack) -> str:
+  """The attack's configuration in a checkpoint: a digest of :attr:`jaxrobust.Attack.config`, the
+  recorded factory call (every default filled in, members nested) that reports show as the
+  attack's provenance, so one record identifies an attack everywhere. A hand-built attack
+  (``config=None``) is identified by the static configuration its functions capture instead.
+
+  Examples:
+    >>> import jaxrobust as jr
+    >>> attack_digest(jr.attacks.pgd(steps=3)) == attack_digest(jr.attacks.pgd(steps=3))
+    True
+    >>> attack_digest(jr.attacks.pgd(steps=3)) == attack_digest(jr.attacks.pgd(steps=4))
+    False
+  """
+  if attack.config is not None:
+    described = attack.config
+  else:
+    described = repr([_config_of(f) for f in (attack.init, attack.step, attack.finalize,
+                                                attack.drive, attack.samples, attack.suite)])
+  return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
 def model_fingerprint(model: Model, trace: _Trace) -> dict[str, str]:
