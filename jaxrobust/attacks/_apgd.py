@@ -99,8 +99,8 @@ from jaxrobust import projections
 from jaxrobust._batch import expand, fold_in, is_success, rows_like
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_norm, check_number, check_positive_int, logits_shape
-from jaxrobust.attacks._apgd_schedule import (INITIAL_STEP, APGDState, _Config, _l1_checkpoint,
-                                               _l1_update, _momentum_checkpoint, _momentum_update,
+from jaxrobust.attacks._apgd_schedule import (INITIAL_STEP, APGDState, APGDConfig, l1_checkpoint,
+                                               l1_update, momentum_checkpoint, momentum_update,
                                                checkpoints, l1_checkpoints)
 from jaxrobust.attacks._apgd_schedule import (  # noqa: F401 (re-exported, as before the split)
   l1_coordinates, l1_fewer_coordinates, l1_initial_coordinates)
@@ -135,7 +135,7 @@ def _required_classes(loss, targeted: bool) -> int:
   return table[loss]
 
 
-def _check_classes(config: _Config, num_classes: int) -> None:
+def _check_classes(config: APGDConfig, num_classes: int) -> None:
   needed = _required_classes(config.loss, config.targeted)
   if num_classes < needed:
     raise ValueError(f"{config.name}: loss {config.loss_name!r} needs at least {needed} classes, "
@@ -146,7 +146,7 @@ def _check_classes(config: _Config, num_classes: int) -> None:
                      f"most {num_classes - 1}.")
 
 
-def _run_target(config: _Config, state: APGDState, run_index: Array,
+def _run_target(config: APGDConfig, state: APGDState, run_index: Array,
                 target: Array | None) -> Array | None:
   """The target the loss drives towards in this run (APGD-T: by one-hot look-up)."""
   if not config.multi:
@@ -195,7 +195,7 @@ def malt_distances(logits_fn, x: Array, y: Array, candidates: Array, norm: str) 
   return distances.T
 
 
-def _malt_targets(config: _Config, logits_fn, x: Array, y: Array, logits: Array) -> Array:
+def _malt_targets(config: APGDConfig, logits_fn, x: Array, y: Array, logits: Array) -> Array:
   """``[B, n_target_classes]``: the candidates with the smallest MALT distances, nearest first."""
   num_classes = logits.shape[-1]
   count = min(config.malt_candidates, num_classes - 1)
@@ -208,7 +208,7 @@ def _malt_targets(config: _Config, logits_fn, x: Array, y: Array, logits: Array)
   return jnp.sum(candidates[:, None, :] * pick.astype(jnp.int32), axis=2)
 
 
-def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> APGDState:
+def _init(config: APGDConfig, logits_fn, x, y, budget: Budget, keys, target=None) -> APGDState:
   del target
   x, eps, lower, upper = unpack_budget(x, budget)
   if config.multi:
@@ -235,7 +235,7 @@ def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -
       t=jnp.zeros((), jnp.int32))
 
 
-def _step(config: _Config, logits_fn, state: APGDState, x, y, budget: Budget,
+def _step(config: APGDConfig, logits_fn, state: APGDState, x, y, budget: Budget,
           target=None) -> APGDState:
   x, eps, lower, upper = unpack_budget(x, budget)
   nd = x.ndim
@@ -274,7 +274,7 @@ def _step(config: _Config, logits_fn, state: APGDState, x, y, budget: Budget,
       keys=state.keys, t=state.t + 1)
 
 
-def _finalize(config: _Config, logits_fn, state: APGDState, x, y, budget: Budget,
+def _finalize(config: APGDConfig, logits_fn, state: APGDState, x, y, budget: Budget,
               target=None) -> Array:
   del x, budget
   loss_target = _run_target(config, state, config.runs.run(state.t), target)
@@ -406,13 +406,13 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     lengths = np.diff((0,) + marks)
   for j, w in enumerate(marks):
     table[w] = 1 if lengths is None else lengths[j]
-  config = _Config(
+  config = APGDConfig(
       norm=norm, name=name, loss=loss, loss_name=loss_name, loss_fn=loss_fn,
       targeted=bool(targeted), multi=multi, n_target_classes=n_target_classes, targets=targets,
       malt_candidates=malt_candidates, restarts=restarts, runs=runs, table=table,
       initial_step=INITIAL_STEP[norm], rho=rho,
-      momentum=momentum, checkpoint=_l1_checkpoint if norm == "l1" else _momentum_checkpoint,
-      update=_l1_update if norm == "l1" else _momentum_update)
+      momentum=momentum, checkpoint=l1_checkpoint if norm == "l1" else momentum_checkpoint,
+      update=l1_update if norm == "l1" else momentum_update)
   return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
                 finalize=functools.partial(_finalize, config), num_steps=runs.num_steps,
                 norm=norm, targeted=bool(targeted) and not multi, minimum_norm=False, name=name,

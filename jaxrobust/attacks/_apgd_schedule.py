@@ -3,10 +3,10 @@ chooses once, at factory time, with the state and static configuration they shar
 
 **Linf/L2.** The checkpoints (:func:`checkpoints`) are :math:`w_j = \lceil p_j N \rceil` for
 ``N = steps``, :math:`p_1 = 0.22`, :math:`p_{j+1} = p_j + \max(p_j - p_{j-1} - 0.03, 0.06)`, in
-the reference's rounding. At :math:`w_j` (:func:`_momentum_checkpoint`) an example halves its
+the reference's rounding. At :math:`w_j` (:func:`momentum_checkpoint`) an example halves its
 step size :math:`\eta` and restarts from its best-loss point when at most :math:`\rho\,(w_j -
 w_{j-1})` of the window's steps increased the loss, or when neither :math:`\eta` nor the best loss
-changed since :math:`w_{j-1}`. The step (:func:`_momentum_update`) is
+changed since :math:`w_{j-1}`. The step (:func:`momentum_update`) is
 
 .. math::
    z_{k+1} = P\big(x_k + \eta_k\, d(\nabla L(x_k))\big), \qquad
@@ -17,11 +17,11 @@ direction (:math:`\operatorname{sign}(g)` for Linf, :math:`g / \|g\|_2` for L2) 
 :math:`\alpha` the ``momentum`` (1 at a run's first step).
 
 **L1.** Every ``max(int(0.04 N), 1)`` iterations (:func:`l1_checkpoints`,
-:func:`_l1_checkpoint`) the support :math:`m` of the best point's perturbation sets the number of
+:func:`l1_checkpoint`) the support :math:`m` of the best point's perturbation sets the number of
 moved coordinates :math:`k = \lceil m / 1.5 \rceil` (:func:`l1_coordinates`; fewer for a run that
 stalled, :func:`l1_fewer_coordinates`) and the step size is reset to :math:`\epsilon` with a
 restart when :math:`m` fell below 0.95 of its previous value, divided by 1.5 otherwise, in
-:math:`[\epsilon / 10, \epsilon]`. The step (:func:`_l1_update`) moves :math:`\eta` of L1 mass
+:math:`[\epsilon / 10, \epsilon]`. The step (:func:`l1_update`) moves :math:`\eta` of L1 mass
 evenly over the :math:`k` largest :math:`|g_i|` and projects exactly onto the L1 ball and the
 box.
 
@@ -43,7 +43,7 @@ from jaxrobust import projections
 from jaxrobust._batch import expand, one_hot_mask
 from jaxrobust.attacks._ascent import direction
 from jaxrobust.attacks._common import Best, Runs
-from jaxrobust.attacks._gradient_attack import _project
+from jaxrobust.attacks._gradient_attack import project_into_budget
 
 Array = jax.Array
 
@@ -176,7 +176,7 @@ def l1_fewer_coordinates(coordinates: Array) -> Array:
   return jnp.maximum(jnp.minimum(l1_coordinates(coordinates), coordinates - 1), 1)
 
 
-class _Config(NamedTuple):
+class APGDConfig(NamedTuple):
   """APGD's static configuration, chosen by :func:`apgd` and passed to every piece below."""
 
   norm: str
@@ -195,8 +195,8 @@ class _Config(NamedTuple):
   initial_step: float  # first step of a run, as a multiple of eps
   rho: float
   momentum: float
-  checkpoint: Callable[..., "_Checkpoint"]  # _momentum_checkpoint or _l1_checkpoint
-  update: Callable[..., Array]  # _momentum_update or _l1_update
+  checkpoint: Callable[..., "_Checkpoint"]  # momentum_checkpoint or l1_checkpoint
+  update: Callable[..., Array]  # momentum_update or l1_update
 
 
 class _Checkpoint(NamedTuple):
@@ -211,7 +211,7 @@ class _Checkpoint(NamedTuple):
   support_at_check: Array
 
 
-def _momentum_checkpoint(config: _Config, state: APGDState, x: Array, eps: Array, first: Array,
+def momentum_checkpoint(config: APGDConfig, state: APGDState, x: Array, eps: Array, first: Array,
                          at_check: Array, window: Array, loss_value: Array, loss_best: Array,
                          x_best: Array, increases: Array, step_size: Array) -> _Checkpoint:
   """Linf/L2: halve the step and restart from the best point when the run oscillates (at most
@@ -232,7 +232,7 @@ def _momentum_checkpoint(config: _Config, state: APGDState, x: Array, eps: Array
       support_at_check=state.support_at_check)
 
 
-def _l1_checkpoint(config: _Config, state: APGDState, x: Array, eps: Array, first: Array,
+def l1_checkpoint(config: APGDConfig, state: APGDState, x: Array, eps: Array, first: Array,
                    at_check: Array, window: Array, loss_value: Array, loss_best: Array,
                    x_best: Array, increases: Array, step_size: Array) -> _Checkpoint:
   """L1: adapt the sparsity to the best point's support and the step size to its change;
@@ -262,20 +262,20 @@ def _l1_checkpoint(config: _Config, state: APGDState, x: Array, eps: Array, firs
       support_at_check=jnp.where(at_check, support.astype(jnp.float32), support_old))
 
 
-def _momentum_update(config: _Config, x: Array, x_cur: Array, x_prev: Array, g: Array,
+def momentum_update(config: APGDConfig, x: Array, x_cur: Array, x_prev: Array, g: Array,
                      checkpoint: _Checkpoint, first: Array, eps: Array, lower: Array,
                      upper: Array) -> Array:
   """Linf/L2: the projected steepest step, then the momentum combination with the previous
   iterate (no momentum at a run's first step)."""
   eta = expand(checkpoint.step_size, x.ndim)
-  z = _project(x, x_cur + eta * direction(g, config.norm, x_cur, lower, upper, 1.0), eps, lower,
-               upper, config.norm)
+  z = project_into_budget(x, x_cur + eta * direction(g, config.norm, x_cur, lower, upper, 1.0),
+                          eps, lower, upper, config.norm)
   a = jnp.where(first, jnp.ones((), x.dtype), jnp.asarray(config.momentum, x.dtype))
-  return _project(x, x_cur + a * (z - x_cur) + (1 - a) * (x_cur - x_prev), eps, lower, upper,
-                  config.norm)
+  return project_into_budget(x, x_cur + a * (z - x_cur) + (1 - a) * (x_cur - x_prev), eps,
+                             lower, upper, config.norm)
 
 
-def _l1_update(config: _Config, x: Array, x_cur: Array, x_prev: Array, g: Array,
+def l1_update(config: APGDConfig, x: Array, x_cur: Array, x_prev: Array, g: Array,
                checkpoint: _Checkpoint, first: Array, eps: Array, lower: Array,
                upper: Array) -> Array:
   """L1: step mass over the top coordinates, then the exact L1-ball-and-box projection."""

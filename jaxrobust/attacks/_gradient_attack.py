@@ -92,7 +92,8 @@ def _start(x: Array, keys: Array, eps: Array, lower: Array, upper: Array, norm: 
   return jnp.clip(x + noise, lower, upper)
 
 
-def _project(x: Array, x_new: Array, eps: Array, lower: Array, upper: Array, norm: str) -> Array:
+def project_into_budget(x: Array, x_new: Array, eps: Array, lower: Array, upper: Array,
+                        norm: str) -> Array:
   """``x_new`` moved into the eps-ball around ``x`` and then into the box."""
   delta = projections.project(x_new - x, eps, norm)
   return jnp.clip(x + delta, lower, upper)
@@ -102,7 +103,7 @@ def _steepest_move(config: _Config, grad: Array, x_adv: Array, x: Array, eps: Ar
                    lower: Array, upper: Array, length: Array) -> Array:
   """Linf/L2: ``length`` along the unit steepest-ascent direction, then ball and box."""
   d = _ascent.direction(grad, config.norm, x_adv, lower, upper, 1.0)
-  return _project(x, x_adv + expand(length, x.ndim) * d, eps, lower, upper, config.norm)
+  return project_into_budget(x, x_adv + expand(length, x.ndim) * d, eps, lower, upper, config.norm)
 
 
 def _l1_move(config: _Config, grad: Array, x_adv: Array, x: Array, eps: Array, lower: Array,

@@ -101,8 +101,9 @@ def pgd(norm: str = "linf", *, steps: int = 10,
   0.289 and 0.283; L1 eps 1.5, 0.402 against 0.595 with the former sparse step (APGD-L1:
   0.390). The one peer setting ahead by more than a seed's spread is ART's default of no random
   start, on the plain models, by up to 0.8 points at one eps; that is the random start
-  (``random_start=False`` matches it), not the step. On linear models the default succeeds on every point at 1.02 times the exact minimal
-  distance in 10 steps, from a random start, in every norm.
+  (``random_start=False`` matches it), not the step. On linear models the default succeeds on
+  every point at 1.02 times the exact minimal distance in 10 steps, from a random start, in every
+  norm.
 
   Because step sizes are fractions of eps, one attack serves every eps (eps is data, never a
   constant of the compiled program). Every iterate of every restart is scored and the best one

@@ -134,9 +134,10 @@ from jaxrobust._validation import check_bool, check_number, check_positive_int
 from jaxrobust.attacks._common import Best, Runs, apply_loss, unpack_budget
 from jaxrobust.attacks._square_layouts import LAYOUTS, Grid, grid
 from jaxrobust.attacks._square_layouts import MAX_CHANNELS  # noqa: F401 (re-exported)
-from jaxrobust.attacks._square_windows import (_channel_norm, _eta_run_window, _eta_window,
-                                               _image_norm, _l2_start, _linf_start, _run_tables,
-                                               _schedule_tables, _sign, _start_words, _window)
+from jaxrobust.attacks._square_windows import (channel_norm, eta_run_window, eta_window,
+                                               image_norm, l2_start, linf_start, random_sign,
+                                               run_tables, schedule_tables, start_words,
+                                               window_mask)
 from jaxrobust.attacks._square_windows import (  # noqa: F401 (re-exported, as before the split)
   P_THRESHOLDS, eta, eta_run, p_schedule, run_lengths, window_sizes)
 
@@ -165,7 +166,7 @@ class _Config(NamedTuple):
   restarts: int
   runs: Runs  # the restarts laid end to end, one query per scan iteration
   loss_fn: Callable[..., Array]
-  start: Callable[..., Array]  # _linf_start or _l2_start
+  start: Callable[..., Array]  # linf_start or l2_start
   candidate: Callable[..., Array]  # _linf_candidate or _l2_candidate
 
 
@@ -190,19 +191,19 @@ def _view(config: _Config, x: Array) -> tuple[Array, Grid]:
 
 
 def _tables(config: _Config, g: Grid):
-  """The window sides ``[queries]`` and, for L2, the pattern constants of :func:`_eta_window`
-  (images) or :func:`_eta_run_window` (sequences)."""
+  """The window sides ``[queries]`` and, for L2, the pattern constants of :func:`eta_window`
+  (images) or :func:`eta_run_window` (sequences)."""
   if g.image:
-    return _schedule_tables(config.norm, config.queries, config.p_init, g.height, g.width,
+    return schedule_tables(config.norm, config.queries, config.p_init, g.height, g.width,
                             config.rescale_schedule)
-  return _run_tables(config.norm, config.queries, config.p_init, g.width,
+  return run_tables(config.norm, config.queries, config.p_init, g.width,
                      config.rescale_schedule)
 
 
 def _draw(config: _Config, x: Array, keys: Array, candidate: bool, start: bool) -> Array:
   """One ``jax.random.bits`` call per example (each call costs compile time): ``[B, n]``."""
   g = grid(x.shape[1:], config.layout)
-  words = (5 + g.channels if candidate else 0) + (_start_words(config.norm, g) if start else 0)
+  words = (5 + g.channels if candidate else 0) + (start_words(config.norm, g) if start else 0)
   return jax.vmap(lambda k: jax.random.bits(k, (words,), jnp.uint32))(keys)
 
 
@@ -230,9 +231,9 @@ def _decode_window(config: _Config, g: Grid, bits: Array, j: Array, dtype) -> _W
     h1, h2 = (bits[:, 0] % span_h).astype(jnp.int32), (bits[:, 2] % span_h).astype(jnp.int32)
   else:
     h1 = h2 = jnp.zeros_like(w1)
-  signs = _sign(bits[:, 4:4 + channels], dtype)  # [B, C]
+  signs = random_sign(bits[:, 4:4 + channels], dtype)  # [B, C]
   flip = (bits[:, 4 + channels] & 1) == 1  # [B]
-  return _Window(index=j, size=s, first=_window(h1, w1, s, height, width), h1=h1, w1=w1, h2=h2,
+  return _Window(index=j, size=s, first=window_mask(h1, w1, s, height, width), h1=h1, w1=w1, h2=h2,
                  w2=w2, signs=signs[:, None, None, :], flip=flip)
 
 
@@ -257,20 +258,20 @@ def _l2_candidate(config: _Config, x: Array, x_cur: Array, eps: Array, lower: Ar
   e = expand(eps, 4)
   first = window.first
   delta = cur4 - x4
-  both = first | _window(window.h2, window.w2, window.size, height, width)
+  both = first | window_mask(window.h2, window.w2, window.size, height, width)
   if g.image:
-    placed = _eta_window(window.size, jnp.asarray(constants)[window.index], window.h1, window.w1,
+    placed = eta_window(window.size, jnp.asarray(constants)[window.index], window.h1, window.w1,
                          window.flip, height, width, x4.dtype)
   else:
-    placed = _eta_run_window(window.size, jnp.asarray(constants)[window.index], window.w1,
+    placed = eta_run_window(window.size, jnp.asarray(constants)[window.index], window.w1,
                              window.flip, width, x4.dtype)
   old = jnp.where(first, delta, 0)
-  direction = placed * window.signs + old / (_channel_norm(old) + 1e-12)
-  spare = jnp.maximum(e * e - _image_norm(delta) ** 2, 0) / channels
-  size = jnp.sqrt(spare + _channel_norm(jnp.where(both, delta, 0)) ** 2)
-  refill = direction / (_channel_norm(direction) + 1e-12) * size
+  direction = placed * window.signs + old / (channel_norm(old) + 1e-12)
+  spare = jnp.maximum(e * e - image_norm(delta) ** 2, 0) / channels
+  size = jnp.sqrt(spare + channel_norm(jnp.where(both, delta, 0)) ** 2)
+  refill = direction / (channel_norm(direction) + 1e-12) * size
   delta = jnp.where(both, 0, delta) + jnp.where(first, refill, 0)
-  delta = delta / (_image_norm(delta) + 1e-12) * e
+  delta = delta / (image_norm(delta) + 1e-12) * e
   return jnp.clip(x4 + delta, lower, upper).reshape(x.shape)
 
 
@@ -443,7 +444,7 @@ def square(norm: str = "linf", *, queries: int = 5000, p_init: float = 0.8,
   config = _Config(
       norm=norm, queries=queries, p_init=p_init, rescale_schedule=rescale_schedule,
       layout=layout, restarts=restarts, runs=runs, loss_fn=losses_lib.resolve(loss, targeted),
-      start=_linf_start if norm == "linf" else _l2_start,
+      start=linf_start if norm == "linf" else l2_start,
       candidate=_linf_candidate if norm == "linf" else _l2_candidate)
   name = f"square-{norm}-{queries}x{restarts}-{loss if isinstance(loss, str) else 'custom'}"
   name += "-targeted" if targeted else ""

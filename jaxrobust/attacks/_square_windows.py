@@ -22,14 +22,14 @@ odd one before the cap.
 **Pattern.** The L2 window carries :math:`\eta(s)` (:func:`eta`; :func:`eta_run` on a sequence):
 two halves of opposite signs and equal norm, each nested squares (intervals) around its centre,
 :math:`\eta_{ij} \propto \sum_{k = d_{ij}}^{K-1} (k + 1)^{-2}` at Chebyshev distance
-:math:`d_{ij}`. Placed per pixel in closed form (:func:`_eta_window`, :func:`_eta_run_window`)
+:math:`d_{ij}`. Placed per pixel in closed form (:func:`eta_window`, :func:`eta_run_window`)
 through :math:`\sum_{k=d}^{K-1} (k+1)^{-2} = \psi_1(d + 1) - \psi_1(K + 1)` with the trigamma
 function :math:`\psi_1` (:func:`_trigamma`).
 
 **Starts.** Linf: vertical stripes :math:`x + \epsilon\,\sigma`, one sign per column (position)
-and channel (:func:`_linf_start`). L2: a centred grid of :math:`\pm\eta` tiles with a random sign
+and channel (:func:`linf_start`). L2: a centred grid of :math:`\pm\eta` tiles with a random sign
 per tile and channel and a random transpose (mirror) per tile, rescaled to norm
-:math:`\epsilon` (:func:`_l2_start`, :func:`_start_grid`). Both are clipped to the box.
+:math:`\epsilon` (:func:`l2_start`, :func:`_start_grid`). Both are clipped to the box.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def _trigamma(x: Array) -> Array:
 
 
 @functools.lru_cache(maxsize=32)
-def _schedule_tables(norm: str, queries: int, p_init: float, height: int, width: int,
+def schedule_tables(norm: str, queries: int, p_init: float, height: int, width: int,
                      rescale: bool = True):
   """Static per-iteration tables: window sides ``[queries]`` and, for L2, the ``eta`` constants.
 
@@ -229,8 +229,8 @@ def _schedule_tables(norm: str, queries: int, p_init: float, height: int, width:
 
 
 @functools.lru_cache(maxsize=32)
-def _run_tables(norm: str, queries: int, p_init: float, length: int, rescale: bool = True):
-  """:func:`_schedule_tables` for runs: lengths ``[queries]`` and, for L2, ``[queries, 4]``.
+def run_tables(norm: str, queries: int, p_init: float, length: int, rescale: bool = True):
+  """:func:`schedule_tables` for runs: lengths ``[queries]`` and, for L2, ``[queries, 4]``.
 
   The four L2 constants are ``psi_1(K + 1)`` of the first and of the second half (``K`` = half
   length ``// 2 + 1``) and the scales that make the two halves equal :func:`eta_run`.
@@ -247,7 +247,7 @@ def _run_tables(norm: str, queries: int, p_init: float, length: int, rescale: bo
   return sizes, np.asarray([constants[s] for s in sizes.tolist()])
 
 
-def _eta_window(s: Array, constants: Array, start_h: Array, start_w: Array, flip: Array,
+def eta_window(s: Array, constants: Array, start_h: Array, start_w: Array, flip: Array,
                 height: int, width: int, dtype) -> Array:
   """``eta(s)`` (transposed where ``flip``) placed at ``(start_h, start_w)``: ``[B, H, W, 1]``.
 
@@ -269,10 +269,10 @@ def _eta_window(s: Array, constants: Array, start_h: Array, start_w: Array, flip
   return jnp.where(inside, value, 0)
 
 
-def _eta_run_window(s: Array, constants: Array, start: Array, mirror: Array, length: int,
+def eta_run_window(s: Array, constants: Array, start: Array, mirror: Array, length: int,
                     dtype) -> Array:
   """``eta_run(s)`` (mirrored where ``mirror``) placed at ``start``: ``[B, 1, T, 1]``, in closed
-  form as :func:`_eta_window`; 0 outside the run."""
+  form as :func:`eta_window`; 0 outside the run."""
   pos = jax.lax.broadcasted_iota(jnp.int32, (1, 1, length, 1), 2) - expand(start, 4)
   inside = (pos >= 0) & (pos < s)
   pos = jnp.where(expand(mirror, 4), s - 1 - pos, pos)
@@ -323,7 +323,7 @@ def _start_grid(height: int, width: int, image: bool = True):
           transposed.reshape(-1))
 
 
-def _window(start_h: Array, start_w: Array, s: Array, height: int, width: int) -> Array:
+def window_mask(start_h: Array, start_w: Array, s: Array, height: int, width: int) -> Array:
   """``[B, H, W, 1]`` bool: the per-example ``s x s`` window at ``(start_h, start_w)`` (for a
   sequence, ``H = 1`` and ``start_h = 0``: the run of ``s`` positions from ``start_w``)."""
   rows = jax.lax.broadcasted_iota(jnp.int32, (1, height, 1, 1), 1)
@@ -332,7 +332,7 @@ def _window(start_h: Array, start_w: Array, s: Array, height: int, width: int) -
   return (rows >= h0) & (rows < h0 + s) & (cols >= w0) & (cols < w0 + s)
 
 
-def _channel_norm(v: Array) -> Array:
+def channel_norm(v: Array) -> Array:
   """Per-example, per-channel L2 norm over the spatial axes of ``[B, H, W, C]``, ``[B, 1, 1, C]``.
 
   Used by the L2 window update, which (like the reference) rescales each channel separately.
@@ -340,33 +340,33 @@ def _channel_norm(v: Array) -> Array:
   return jnp.sqrt(jnp.sum(v * v, axis=(1, 2), keepdims=True))
 
 
-def _image_norm(v: Array) -> Array:
+def image_norm(v: Array) -> Array:
   """Per-example L2 norm of ``[B, H, W, C]``: ``[B, 1, 1, 1]``."""
   return jnp.sqrt(jnp.sum(v * v, axis=(1, 2, 3), keepdims=True))
 
 
-def _sign(bits: Array, dtype) -> Array:
+def random_sign(bits: Array, dtype) -> Array:
   """``+1`` or ``-1`` from the lowest bit of each word."""
   return jnp.where((bits & 1) == 1, 1, -1).astype(dtype)
 
 
-def _start_words(norm: str, g: Grid) -> int:
+def start_words(norm: str, g: Grid) -> int:
   """Random ``uint32`` words one example's start needs."""
   if norm == "linf":
     return g.width * g.channels
   return _start_grid(g.height, g.width, g.image)[0].shape[1] * (g.channels + 1)
 
 
-def _linf_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array,
+def linf_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array,
                 g: Grid) -> Array:
   """Vertical stripes: ``x + eps * sign`` with one sign per column and channel, in the box (for a
   sequence, one sign per position and channel)."""
   batch, _, width, channels = x4.shape
-  signs = _sign(bits.reshape(batch, 1, width, channels), x4.dtype)
+  signs = random_sign(bits.reshape(batch, 1, width, channels), x4.dtype)
   return jnp.clip(x4 + expand(eps, 4) * signs, lower, upper)
 
 
-def _l2_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array, g: Grid) -> Array:
+def l2_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array, g: Grid) -> Array:
   """A centred grid of ``±eta`` tiles (random sign per tile and channel, random transpose; for a
   sequence, runs of ``±eta_run`` with a random mirror image)."""
   batch, height, width, channels = x4.shape
@@ -375,11 +375,11 @@ def _l2_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array, g:
   tiles = one_hot.shape[1]
 
   bits = bits.reshape(batch, tiles, channels + 1)
-  signs = _sign(bits[:, :, :channels], x4.dtype)  # [B, T, C]
+  signs = random_sign(bits[:, :, :channels], x4.dtype)  # [B, T, C]
   flips = (bits[:, :, channels] & 1).astype(x4.dtype)  # [B, T]: transpose the tile's pattern
   flipped = jnp.einsum("pt,bt->bp", one_hot, flips, precision=_HIGHEST)  # [B, H*W] in {0, 1}
   value = jnp.where(flipped > 0.5, transposed[None, :], plain[None, :])
   sign_map = jnp.einsum("pt,btc->bpc", one_hot, signs, precision=_HIGHEST)  # [B, H*W, C]
   delta = (value[:, :, None] * sign_map).reshape(batch, height, width, channels)
-  delta = delta / (_image_norm(delta) + 1e-12) * expand(eps, 4)
+  delta = delta / (image_norm(delta) + 1e-12) * expand(eps, 4)
   return jnp.clip(x4 + delta, lower, upper)

@@ -205,8 +205,8 @@ def map_rows(fn: Callable[..., Any], active: Array, chunk: int, rows: tuple,
 
   ``fn`` treats rows independently; the per-row leaves of ``state`` and of the output
   (:class:`Layout`: all but scalars and declared ``shared_fields``) move with their rows (inactive
-  rows of the output are zeros), the other leaves are shared (the same for every chunk; in the output, those of the first chunk that ran,
-  zeros if none ran).
+  rows of the output are zeros), the other leaves are shared (the same for every chunk; in the
+  output, those of the first chunk that ran, zeros if none ran).
 
   Examples:
     >>> import jax.numpy as jnp

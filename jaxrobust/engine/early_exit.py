@@ -5,8 +5,8 @@ already holds an adversarial point that ``finalize`` returns") runs its ``num_st
 follows, instead of one fixed-length ``lax.scan`` over the whole batch:
 
 * **freezing** -- a step leaves the rows that were done before it unchanged (every per-row state
-  leaf keeps its value; scalars such as step counters, and declared ``shared_fields``, advance), so a
-  row's trajectory is its own up to its first success and then stops. It does not depend on the
+  leaf keeps its value; scalars such as step counters, and declared ``shared_fields``, advance),
+  so a row's trajectory is its own up to its first success and then stops. It does not depend on the
   batch, on the chunking below, or on when the loop ends;
 * **segments with re-compaction** -- the steps run in segments of :math:`R` steps. Before each
   segment the rows still to attack are moved to the front of the batch (a stable sort by
