@@ -66,6 +66,9 @@ temperature), and numerical rather than structural effects (saturated softmax, o
 randomness enters a randomized ``logits_fn(x, keys)`` through its ``keys``, which this function
 does not take. Those remain for the run-time checks.
 
+The records (:data:`KINDS`, :class:`Finding`, :class:`Diagnosis`) live in
+:mod:`jaxrobust._findings` and are re-exported here.
+
 Examples:
   >>> import jax, jax.numpy as jnp
   >>> w = jnp.ones((4, 3))
@@ -102,132 +105,13 @@ from jax.extend import core
 
 from jaxrobust import _jaxpr_walk
 from jaxrobust import model as _model
+from jaxrobust._findings import (ERROR, KINDS, WARNING, Diagnosis, Finding,  # noqa: F401
+                                 Kind)  # re-exported
 
 try:  # JAX's dead-code elimination: private, used by _live_program only
   from jax._src.interpreters import partial_eval as _partial_eval
 except ImportError:  # pragma: no cover - a JAX without it: every equation counts as live
   _partial_eval = None
-
-ERROR, WARNING = "error", "warning"
-
-_SQUARE = "a gradient-free attack (jr.attacks.square)"
-
-
-class Kind(NamedTuple):
-  """What a finding's kind means: its ``severity`` and the ``remedy`` every such finding gets."""
-
-  severity: str
-  remedy: str
-
-
-KINDS: dict[str, Kind] = {
-    "stop_gradient": Kind(ERROR, "Remove it from the model that is attacked, or attack through "
-                                 "it with BPDA (the identity in the backward pass); confirm "
-                                 f"with {_SQUARE}."),
-    "rounding": Kind(ERROR, "BPDA: differentiate a smooth stand-in in the backward pass (the "
-                            "identity for round/floor/ceil, e.g. a straight-through "
-                            f"custom_vjp used only by the attack); confirm with {_SQUARE}."),
-    "index": Kind(ERROR, "BPDA with a soft selection (softmax weights instead of the argmax or "
-                         f"argsort indices), or {_SQUARE}."),
-    "integer_cast": Kind(ERROR, "BPDA (straight-through: the identity in the backward pass), or "
-                                f"{_SQUARE}."),
-    "loop": Kind(ERROR, "Attack a fixed number of iterations (lax.fori_loop with static bounds, "
-                        f"lax.scan), BPDA through the loop, or {_SQUARE}."),
-    "comparison": Kind(WARNING, "Harmless where the pieces meet (a ReLU written with jnp.where); "
-                                "where they jump (thresholds, detectors, input gating), check "
-                                f"with {_SQUARE} and more restarts."),
-    "rank_mask": Kind(WARNING, f"Use {_SQUARE} and many restarts; a gradient attack needs BPDA "
-                               "through a smooth relaxation of the mask (Tramer et al. 2020)."),
-    "custom_derivative": Kind(WARNING, "Check the rule against the function "
-                                       "(jax.test_util.check_grads, finite differences); if it "
-                                       "differs on purpose, attack the function without it "
-                                       f"(BPDA) and confirm with {_SQUARE}."),
-    "random": Kind(WARNING, "EOT: average gradients over draws (jr.attacks.eot on a randomized "
-                            "logits_fn(x, keys)) and judge by majority vote; a fixed key "
-                            "evaluates another, deterministic model."),
-}
-"""Every finding kind with its severity and remedy (the table in the module docstring)."""
-
-
-class Finding(NamedTuple):
-  """One operation on the path from ``x`` to the logits that blocks or falsifies gradients.
-
-  Attributes:
-    kind: a key of :data:`KINDS` (``"stop_gradient"``, ``"rounding"``, ``"index"``,
-      ``"integer_cast"``, ``"loop"``, ``"comparison"``, ``"rank_mask"``,
-      ``"custom_derivative"``, ``"random"``).
-    severity: ``"error"`` (no gradient through it) or ``"warning"`` (a gradient that may mislead).
-    primitive: the JAX primitive's name (``"round"``, ``"argmax"``, ``"custom_vjp_call"``...).
-    location: ``"file:line"`` of the user's code that created it, ``"unknown"`` if JAX kept no
-      frames.
-    message: what it is and why it matters.
-    remedy: what to do (the kind's :data:`KINDS` remedy).
-  """
-
-  kind: str
-  severity: str
-  primitive: str
-  location: str
-  message: str
-  remedy: str
-
-  @property
-  def file(self) -> str:
-    """The file of :attr:`location` (``"unknown"`` when there is none)."""
-    return self.location.rpartition(":")[0] or self.location
-
-  @property
-  def line(self) -> int | None:
-    """The line of :attr:`location`, ``None`` when unknown."""
-    tail = self.location.rpartition(":")[2]
-    return int(tail) if tail.isdigit() else None
-
-
-class Diagnosis(tuple):
-  """The findings of :func:`diagnose`, a tuple of :class:`Finding` in program order: empty
-  (``len(d) == 0``, falsy) for a model with nothing on the path from ``x`` to the logits.
-
-  ``str(d)`` (:meth:`summary`) is a table, one finding per line with its remedy below.
-  """
-
-  def __new__(cls, findings: Iterable[Finding] = ()) -> Diagnosis:
-    return super().__new__(cls, tuple(findings))
-
-  @property
-  def findings(self) -> tuple[Finding, ...]:
-    """The findings as a plain tuple."""
-    return tuple(self)
-
-  @property
-  def errors(self) -> tuple[Finding, ...]:
-    """The findings of severity ``"error"``: gradients are blocked there."""
-    return tuple(f for f in self if f.severity == ERROR)
-
-  @property
-  def warnings(self) -> tuple[Finding, ...]:
-    """The findings of severity ``"warning"``: gradients may mislead there."""
-    return tuple(f for f in self if f.severity == WARNING)
-
-  def summary(self) -> str:
-    """A readable table: severity, kind, primitive, location and message, the remedy below."""
-    if not self:
-      return "No gradient-masking operation on the path from x to the logits."
-    count = lambda n, what: f"{n} {what}{'s' if n != 1 else ''}"  # noqa: E731
-    head = (f"{count(len(self), 'gradient-masking operation')} on the path from x to the logits "
-            f"({count(len(self.errors), 'error')}, {count(len(self.warnings), 'warning')}):")
-    lines = [head]
-    for f in self:
-      place = f"{os.path.basename(f.file)}:{f.line}" if f.line is not None else f.location
-      lines.append(f"  {f.severity:<8} {f.kind:<17} {f.primitive:<16} {place}  {f.message}")
-      lines.append(f"  {'':<8} remedy: {f.remedy}")
-    return "\n".join(lines)
-
-  def __str__(self) -> str:
-    return self.summary()
-
-  def __repr__(self) -> str:
-    return f"Diagnosis({tuple(self)!r})"
-
 
 # ------------------------------------------------------------------------------------------------
 # Where an equation comes from: Python frames, library code, the user's line.
