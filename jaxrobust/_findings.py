@@ -1,20 +1,26 @@
 """The records of :func:`jaxrobust.diagnose`: the finding kinds (:data:`KINDS`), a
-:class:`Finding` and a :class:`Diagnosis` (the tuple of findings, rendered as a table).
+:class:`Finding`, a :class:`Diagnosis` (the tuple of findings, rendered as a table or as a
+report's section, written to and read from JSON), and the warning :func:`jaxrobust.evaluate` gives
+when a diagnosis has errors.
 
 The analysis that produces them, and the table of kinds, is :mod:`jaxrobust.diagnosis`, which
-re-exports every public name here.
+re-exports every public name here; :mod:`jaxrobust.report` reads the records without it.
 
 Examples:
   >>> d = Diagnosis([Finding("rounding", ERROR, "round", "/src/model.py:12", "round of x",
   ...                        KINDS["rounding"].remedy)])
-  >>> d[0].line, len(d.errors), len(d.warnings)
-  (12, 1, 0)
+  >>> Diagnosis.from_record(d.to_record()) == d, d[0].place, len(d.errors)
+  (True, 'model.py:12', 1)
+  >>> print(Diagnosis().section())
+  Gradient masking (static): none found
 """
 
 from __future__ import annotations
 
 import os
-from typing import Iterable, NamedTuple
+import warnings
+from collections.abc import Mapping
+from typing import Any, Iterable, NamedTuple
 
 ERROR, WARNING = "error", "warning"
 
@@ -90,6 +96,11 @@ class Finding(NamedTuple):
     tail = self.location.rpartition(":")[2]
     return int(tail) if tail.isdigit() else None
 
+  @property
+  def place(self) -> str:
+    """``"file.py:line"`` (the file's base name), or :attr:`location` when the line is unknown."""
+    return f"{os.path.basename(self.file)}:{self.line}" if self.line is not None else self.location
+
 
 class Diagnosis(tuple):
   """The findings of :func:`jaxrobust.diagnose`, a tuple of :class:`Finding` in program order: empty
@@ -120,18 +131,70 @@ class Diagnosis(tuple):
     """A readable table: severity, kind, primitive, location and message, the remedy below."""
     if not self:
       return "No gradient-masking operation on the path from x to the logits."
-    count = lambda n, what: f"{n} {what}{'s' if n != 1 else ''}"  # noqa: E731
-    head = (f"{count(len(self), 'gradient-masking operation')} on the path from x to the logits "
-            f"({count(len(self.errors), 'error')}, {count(len(self.warnings), 'warning')}):")
+    head = (f"{_count(len(self), 'gradient-masking operation')} on the path from x to the "
+            f"logits ({_count(len(self.errors), 'error')}, "
+            f"{_count(len(self.warnings), 'warning')}):")
     lines = [head]
     for f in self:
-      place = f"{os.path.basename(f.file)}:{f.line}" if f.line is not None else f.location
-      lines.append(f"  {f.severity:<8} {f.kind:<17} {f.primitive:<16} {place}  {f.message}")
+      lines.append(f"  {f.severity:<8} {f.kind:<17} {f.primitive:<16} {f.place}  {f.message}")
       lines.append(f"  {'':<8} remedy: {f.remedy}")
     return "\n".join(lines)
+
+  def section(self) -> str:
+    """The ``Gradient masking (static)`` section of a report's text (:class:`jaxrobust.Report`,
+    ``jaxrobust evaluate``): ``none found``, or a count and one line per finding (severity,
+    kind, primitive, place, remedy)."""
+    if not self:
+      return f"{SECTION}: none found"
+    lines = [f"{SECTION}: {_count(len(self.errors), 'error')}, "
+             f"{_count(len(self.warnings), 'warning')}"]
+    lines += [f"  {f.severity:<8} {f.kind:<17} {f.primitive:<16} {f.place}  {f.remedy}"
+              for f in self]
+    return "\n".join(lines)
+
+  def to_record(self) -> dict[str, Any]:
+    """JSON-ready: ``{"findings": [{"kind": ..., "severity": ..., "primitive": ...,
+    "location": ..., "message": ..., "remedy": ...}, ...]}`` (:meth:`from_record` reads it)."""
+    return {"findings": [dict(f._asdict()) for f in self]}
+
+  @classmethod
+  def from_record(cls, record: Mapping[str, Any]) -> Diagnosis:
+    """The diagnosis :meth:`to_record` wrote."""
+    return cls(Finding(**{field: str(f[field]) for field in Finding._fields})
+               for f in record["findings"])
 
   def __str__(self) -> str:
     return self.summary()
 
   def __repr__(self) -> str:
     return f"Diagnosis({tuple(self)!r})"
+
+
+SECTION = "Gradient masking (static)"
+"""The title of a diagnosis's section in a report's text (:meth:`Diagnosis.section`)."""
+
+
+def _count(n: int, what: str) -> str:
+  return f"{n} {what}{'s' if n != 1 else ''}"
+
+
+class GradientMaskingWarning(UserWarning):
+  """:func:`jaxrobust.evaluate`'s model has operations of severity ``"error"`` on the path from
+  ``x`` to the logits (see :func:`warn_if_masked`)."""
+
+
+def warn_if_masked(diagnosis: Diagnosis, *, where: str, stacklevel: int = 2) -> None:
+  """Warns (:class:`GradientMaskingWarning`, once per call) when ``diagnosis`` has findings of
+  severity ``"error"``, naming each with its place and the remedy of each kind; nothing
+  otherwise."""
+  errors = diagnosis.errors
+  if not errors:
+    return
+  remedies = dict.fromkeys(f"{f.kind}: {f.remedy}" for f in errors)
+  warnings.warn(
+      f"{where}: {_count(len(errors), 'gradient-blocking operation')} on the path from x to the "
+      f"logits ({', '.join(f'{f.kind} ({f.primitive}) at {f.place}' for f in errors)}): "
+      "gradient attacks cannot see through them, so the robust accuracy may be overestimated "
+      f"and Report.reliable is False. Remedy: {' '.join(remedies)} Report.diagnosis lists every "
+      "finding; diagnose=False skips the diagnosis.", GradientMaskingWarning,
+      stacklevel=stacklevel + 1)

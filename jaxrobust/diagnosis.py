@@ -67,7 +67,9 @@ randomness enters a randomized ``logits_fn(x, keys)`` through its ``keys``, whic
 does not take. Those remain for the run-time checks.
 
 The records (:data:`KINDS`, :class:`Finding`, :class:`Diagnosis`) live in
-:mod:`jaxrobust._findings` and are re-exported here.
+:mod:`jaxrobust._findings` and are re-exported here. :func:`jaxrobust.evaluate` runs
+:func:`diagnose_traced` on the forward program of the model it evaluates and keeps the diagnosis
+in its report (:attr:`jaxrobust.Report.diagnosis`).
 
 Examples:
   >>> import jax, jax.numpy as jnp
@@ -105,8 +107,9 @@ from jax.extend import core
 
 from jaxrobust import _jaxpr_walk
 from jaxrobust import model as _model
-from jaxrobust._findings import (ERROR, KINDS, WARNING, Diagnosis, Finding,  # noqa: F401
-                                 Kind)  # re-exported
+from jaxrobust._findings import (ERROR, KINDS, SECTION, WARNING, Diagnosis,  # noqa: F401
+                                 Finding, GradientMaskingWarning, Kind,  # re-exported
+                                 warn_if_masked)
 
 try:  # JAX's dead-code elimination: private, used by _live_program only
   from jax._src.interpreters import partial_eval as _partial_eval
@@ -486,9 +489,17 @@ def diagnose(logits_fn: Callable[..., jax.Array], x: Any) -> Diagnosis:
                     f"{type(logits_fn).__name__}")
   spec = _input_spec(x)
   model = _model.model_of(logits_fn)
-  closed = jax.make_jaxpr(model.apply)(model.params, spec)
+  return diagnose_traced(jax.make_jaxpr(model.apply)(model.params, spec))
+
+
+def diagnose_traced(closed: Any, num_inputs: int = 1) -> Diagnosis:
+  """:func:`diagnose` of a model already traced: ``closed``, the closed jaxpr of
+  ``forward(params, x, *others)`` whose inputs are the parameters' leaves, then ``x``, then
+  ``num_inputs - 1`` inputs that do not depend on ``x`` (the ``keys`` of a randomized model,
+  whose draws are reported as ``random``). :func:`jaxrobust.evaluate` runs it on the forward
+  program it traces anyway."""
   jaxpr = _live_program(closed)
   walk = _Walk(_used_vars(jaxpr))
-  num_params = len(jaxpr.invars) - 1  # the parameters' leaves, then x
-  walk.run(jaxpr, [0] * num_params + [X])
+  num_params = len(jaxpr.invars) - num_inputs  # the parameters' leaves, then x (and the rest)
+  walk.run(jaxpr, [0] * num_params + [X] + [0] * (num_inputs - 1))
   return Diagnosis(walk.found.values())

@@ -31,6 +31,12 @@ A report also keeps its *provenance* (the attacks' full configurations, the eps 
 key, the library, JAX and Python versions, the devices; see :func:`provenance`) and, next to the
 empirical curves (upper bounds), *certified* curves (lower bounds; :meth:`Report.with_certified`),
 so one report can bracket the true robust accuracy from both sides.
+
+The static gradient-masking diagnosis of the evaluated model (:func:`jaxrobust.diagnose`, run by
+:func:`jaxrobust.evaluate` unless ``diagnose=False``) is part of the provenance: like the attacks'
+configurations it describes what was evaluated rather than what was measured, and its locations
+are source paths of one machine. :attr:`Report.diagnosis` reads it, :attr:`Report.reliable` and
+``str(report)`` take it into account.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ import jax
 import numpy as np
 
 from jaxrobust import metrics
+from jaxrobust._findings import Diagnosis
 from jaxrobust._types import Attack, Curve
 from jaxrobust.metrics.checks import FRACTION_FLAGS, decide_flags  # noqa: F401 - re-exported
 
@@ -109,7 +116,9 @@ def provenance(attacks: Mapping[str, Attack], *, epsilons: Any, lower: float, up
   ``eps_units``, ``box``), ``attacks`` (name -> ``description``, ``norm``, ``minimum_norm``,
   ``targeted``, ``num_steps``, ``config``: the factory call of :attr:`jaxrobust.Attack.config`,
   or ``None`` for a hand-built attack), ``key`` (``impl``, ``data``), and every keyword of
-  ``extra`` (e.g. ``batch_size``, ``devices``, ``command``).
+  ``extra`` (e.g. ``batch_size``, ``devices``, ``command``; :func:`jaxrobust.evaluate` adds
+  ``evaluate``, its run options, and ``diagnosis``, the model's static gradient-masking
+  diagnosis as :meth:`jaxrobust.diagnosis.Diagnosis.to_record` writes it).
 
   Examples:
     >>> import jaxrobust as jr
@@ -171,9 +180,16 @@ class Report:
       accuracy at each eps: the examples proven robust; see :meth:`with_certified`), empty when
       there is none.
     provenance: what the numbers mean (see :func:`provenance`): threat model, the attacks' full
-      configurations, key, versions, devices. Not part of equality.
+      configurations, key, versions, devices, and the model's static diagnosis
+      (:attr:`diagnosis`). Not part of equality.
 
-  Two reports compare equal when every field but ``timing`` and ``provenance`` is bitwise equal.
+  Two reports compare equal when every field but ``timing`` and ``provenance`` is bitwise equal:
+  so two reports of the same numbers compare equal even when their diagnoses differ (one run
+  with ``diagnose=False``, another model that computes the same, the model's source moved);
+  compare ``a.diagnosis == b.diagnosis`` for that. A report keeps one diagnosis, of the model it
+  evaluated: :meth:`with_certified` and :meth:`save`/:meth:`load` keep it, and combining the
+  provenance of two reports (``dataclasses.replace(a, provenance=...)``) keeps whichever
+  ``"diagnosis"`` the new provenance holds; there is no other merging of reports.
 
   Examples:
     >>> import numpy as np
@@ -366,9 +382,23 @@ class Report:
     return {name: dict(s.flags) for name, s in self.attacks.items()}
 
   @property
+  def diagnosis(self) -> Diagnosis | None:
+    """The static gradient-masking diagnosis of the evaluated model
+    (:class:`jaxrobust.diagnosis.Diagnosis`, empty when nothing was found), kept in
+    :attr:`provenance` under ``"diagnosis"``; ``None`` when there is none (``diagnose=False``,
+    a report built from counts, or saved before jaxrobust kept one)."""
+    record = self.provenance.get("diagnosis")
+    return None if record is None else Diagnosis.from_record(record)
+
+  @property
   def reliable(self) -> bool:
-    """``False`` when any attack raised any reliability flag."""
-    return not any(v for fl in self.flags.values() for v in fl.values())
+    """``False`` when any attack raised any reliability flag, or when the static diagnosis
+    (:attr:`diagnosis`) found an operation of severity ``"error"`` on the path from ``x`` to the
+    logits (gradients blocked: gradient attacks may overestimate robustness). Findings of
+    severity ``"warning"`` do not change it, nor does a missing diagnosis."""
+    flagged = any(v for fl in self.flags.values() for v in fl.values())
+    diagnosis = self.diagnosis
+    return not flagged and not (diagnosis is not None and diagnosis.errors)
 
   def curve(self, name: str = WORST_CASE) -> Curve:
     """The :class:`jaxrobust.Curve` of one attack, of the worst case or of a certified curve.
@@ -467,6 +497,23 @@ class Report:
     if d["per_example"] is not None:
       with np.load(directory / "per_example.npz") as f:
         per_example = {k: f[k] for k in f.files}
+    return cls.from_dict(d, per_example=per_example)
+
+  @classmethod
+  def from_dict(cls, d: Mapping[str, Any],
+                per_example: Mapping[str, np.ndarray] | None = None) -> Report:
+    """The report :meth:`to_dict` (or :meth:`to_json`, parsed) describes: the inverse of
+    :meth:`to_dict`, with ``per_example``'s arrays (which :meth:`to_dict` only names) and the
+    ``"timing"`` of :meth:`to_json` if present.
+
+    Examples:
+      >>> import numpy as np
+      >>> r = Report.from_counts(epsilons=np.array([0.5], np.float32), n=4, clean_correct=3,
+      ...                        robust={"pgd": np.array([2])}, worst_case=np.array([2]),
+      ...                        info={"pgd": ("pgd-linf", "linf", False)}, flags={"pgd": {}})
+      >>> Report.from_dict(r.to_dict()) == r
+      True
+    """
     info = {n: (s["description"], s["norm"], s["minimum_norm"]) for n, s in d["attacks"].items()}
     certified = {n: (s["description"], s["norm"], np.asarray(s["robust_count"], np.int64))
                  for n, s in d.get("certified", {}).items()}
@@ -507,4 +554,6 @@ class Report:
       lines.append(f"{label[:11]:<11} " + " ".join(f"{a:8.4f}" for a in s.robust_accuracy)
                    + f"   AUC {s.auc:.4f}" + (f"   FLAGS: {', '.join(flagged)}" if flagged
                                                else ""))
+    if self.diagnosis is not None:  # "Gradient masking (static): ..." (Diagnosis.section)
+      lines.append(self.diagnosis.section())
     return "\n".join(lines)

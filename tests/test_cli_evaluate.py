@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+import jaxrobust as jr
 from jaxrobust import cli
 from jaxrobust.evaluation import driver
 from tests.ground_truth import linear_problem
@@ -40,6 +41,10 @@ MODULE = textwrap.dedent('''
       w = jnp.asarray(weights["w"], jnp.float32)
       b = jnp.asarray(weights["b"], jnp.float32)
       return lambda x: x.reshape(x.shape[0], -1) @ w + b[None, :]
+
+    def make_quantised_model():
+      linear = make_model()
+      return lambda x: linear(jnp.round(x * 255) / 255)  # an input-quantisation "defence"
 
     def make_nnx_model():
       from flax import nnx
@@ -123,6 +128,7 @@ def test_report_matches_ground_truth_with_intervals_and_provenance(workspace, re
   assert p["data"]["num_examples"] == n and p["data"]["x_shape"] == [4, 4, 1]
   assert p["data"]["x_dtype"] == "float32" and len(p["data"]["sha256"]) == 64
   assert p["command"][:2] == ["jaxrobust", "evaluate"] and p["jax_version"]
+  assert p["diagnosis"] == {"findings": []}  # the static diagnosis: a clean linear model
 
 
 def test_outputs_png_per_example_and_markdown(workspace, reference):
@@ -142,6 +148,7 @@ def test_outputs_png_per_example_and_markdown(workspace, reference):
   rows = [line for line in summary.splitlines() if line.startswith("| ")]
   assert len(rows) == 1 + len(EPS)  # header + one row per eps
   assert rows[1].startswith("| 4/255 |") and f"{truth[0] / n:.4f}" in rows[1]
+  assert "\nGradient masking (static): none found.\n" in summary
 
 
 def test_interrupted_run_resumes_to_the_identical_report(workspace, reference, monkeypatch):
@@ -221,4 +228,26 @@ def test_compare_overlays_saved_reports(workspace, reference, nnx_report, capsys
   assert code == 0 and out.read_bytes()[:4] == b"\x89PNG"
   assert text.startswith("linear: ") and "\nnnx: " in text
   assert f"clean {reference['clean_accuracy']:.4f}" in text
+  assert text.count("\n  Gradient masking (static): none found\n") == 2  # under each report
   assert cli.main(["compare", str(root / "reference"), str(root / "missing")]) == 2
+
+
+def test_a_masked_model_is_diagnosed_printed_and_saved(workspace, capsys):
+  """The static diagnosis of a quantised model: warned about, printed at the end of the report,
+  written to report.json (provenance) and summary.md; the report is unreliable."""
+  root, *_ = workspace
+  with pytest.warns(jr.diagnosis.GradientMaskingWarning, match="rounding"):
+    code = cli.main(["evaluate", f"{root / 'mymodel.py'}:make_quantised_model", "--data",
+                     str(root / "data.npz"), "--eps", "8/255", "--attack", "fgsm", "--limit", "8",
+                     "--batch-size", "8", "--quiet", "--out", str(root / "quantised")])
+  assert code == 0
+  printed = capsys.readouterr().out
+  assert "Gradient masking (static): 1 error, 0 warnings\n  error    rounding" in printed
+  saved = jr.Report.load(root / "quantised")
+  (finding,) = saved.diagnosis
+  assert (finding.kind, finding.primitive, finding.file) == (
+      "rounding", "round", str(root / "mymodel.py"))
+  assert not saved.reliable
+  summary = (root / "quantised" / "summary.md").read_text()
+  assert "Gradient masking (static): 1 error(s), 0 warning(s)" in summary
+  assert "- error `rounding` (`round`) at `mymodel.py:" in summary

@@ -454,3 +454,32 @@ def test_the_diagnosis_is_a_tuple_of_findings_with_a_table():
   assert f"test_diagnose.py:{planted_line(stop_gradient_model)}" in table
   assert table.count("remedy: ") == 2
   assert found[0].location == f"{found[0].file}:{found[0].line}"
+
+
+def test_records_round_trip_render_as_a_section_and_warn_on_errors():
+  """What jr.evaluate keeps of a diagnosis (jaxrobust._findings): the JSON record, the report's
+  section and the one warning, naming each error's place and remedy."""
+  found = jr.diagnose(lambda x: jnp.where(stop_gradient_model(x) > 0, x[:, :4], 0.0), X)
+  assert diagnosis.Diagnosis.from_record(found.to_record()) == found
+  section = found.section().splitlines()
+  assert section[0] == "Gradient masking (static): 1 error, 1 warning"
+  assert section[1].split()[:3] == ["error", "stop_gradient", "stop_gradient"]
+  assert f"test_diagnose.py:{planted_line(stop_gradient_model)}" in section[1]
+  assert section[1].endswith(diagnosis.KINDS["stop_gradient"].remedy) and len(section) == 3
+  assert diagnosis.Diagnosis().section() == "Gradient masking (static): none found"
+  with pytest.warns(diagnosis.GradientMaskingWarning, match="stop_gradient .*Remedy: stop_grad"):
+    diagnosis.warn_if_masked(found, where="here")
+  diagnosis.warn_if_masked(diagnosis.Diagnosis(found.warnings), where="here")  # no error: quiet
+
+
+def test_a_traced_randomized_model_reports_draws_from_its_keys():
+  """diagnose_traced, as jr.evaluate runs it on logits_fn(x, keys): the keys are inputs that do
+  not depend on x, and a draw from them that reaches the logits is reported."""
+  def randomized(x, keys):
+    noise = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(keys)  # planted
+    return (x + 0.1 * noise) @ W1
+
+  keys = jax.ShapeDtypeStruct((X.shape[0],), KEY.dtype)
+  finding = only(diagnosis.diagnose_traced(jax.make_jaxpr(randomized)(X, keys), num_inputs=2))
+  assert finding.kind == "random"
+  assert_at(finding, randomized)

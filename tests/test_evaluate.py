@@ -669,6 +669,44 @@ def test_report_save_load_json_and_curve(reference, tmp_path):
   assert "worst_case" in str(reference)
 
 
+def test_static_diagnosis_is_kept_shown_and_judged(setup, reference, tmp_path):
+  """jr.evaluate diagnoses the model it evaluates (jr.diagnose): a clean model's report has an
+  empty diagnosis and its reliability is its flags'; a planted stop_gradient on the input is
+  found, warned about, shown, kept through save/load and from_dict, and makes the report
+  unreliable; diagnose=False leaves it out. Nothing of it enters to_dict() but provenance."""
+  logits_fn, x, y, _attacks, eps, key = setup
+  assert reference.diagnosis == () and reference.reliable
+  assert reference.provenance["diagnosis"] == {"findings": []}
+  assert str(reference).endswith("Gradient masking (static): none found")
+
+  def masked(v):
+    return logits_fn(jax.lax.stop_gradient(v))  # the planted mask
+
+  options = {"attacks": {"flag": flagging_attack(2.0)}, "epsilons": eps, "key": key,
+             "batch_size": BATCH, "progress": False}  # a no-op attack that never flags
+  with pytest.warns(jr.diagnosis.GradientMaskingWarning,
+                    match=r"stop_gradient \(stop_gradient\) at test_evaluate\.py:\d+.*Remedy: "
+                    r"stop_gradient: Remove it") as caught:
+    report = jr.evaluate(masked, (x[:8], y[:8]), **options)
+  assert len(caught) == 1 and caught[0].filename == __file__  # once, at the caller's line
+  (finding,) = report.diagnosis
+  assert (finding.kind, finding.severity, finding.primitive) == (
+      "stop_gradient", "error", "stop_gradient")
+  assert finding.line == masked.__code__.co_firstlineno + 1
+  assert not any(report.flags["flag"].values()) and not report.reliable
+  text = str(report).splitlines()
+  assert text[-2] == "Gradient masking (static): 1 error, 0 warnings"
+  assert "stop_gradient" in text[-1] and "test_evaluate.py:" in text[-1] and "BPDA" in text[-1]
+  assert "diagnosis" not in json.dumps(report.to_dict(include_provenance=False))
+  for again in (jr.Report.load(report.save(tmp_path / "masked")),
+                jr.Report.from_dict(json.loads(report.to_json())),
+                report.with_certified("none", np.zeros(len(eps), np.int64))):
+    assert again.diagnosis == report.diagnosis and not again.reliable
+  skipped = jr.evaluate(masked, (x[:8], y[:8]), diagnose=False, **options)  # no warning
+  assert skipped.diagnosis is None and "diagnosis" not in skipped.provenance
+  assert skipped.reliable and skipped == report and "Gradient masking" not in str(skipped)
+
+
 def test_report_round_trips_minimal_norms(tmp_path):
   per = {"index": np.arange(3), "correct": np.array([True, True, False]),
          "robust": np.zeros((1, 2, 3), bool), "worst_case": np.zeros((2, 3), bool),

@@ -130,6 +130,28 @@ def _band(ax, gid):
   return bands[0].get_paths()[0].vertices
 
 
+def test_the_diagnosis_in_provenance_rules_reliable_only_by_its_errors():
+  """Report.diagnosis reads provenance["diagnosis"]: none for a report without one, errors make
+  the report unreliable, warnings do not; str(report) ends with its section; equality ignores it
+  (it is provenance) and from_dict/to_dict keep it."""
+  plain = make_report()
+  assert plain.diagnosis is None and plain.reliable and "Gradient masking" not in str(plain)
+  comparison = jr.diagnosis.Finding("comparison", "warning", "gt", "/m.py:3", "gt of x", "check")
+  rounding = jr.diagnosis.Finding("rounding", "error", "round", "/m.py:2", "round of x", "BPDA")
+  warned, masked = (plain._rebuild(provenance=dict(
+      plain.provenance, diagnosis=jr.diagnosis.Diagnosis(findings).to_record()))
+      for findings in ([comparison], [rounding, comparison]))
+  assert warned.reliable and warned.diagnosis == (comparison,)
+  assert not masked.reliable and masked.diagnosis == (rounding, comparison) and masked == plain
+  assert str(masked).splitlines()[-3:] == [
+      "Gradient masking (static): 1 error, 1 warning",
+      "  error    rounding          round            m.py:2  BPDA",
+      "  warning  comparison        gt               m.py:3  check"]
+  again = jr.Report.from_dict(json.loads(masked.to_json()))
+  assert again.diagnosis == masked.diagnosis and not again.reliable
+  assert "diagnosis" not in masked.to_dict(include_provenance=False)
+
+
 @pytest.mark.parametrize("certified", [False, True])
 def test_plot_draws_the_report(tmp_path, certified):
   r = make_report(per_example=True, min_norm=True)

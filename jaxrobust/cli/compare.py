@@ -1,11 +1,13 @@
 """``jaxrobust compare DIR1 DIR2 ...``: prints the worst-case robust accuracies of saved reports
-(directories written by ``jaxrobust evaluate``) side by side and overlays their curves in one PNG.
+(directories written by ``jaxrobust evaluate``) side by side, each with its static
+gradient-masking diagnosis if it has one, and overlays their curves in one PNG.
 """
 
 from __future__ import annotations
 
 import argparse
 import pathlib
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -52,12 +54,15 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def compare_table(reports: dict[str, Any]) -> str:
-  """One line per report: examples, clean accuracy, worst-case robust accuracy at each eps."""
+  """One line per report: examples, clean accuracy, worst-case robust accuracy at each eps; below
+  it, indented, the report's "Gradient masking (static)" section if it has a diagnosis."""
   lines = []
   for label, r in reports.items():
     cells = ", ".join(f"{e:g}: {a:.4f}" for e, a in zip(r.epsilons, r.worst_case.robust_accuracy))
     lines.append(f"{label}: {r.num_examples} examples ({r.worst_case.norm}), clean "
                  f"{r.clean_accuracy:.4f}; worst case {cells}")
+    if r.diagnosis is not None:
+      lines.append(textwrap.indent(r.diagnosis.section(), "  "))
   return "\n".join(lines)
 
 

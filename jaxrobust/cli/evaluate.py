@@ -9,10 +9,14 @@ arrays ``x`` (any shape ``[N, ...]``, e.g. NHWC images, with values in ``[--lowe
 
 * ``report.json``: the :class:`jaxrobust.Report` (accuracies with their exact binomial intervals,
   reliability flags, provenance: attacks' full configurations, eps units, box, key, versions, the
-  command, the data file's SHA-256), and ``per_example.npz`` (per-example flags and
-  :math:`\epsilon^*`);
-* ``summary.md``: the same numbers as a Markdown table;
+  command, the data file's SHA-256, the model's static gradient-masking diagnosis), and
+  ``per_example.npz`` (per-example flags and :math:`\epsilon^*`);
+* ``summary.md``: the same numbers as a Markdown table, with the diagnosis's findings;
 * ``curves.png``: :meth:`jaxrobust.Report.plot`.
+
+The printed report ends with its "Gradient masking (static)" section (:func:`jaxrobust.diagnose`
+of the model: ``none found``, or one line per finding with its remedy); findings of severity
+``error`` also warn and make the report unreliable.
 
 With ``--checkpoint FILE`` an interrupted run resumes where it stopped and gives the identical
 report. Mistakes in the user's module, the data's shapes or its value range end the command with
@@ -322,7 +326,8 @@ def _fmt(value: float, interval: Sequence[float]) -> str:
 
 def summary_markdown(report: Any) -> str:
   """The report as Markdown: threat model, clean accuracy and a table of robust accuracies with
-  their intervals (one row per eps), flags and provenance.
+  their intervals (one row per eps), flags, the static diagnosis (if the report has one) and
+  provenance.
 
   Examples:
     >>> import numpy as np
@@ -359,12 +364,27 @@ def summary_markdown(report: Any) -> str:
   lines.append("Reliability flags: " + (", ".join(raised) + " (the robust accuracy may be "
                                         "overestimated)" if raised else "none raised."))
   lines.append("")
+  lines += _diagnosis_markdown(report.diagnosis)
   for name, attack in p.get("attacks", {}).items():
     lines.append(f"- `{name}`: `{json.dumps(attack.get('config') or attack.get('description'))}`")
   if p:
     lines.append(f"- jaxrobust {p.get('jaxrobust_version')}, JAX {p.get('jax_version')} "
                  f"({p.get('backend')}), key {p.get('key')}")
   return "\n".join(lines) + "\n"
+
+
+def _diagnosis_markdown(diagnosis: Any) -> list[str]:
+  """The static diagnosis's lines of ``summary.md``: none without a diagnosis."""
+  if diagnosis is None:
+    return []
+  if not diagnosis:
+    return [f"{jr.diagnosis.SECTION}: none found.", ""]
+  lines = [f"{jr.diagnosis.SECTION}: {len(diagnosis.errors)} error(s), "
+           f"{len(diagnosis.warnings)} warning(s) on the path from x to the logits"
+           + (" (the robust accuracy may be overestimated):" if diagnosis.errors else ":"), ""]
+  lines += [f"- {f.severity} `{f.kind}` (`{f.primitive}`) at `{f.place}`: {f.message} "
+            f"Remedy: {f.remedy}" for f in diagnosis]
+  return lines + [""]
 
 
 def main(args: argparse.Namespace, argv: Sequence[str]) -> int:

@@ -84,6 +84,20 @@ data set (``Report.attacks[name].counts``: ``[K]`` per eps, ``[]`` when counted 
 data (AutoAttack's ``square_beats_white_box``) is decided from the global count and ``N`` (see
 :func:`jaxrobust.report.decide_flags`), so the report is the same for any batch size.
 
+**Static gradient-masking diagnosis.** Unless ``diagnose=False``, the first batch (before any
+evaluation, also when resuming) runs :func:`jaxrobust.diagnose`'s analysis
+(:func:`jaxrobust.diagnosis.diagnose_traced`) on the forward program traced above: the model as
+evaluated (the one :func:`jaxrobust.model.model_of` takes apart, parameters as arguments) at a
+``jax.ShapeDtypeStruct`` of one global batch. No extra trace, no model evaluation, no data
+moved. A randomized model (attacks with ``samples``, e.g. ``eot``) is diagnosed as
+``logits_fn(x, keys)``, its draws reported as ``random``. The report keeps it in
+``provenance["diagnosis"]`` (``Report.diagnosis``, a section of ``str(report)``); findings of
+severity ``"error"`` make ``Report.reliable`` False and give one
+:class:`jaxrobust.diagnosis.GradientMaskingWarning` naming the remedies. The checkpoint does not
+store it: a resumed run diagnoses the model again (the checkpoint's model fingerprint has made
+sure it is the same model). Each process of a multi-host run diagnoses its own copy. Should the diagnosis itself fail, the run warns (``RuntimeWarning``)
+and goes on without one.
+
 Layout: :mod:`~jaxrobust.evaluation.driver` holds the public loop, which reads in a screen;
 :mod:`~jaxrobust.evaluation.device_step` the compiled step (the model taken apart, the curve
 kernel per attack, the jit / shard_map cache); :mod:`~jaxrobust.evaluation.host` the data stream,

@@ -185,6 +185,7 @@ class _Trace(NamedTuple):
 
   program: str  # SHA-256 of the forward jaxpr's text (its structure and Python constants)
   constants: tuple  # every array the traced forward captured rather than took as an argument
+  jaxpr: Any = None  # the closed forward jaxpr (params' leaves, x, keys): for jaxrobust.diagnosis
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
@@ -206,7 +207,7 @@ def _trace_model(model: Model, x: jax.ShapeDtypeStruct,
   closed = jax.make_jaxpr(forward)(model.params, x, *(() if keys is None else (keys,)))
   text = _ADDRESS.sub("", str(closed.jaxpr))  # function reprs may carry memory addresses
   return _Trace(program=hashlib.sha256(text.encode()).hexdigest(),
-                constants=tuple(captured_constants(closed)))
+                constants=tuple(captured_constants(closed)), jaxpr=closed)
 
 
 def hash_array(digest: Any, value: Any) -> None:

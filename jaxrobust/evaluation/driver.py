@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -15,12 +16,14 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxrobust._findings import Diagnosis, warn_if_masked
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_eps, check_labels, check_logits, check_x_in_box, logits_shape
 from jaxrobust.evaluation import host
 from jaxrobust.evaluation.checkpointing import (Checkpoint, EvalState, fingerprint,
                                                model_fingerprint)
+from jaxrobust.diagnosis import diagnose_traced
 from jaxrobust.evaluation.device_step import _jitted_step, _trace_model
 from jaxrobust.model import model_of, warn_if_captured
 from jaxrobust.report import Report, provenance
@@ -36,7 +39,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
              use_shard_map: bool = False, keep_per_example: bool = False,
              eps_batch_size: int | None = None, unroll: int | bool = 1,
              chunk_size: int | None = None, allow_large_eps: bool = False,
-             certifiers: Mapping[str, Any] | None = None, early_exit: bool = True) -> Report:
+             certifiers: Mapping[str, Any] | None = None, early_exit: bool = True,
+             diagnose: bool = True) -> Report:
   r"""Evaluates ``logits_fn`` against ``attacks`` over a whole data set, batch by batch.
 
   For each batch and attack this computes the robustness curve of
@@ -52,8 +56,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   of a valid example and masked, so nothing retraces. Inputs are validated on the host (dtype,
   shape, box, labels) before they are sent to the devices.
 
-  The model is the one at call time, sharding, multi-host runs, checkpoints and reliability
-  flags work as described in :mod:`jaxrobust.evaluation`.
+  The model is the one at call time, sharding, multi-host runs, checkpoints, reliability flags
+  and the static gradient-masking diagnosis work as described in :mod:`jaxrobust.evaluation`.
 
   Args:
     logits_fn: ``x [B, ...] -> logits [B, C]``, treating examples independently.
@@ -86,6 +90,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       certified curves (lower bounds) are ``Report.certified``. A certifier's norm must be the
       attacks'. Certifier ``c`` draws its randomness from ``fold_in(fold_in(key, g_i), 2**30 + c)``.
       With a ``mesh`` they select the ``shard_map`` path (each device certifies its own rows).
+    diagnose: keep :func:`jaxrobust.diagnose` of the model (of its trace, not run) in the
+      report, ``Report.diagnosis``: errors warn and make it unreliable. ``False`` skips it.
 
   Returns:
     A :class:`jaxrobust.Report`, every accuracy with its exact binomial interval, and its
@@ -128,7 +134,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   stream, total = host.batches(data, plan.local_batch)
   bar = host.progress_bar(None if total is None else total * plan.num_processes,
                           progress and plan.process_index == 0)
-  hasher, step_fn, x_spec, num_classes, constants = hashlib.sha256(), None, None, None, None
+  hasher, step_fn, x_spec, num_classes, constants, diagnosis = hashlib.sha256(), *[None] * 5
   clock = {"compile": 0.0, "step": 0.0, "evaluated": 0, "first_n": 0, "after_first": None}
   position = 0
   with contextlib.ExitStack() as stack:
@@ -143,8 +149,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       if ckpt is not None:  # the data fingerprint is only needed to resume
         host.hash_batch(hasher, x, y, index)
       if step_fn is None:  # the first batch: the model as it is now, at the step's shapes
-        step_fn, num_classes = _compile(model, logits_fn, plan, x, keep_per_example, ckpt,
-                                        certifiers)
+        step_fn, num_classes, diagnosis = _compile(model, logits_fn, plan, x, keep_per_example,
+                                                   ckpt, certifiers, diagnose)
       position += 1
       if position <= resume_at:  # done before the interruption: only advance and hash
         ckpt.check_data(position, hasher.hexdigest())
@@ -174,7 +180,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   run = {"batch_size": batch_size, "keep_per_example": keep_per_example,
          **plan.options.provenance(), "use_shard_map": use_shard_map,
          "devices": 1 if mesh is None else int(mesh.size), "processes": plan.num_processes}
-  return _report(plan, state, timing, run, certifiers)
+  return _report(plan, state, timing, run, certifiers, diagnosis)
 
 
 def _check_certifiers(certifiers: Mapping[str, Any] | None,
@@ -203,10 +209,11 @@ def _check_certifiers(certifiers: Mapping[str, Any] | None,
 
 
 def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, keep_per_example: bool,
-             ckpt: Checkpoint | None, certifiers: Mapping[str, Any]) -> tuple[Callable[..., Any],
-                                                                              int]:
-  """The compiled step for the model as it is now (traced at the step's batch shape), and the
-  number of classes; records and checks the model's fingerprint in the checkpoint."""
+             ckpt: Checkpoint | None, certifiers: Mapping[str, Any],
+             diagnose: bool) -> tuple[Callable[..., Any], int, Diagnosis | None]:
+  """The compiled step for the model as it is now (traced at the step's batch shape), the
+  number of classes and the model's diagnosis (``None`` without ``diagnose``); records and checks
+  the model's fingerprint in the checkpoint."""
   spec = jax.ShapeDtypeStruct((plan.local_batch,) + x.shape[1:], x.dtype)
   samples = next(iter(plan.attacks.values())).samples
   num_classes = check_logits(logits_shape(logits_fn, spec, samples), plan.local_batch)
@@ -218,11 +225,28 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, keep_per_example:
   # A model that reads arrays it does not show (a closure, a global) has them compiled into the
   # step; a partial or an NNX module passes them as arguments (jaxrobust.model).
   warn_if_captured(trace.constants, where="jr.evaluate", stacklevel=4)
+  diagnosis = _diagnose(trace.jaxpr, 2 if samples else 1) if diagnose else None
   if ckpt is not None:
     ckpt.check_model(model_fingerprint(model, trace))
   return _jitted_step(model, trace, plan.attacks, jax.random.key_impl(plan.key), keep_per_example,
                       plan.options, plan.mesh, plan.axis, plan.use_shard_map,
-                      certifiers), num_classes
+                      certifiers), num_classes, diagnosis
+
+
+def _diagnose(forward: Any, num_inputs: int) -> Diagnosis | None:
+  """The static gradient-masking diagnosis of the model as evaluated, from its traced forward
+  program (``num_inputs``: 1 for ``logits_fn(x)``, 2 for a randomized ``logits_fn(x, keys)``);
+  warns the caller of :func:`jaxrobust.evaluate` when it has errors. A failure of the diagnosis
+  itself is a warning and no diagnosis, never a failed evaluation."""
+  try:
+    diagnosis = diagnose_traced(forward, num_inputs)
+  except Exception as error:  # noqa: BLE001 (an analysis beside the run must not stop it)
+    warnings.warn(f"jr.evaluate: the static gradient-masking diagnosis failed ({error!r:.200}); "
+                  "the report has none. Pass diagnose=False to skip it.", RuntimeWarning,
+                  stacklevel=4)
+    return None
+  warn_if_masked(diagnosis, where="jr.evaluate", stacklevel=4)
+  return diagnosis
 
 
 def _constants(plan: host.Plan, x: np.ndarray, allow_large_eps: bool) -> tuple:
@@ -268,7 +292,8 @@ def _show(bar, n: int, state: EvalState, plan: host.Plan) -> None:
 
 
 def _report(plan: host.Plan, state: EvalState, timing: Mapping[str, float],
-            run: Mapping[str, Any], certifiers: Mapping[str, Any]) -> Report:
+            run: Mapping[str, Any], certifiers: Mapping[str, Any],
+            diagnosis: Diagnosis | None) -> Report:
   sums = state.sums
   names = tuple(plan.attacks)
   certifier_configs = {name: {"description": c.name, "norm": c.norm,
@@ -277,7 +302,8 @@ def _report(plan: host.Plan, state: EvalState, timing: Mapping[str, float],
   described = provenance(plan.attacks, epsilons=plan.epsilons, lower=plan.lower,
                          upper=plan.upper, key_data=plan.key_data,
                          key_impl=jax.random.key_impl(plan.key), evaluate=dict(run),
-                         **({"certifiers": certifier_configs} if certifiers else {}))
+                         **({"certifiers": certifier_configs} if certifiers else {}),
+                         **({} if diagnosis is None else {"diagnosis": diagnosis.to_record()}))
   return Report.from_counts(
       epsilons=plan.epsilons, n=int(sums.worst_case.n), clean_correct=int(sums.worst_case.correct),
       robust={name: sums.curves[a].robust for a, name in enumerate(names)},
