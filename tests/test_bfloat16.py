@@ -111,3 +111,29 @@ def test_nnx_conv_model_in_bfloat16_with_parameters_as_arguments():
   assert result.x_adv.dtype == jnp.float32
   robust = np.asarray(curve.robust_accuracy)
   assert robust[0] == 1.0 and np.all(np.diff(robust) <= 0) and robust[-1] < 1.0
+
+
+def test_every_front_door_computes_in_the_models_dtype():
+  """A model whose verdict depends on the dtype it is called with (its logits gain +2 for class
+  1 only when its input arrives in bfloat16): ``jr.evaluate``, ``jr.run`` and the training losses'
+  attacker see the bfloat16 model's verdict (class 1 everywhere), never the float32 one (class
+  0). Regression: ``jr.evaluate`` and the frozen copy of the training losses called the bare
+  function, dropping ``compute_in``'s input cast."""
+
+  def apply(w, x):
+    shift = 2.0 if x.dtype == jnp.bfloat16 else 0.0
+    return x.reshape(x.shape[0], -1) @ w + jnp.array([[0.0, shift]], x.dtype)
+
+  w = jnp.zeros((4, 2), jnp.float32)
+  model = model_of(jax.tree_util.Partial(apply, w)).compute_in(jnp.bfloat16)
+  x = jnp.full((6, 4), 0.5, jnp.float32)
+  y = jnp.ones(6, jnp.int32)
+  assert jr.predict(model(x)).tolist() == [1] * 6
+  report = jr.evaluate(model, (np.asarray(x), np.asarray(y)), attacks={"fgsm": jr.attacks.fgsm()},
+                       epsilons=[0.01], key=jax.random.key(0), batch_size=6, progress=False)
+  assert report.clean_accuracy == 1.0 and report.attacks["fgsm"].robust_count.tolist() == [6]
+  result = jax.jit(lambda x, y: jr.run(jr.attacks.fgsm(), model, x, y, jr.Budget(0.01),
+                                       jax.random.key(0)))(x, y)
+  assert not bool(result.success.any())
+  roles = jr.training._model.roles(model)
+  assert jr.predict(roles.frozen(x)).tolist() == [1] * 6

@@ -202,7 +202,7 @@ def _trace_model(model: Model, x: jax.ShapeDtypeStruct,
   constants and architectures.
   """
   def forward(params, *inputs):
-    return model.with_params(params).as_callable()(*inputs)
+    return model.with_params(params)(*inputs)  # the Model: its compute dtype's casts included
 
   closed = jax.make_jaxpr(forward)(model.params, x, *(() if keys is None else (keys,)))
   text = _ADDRESS.sub("", str(closed.jaxpr))  # function reprs may carry memory addresses
@@ -263,7 +263,7 @@ def _jitted_step(model: Model, trace: _Trace, attacks, key_impl, keep_per_exampl
     cache_key, cached = None, None
   if cached is not None:
     return cached[0]
-  step_fn = _build_step(lambda params: model.with_params(params).as_callable(), attacks,
+  step_fn = _build_step(lambda params: model.with_params(params), attacks,
                         key_impl=key_impl, keep_per_example=keep_per_example, options=options,
                         axis_name=axis if use_shard_map else None, certifiers=certifiers)
   if use_shard_map:  # data parallel: the model's arrays are replicated on every device

@@ -101,4 +101,6 @@ def roles(logits_fn: LogitsFn) -> Roles:
     # another trace level.
     return Roles(logits_fn, lambda *x: model.frozen()(*x), lambda *x: model.pure()(*x))
   # Arrays (a partial's) get their stop_gradient once, outside the attack's loop.
-  return Roles(logits_fn, model.frozen().as_callable(), logits_fn)
+  frozen = model.frozen()
+  return Roles(logits_fn, frozen if frozen.compute_dtype is not None else frozen.as_callable(),
+               logits_fn)
