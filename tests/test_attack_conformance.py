@@ -35,6 +35,8 @@ REGISTRY = {
     "carlini_wagner_l2-targeted-confidence": lambda: jr.attacks.carlini_wagner_l2(
         steps=10, binary_search_steps=3, initial_const=1.0, learning_rate=0.1, confidence=0.1,
         targeted=True),
+    "ddn": lambda: jr.attacks.ddn(steps=10, init_epsilon=0.25),
+    "ddn-targeted": lambda: jr.attacks.ddn(steps=10, init_epsilon=0.25, targeted=True),
     "fmn-linf": lambda: jr.attacks.fmn("linf", steps=10),
     "fmn-l2": lambda: jr.attacks.fmn("l2", steps=10),
     "fmn-l1": lambda: jr.attacks.fmn("l1", steps=10),

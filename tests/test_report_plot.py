@@ -222,6 +222,7 @@ def test_every_factory_records_its_full_configuration():
       "apgd": jr.attacks.apgd("l1", targeted=True), "square": jr.attacks.square(queries=50),
       "fab": jr.attacks.fab(), "fmn": jr.attacks.fmn("l2"), "deepfool": jr.attacks.deepfool(),
       "carlini_wagner_l2": jr.attacks.carlini_wagner_l2(steps=3),
+      "ddn": jr.attacks.ddn(steps=3),
       "auto_attack": jr.attacks.auto_attack("l2", version="plus"),
       "eot": jr.attacks.eot(jr.attacks.pgd(), samples=4),
       "ensemble": jr.attacks.ensemble(jr.attacks.pgd(), jr.attacks.fgsm(), name="two"),

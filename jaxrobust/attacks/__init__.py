@@ -4,13 +4,14 @@ Every factory is wrapped by :func:`jaxrobust.attacks._config.recorded`, so the a
 record their full configuration in ``Attack.config``.
 """
 
-from jaxrobust.attacks import (_apgd, _auto_attack, _carlini_wagner, _deepfool, _ensemble, _eot,
-                               _fab, _fgsm, _fmn, _pgd, _square)
+from jaxrobust.attacks import (_apgd, _auto_attack, _carlini_wagner, _ddn, _deepfool, _ensemble,
+                               _eot, _fab, _fgsm, _fmn, _pgd, _square)
 from jaxrobust.attacks._config import recorded as _recorded
 
 apgd = _recorded(_apgd.apgd)
 auto_attack = _recorded(_auto_attack.auto_attack)
 carlini_wagner_l2 = _recorded(_carlini_wagner.carlini_wagner_l2)
+ddn = _recorded(_ddn.ddn)
 deepfool = _recorded(_deepfool.deepfool)
 ensemble = _recorded(_ensemble.ensemble)
 eot = _recorded(_eot.eot)
@@ -20,5 +21,5 @@ fmn = _recorded(_fmn.fmn)
 pgd = _recorded(_pgd.pgd)
 square = _recorded(_square.square)
 
-__all__ = ["apgd", "auto_attack", "carlini_wagner_l2", "deepfool", "ensemble", "eot", "fab", "fgsm",
-           "fmn", "pgd", "square"]
+__all__ = ["apgd", "auto_attack", "carlini_wagner_l2", "ddn", "deepfool", "ensemble", "eot", "fab",
+           "fgsm", "fmn", "pgd", "square"]
