@@ -66,6 +66,8 @@ REGISTRY = {
                                                           steps=3, queries=10),
     # eot attacks a randomized logits_fn(x, keys); here one that ignores its keys.
     "eot-pgd-linf": lambda: jr.attacks.eot(jr.attacks.pgd("linf", steps=3), samples=3),
+    "min_norm_search-pgd-l2-targeted": lambda: jr.attacks.min_norm_search(
+        jr.attacks.pgd("l2", steps=3, loss="margin", targeted=True), search_steps=4),
 }
 
 EPS = {"linf": 0.1, "l2": 0.5, "l1": 2.0}

@@ -107,6 +107,7 @@ NOT_FIXED_BUDGET = {
     "fmn": "minimum norm (tests/test_ground_truth_min_norm.py)",
     "fab": "minimum norm (tests/test_ground_truth_min_norm.py)",
     "eot": "attacks a randomized logits_fn(x, keys); a linear model has no randomness to average",
+    "min_norm_search": "minimum norm (tests/test_min_norm_search.py)",
 }
 
 # Problems: (classes, targeted). "2c" untargeted, "10c-t" targeted towards the nearest class,

@@ -5,7 +5,7 @@ record their full configuration in ``Attack.config``.
 """
 
 from jaxrobust.attacks import (_apgd, _auto_attack, _carlini_wagner, _ddn, _deepfool, _ensemble,
-                               _eot, _fab, _fgsm, _fmn, _pgd, _square)
+                               _eot, _fab, _fgsm, _fmn, _min_norm_search, _pgd, _square)
 from jaxrobust.attacks._config import recorded as _recorded
 
 apgd = _recorded(_apgd.apgd)
@@ -18,8 +18,9 @@ eot = _recorded(_eot.eot)
 fab = _recorded(_fab.fab)
 fgsm = _recorded(_fgsm.fgsm)
 fmn = _recorded(_fmn.fmn)
+min_norm_search = _recorded(_min_norm_search.min_norm_search)
 pgd = _recorded(_pgd.pgd)
 square = _recorded(_square.square)
 
 __all__ = ["apgd", "auto_attack", "carlini_wagner_l2", "ddn", "deepfool", "ensemble", "eot", "fab",
-           "fgsm", "fmn", "pgd", "square"]
+           "fgsm", "fmn", "min_norm_search", "pgd", "square"]
