@@ -223,6 +223,7 @@ def test_every_factory_records_its_full_configuration():
       "fab": jr.attacks.fab(), "fmn": jr.attacks.fmn("l2"), "deepfool": jr.attacks.deepfool(),
       "carlini_wagner_l2": jr.attacks.carlini_wagner_l2(steps=3),
       "ddn": jr.attacks.ddn(steps=3),
+      "min_norm_search": jr.attacks.min_norm_search(jr.attacks.pgd("l2", steps=5), rtol=0.05),
       "auto_attack": jr.attacks.auto_attack("l2", version="plus"),
       "eot": jr.attacks.eot(jr.attacks.pgd(), samples=4),
       "ensemble": jr.attacks.ensemble(jr.attacks.pgd(), jr.attacks.fgsm(), name="two"),
@@ -237,6 +238,8 @@ def test_every_factory_records_its_full_configuration():
       "steps": 100, "restarts": 1, "rho": 0.75, "momentum": 0.75, "targets": "logits",
       "malt_candidates": 100}
   assert json.loads(configs["eot"].config)["attack"]["factory"] == "pgd"
+  search = json.loads(configs["min_norm_search"].config)
+  assert (search["attack"]["factory"], search["attack"]["steps"], search["rtol"]) == ("pgd", 5, 0.05)
   assert [m["factory"] for m in json.loads(configs["ensemble"].config)["attacks"]] == [
       "pgd", "fgsm"]
   attack = configs["pgd"]
