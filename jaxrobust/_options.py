@@ -75,7 +75,7 @@ class RunOptions:
 
   Attributes:
     early_exit: stop attacking a point once it is broken. For an attack that declares ``done``
-      (FGSM/PGD, APGD(-T), Square, and DeepFool, C&W, FMN and FAB at a finite eps; see
+      (FGSM/PGD, APGD(-T), Square, and DeepFool, C&W, FMN, DDN and FAB at a finite eps; see
       :class:`jaxrobust.Attack`), broken rows are frozen, the rows left are re-compacted every
       few steps into chunks of :meth:`chunk_rows` rows, and the loop ends when none is left
       (:mod:`jaxrobust.engine.early_exit`). The success flags, robust accuracies and curves equal

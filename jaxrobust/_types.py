@@ -93,7 +93,7 @@ class Attack(NamedTuple):
       leaf keeps its value; scalars, such as step counters, advance)
       and leaves the loop once every row is done, so a broken point stops costing model
       evaluations. ``None``: the attack always runs its ``num_steps``. Minimum-norm attacks
-      (DeepFool, C&W, FMN, FAB) declare it only for a finite eps (a row holding an adversarial
+      (DeepFool, C&W, FMN, DDN, FAB) declare it only for a finite eps (a row holding an adversarial
       point inside the ball: its smallest point can only shrink further), never true at
       ``eps = inf``, where the answer keeps shrinking.
     suite: ``None`` for a single attack (a kernel: ``init``/``step``/``finalize``/``done``);

@@ -47,7 +47,7 @@ from jaxrobust.cli._args import add_traceback_option, int_at_least
 from jaxrobust.cli._errors import UserError, main_command, one_line
 
 ATTACKS = ("pgd", "fgsm", "apgd", "apgd_t", "auto_attack", "square", "fab", "fab_t", "fmn",
-           "deepfool", "cw")
+           "deepfool", "cw", "ddn")
 """The attack names ``--attack`` accepts (comma-separated for several)."""
 
 
@@ -230,6 +230,7 @@ def build_attacks(names: Sequence[str], norm: str, steps: int | None) -> dict[st
       "fmn": lambda: a.fmn(norm, **with_steps),
       "deepfool": lambda: a.deepfool(norm, **with_steps),
       "cw": lambda: _carlini_wagner(norm, with_steps),
+      "ddn": lambda: _ddn(norm, with_steps),
   }
   out = {}
   for name in names:
@@ -238,6 +239,12 @@ def build_attacks(names: Sequence[str], norm: str, steps: int | None) -> dict[st
     except ValueError as error:
       raise UserError(f"--attack {name} with --norm {norm}: {one_line(error)}") from error
   return out
+
+
+def _ddn(norm: str, with_steps: dict[str, int]) -> Any:
+  if norm != "l2":
+    raise ValueError("DDN is an L2 attack; pass --norm l2")
+  return jr.attacks.ddn(**with_steps)
 
 
 def _carlini_wagner(norm: str, with_steps: dict[str, int]) -> Any:
