@@ -52,7 +52,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrobust import metrics
+from jaxrobust import checklist as checklist_lib, metrics
 from jaxrobust._findings import Diagnosis
 from jaxrobust._types import Attack, Curve
 from jaxrobust.metrics.checks import FRACTION_FLAGS, decide_flags  # noqa: F401 - re-exported
@@ -391,6 +391,13 @@ class Report:
     return None if record is None else Diagnosis.from_record(record)
 
   @property
+  def checklist(self) -> tuple[checklist_lib.Item, ...]:
+    """The evaluation checklist (:mod:`jaxrobust.checklist`): each reliability check with its
+    status (``"pass"``, ``"warn"``, ``"n/a"``) and evidence, from the flags, counts, diagnosis
+    and per-example arrays; the first section of ``str(report)``."""
+    return checklist_lib.collect(self)
+
+  @property
   def reliable(self) -> bool:
     """``False`` when any attack raised any reliability flag, or when the static diagnosis
     (:attr:`diagnosis`) found an operation of severity ``"error"`` on the path from ``x`` to the
@@ -547,6 +554,7 @@ class Report:
     percent = round(100 * self.confidence)
     lines = [f"jr.Report: {self.num_examples} examples, clean accuracy {self.clean_accuracy:.4f} "
              f"({percent}% CI {self.clean_interval[0]:.4f}-{self.clean_interval[1]:.4f})",
+             checklist_lib.section(self.checklist),
              "eps:        " + " ".join(f"{e:8.4g}" for e in self.epsilons)]
     for s in [*self.attacks.values(), self.worst_case, *self.certified.values()]:
       flagged = [k for k, v in s.flags.items() if v]

@@ -27,8 +27,8 @@ LAYERS = (
     ("engine", ("jaxrobust.engine",)),
     ("attacks", ("jaxrobust.attacks",)),
     ("front doors", ("jaxrobust._run", "jaxrobust.curves", "jaxrobust.report",
-                     "jaxrobust.evaluation", "jaxrobust.plotting", "jaxrobust.certify",
-                     "jaxrobust.training", "jaxrobust.text")),
+                     "jaxrobust.checklist", "jaxrobust.evaluation", "jaxrobust.plotting",
+                     "jaxrobust.certify", "jaxrobust.training", "jaxrobust.text")),
     # The applications: the demos' drivers, models and data, under the command line that runs
     # them (and jaxrobust/__init__.py, the rule every remaining module falls to).
     ("demos", ("jaxrobust.demo",)),

@@ -250,3 +250,54 @@ def test_every_factory_records_its_full_configuration():
   assert provenance["attacks"]["p"]["config"]["steps"] == 7
   assert provenance["threat_model"]["box"] == [-1.0, 1.0]
   assert provenance["key"]["data"] == [0, 3]
+
+
+def test_the_checklist_passes_warns_or_says_why_not_with_its_evidence():
+  """Each line of Report.checklist from hand-built evidence: AutoAttack's flags with their
+  counts, a minimum-norm attack's misses, the static diagnosis, and the per-example agreement of
+  fixed-budget and minimum-norm attacks (a count computed here from the arrays)."""
+  status = lambda r: {i.check: i.status for i in r.checklist}
+  evidence = lambda r: {i.check: i.evidence for i in r.checklist}
+  plain = make_report(per_example=True, min_norm=True)
+  assert str(plain).splitlines()[1] == "Checklist:"
+  assert status(plain)["fixed budget vs minimum norm"] == "pass"  # pgd breaks all fmn breaks
+  assert status(plain)["static gradient masking"] == "n/a"  # a report built from counts
+  assert status(plain)["zero gradients"] == "n/a"  # no auto_attack
+  # pgd breaks nothing: every example fmn broke within an eps is missed by the fixed budget.
+  per = dict(plain.per_example)
+  per["robust"] = per["robust"].copy()
+  per["robust"][0] = per["correct"][None, :]
+  weak = plain._rebuild(per_example=per)
+  within = per["correct"][None, :] & (per["eps_star/fmn"][None, :] <= EPS[:, None])
+  k = int(np.argmax(within.sum(1)))
+  assert status(weak)["fixed budget vs minimum norm"] == "warn"
+  assert evidence(weak)["fixed budget vs minimum norm"].startswith(
+      f"{int(within[k].sum())} example(s) at eps {float(EPS[k]):g}")
+  aa = {"non_finite_gradients": False, "non_finite_adversarials": False,
+        "zero_gradients": True, "randomized": False, "probability_outputs": False,
+        "square_beats_white_box": True}
+  counts = {"zero_gradient_points": np.array([4, 4, 4]), "square_only_points": np.array([0, 2, 1]),
+            "non_finite_gradient_points": np.zeros(3, np.int64)}
+  r = jr.Report.from_counts(
+      epsilons=EPS, n=N, clean_correct=45, robust={"aa": np.array([0, 30, 20]),
+                                                   "fmn": np.array([3, 31, 22])},
+      worst_case=np.array([0, 30, 20]), info={"aa": ("aa", "linf", False),
+                                               "fmn": ("fmn", "linf", True)},
+      flags={"aa": aa, "fmn": {"minimum_norm_not_found": True}},
+      counts={"aa": counts, "fmn": {"minimum_norm_not_found": np.array(3)}})
+  assert status(r)["zero gradients"] == "warn" and "aa: 4 points" in evidence(r)["zero gradients"]
+  # 2 > 0.002 * 50: the Square flag, decided again from the global count, stands.
+  assert status(r)["black box below white box"] == "warn"
+  assert "aa: 2 points" in evidence(r)["black box below white box"]
+  assert status(r)["deterministic model"] == status(r)["finite gradients"] == "pass"
+  assert status(r)["unbounded eps reaches 0%"] == "warn" and "fmn missed 3" in evidence(r)[
+      "unbounded eps reaches 0%"]
+  found = jr.Report.from_counts(  # no minimum-norm attack; the worst case is 0 at the largest eps, 0.3
+      epsilons=EPS, n=N, clean_correct=45, robust={"aa": np.array([0, 30, 20])},
+      worst_case=np.array([0, 30, 20]), info={"aa": ("aa", "linf", False)}, flags={"aa": aa},
+      counts={"aa": counts})
+  assert status(found)["unbounded eps reaches 0%"] == "pass"
+  rounding = jr.diagnosis.Finding("rounding", "error", "round", "/m.py:2", "round of x", "BPDA")
+  masked = r._rebuild(provenance={"diagnosis": jr.diagnosis.Diagnosis([rounding]).to_record()})
+  assert status(masked)["static gradient masking"] == "warn"
+  assert "rounding at m.py:2" in evidence(masked)["static gradient masking"]
