@@ -28,7 +28,8 @@ LAYERS = (
     ("attacks", ("jaxrobust.attacks",)),
     ("front doors", ("jaxrobust._run", "jaxrobust.curves", "jaxrobust.report",
                      "jaxrobust.checklist", "jaxrobust.evaluation", "jaxrobust.plotting",
-                     "jaxrobust.certify", "jaxrobust.training", "jaxrobust.text")),
+                     "jaxrobust.certify", "jaxrobust.training", "jaxrobust.text",
+                     "jaxrobust.interop")),
     # The applications: the demos' drivers, models and data, under the command line that runs
     # them (and jaxrobust/__init__.py, the rule every remaining module falls to).
     ("demos", ("jaxrobust.demo",)),
