@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
 if importlib.util.find_spec("torchax") is None:  # not importorskip: torchax needs the shim first
   pytest.skip("torchax is not installed (pip install 'jaxrobust[torch]')", allow_module_level=True)
 
@@ -213,3 +214,25 @@ def test_compat_shim_only_adds_missing_names_and_is_idempotent():
     packet = getattr(torch.ops.aten, op)
     assert overload not in packet.overloads()
     assert getattr(packet, overload) in [getattr(packet, o) for o in packet.overloads()]
+
+
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_checkpoints_load_into_a_fresh_module(setup, tmp_path, suffix):
+  net, model, _, x, *_ = setup
+  path = tmp_path / f"net{suffix}"
+  if suffix == ".pt":
+    torch.save(net.state_dict(), path)
+  else:
+    import safetensors.torch  # noqa: PLC0415
+
+    safetensors.torch.save_file(net.state_dict(), path)
+  fresh = jr.interop.load_state_dict(make_net(seed=5), path).eval()
+  loaded = jr.interop.from_torch(fresh, x[:2].transpose(0, 3, 1, 2))
+  np.testing.assert_array_equal(np.asarray(loaded(x)), np.asarray(model(x)))
+  partial = {k: v for k, v in net.state_dict().items() if k != "bn.running_var"}
+  if suffix == ".pt":
+    torch.save(partial, path)
+  else:
+    safetensors.torch.save_file(partial, path)
+  with pytest.raises(RuntimeError, match=r'(?s)net.*Missing key\(s\) in state_dict: "bn.running_var"'):
+    jr.interop.load_state_dict(make_net(), path)
