@@ -251,3 +251,68 @@ def test_a_masked_model_is_diagnosed_printed_and_saved(workspace, capsys):
   summary = (root / "quantised" / "summary.md").read_text()
   assert "Gradient masking (static): 1 error(s), 0 warning(s)" in summary
   assert "- error `rounding` (`round`) at `mymodel.py:" in summary
+
+
+TORCH_MODULE = textwrap.dedent('''
+    import pathlib
+    import numpy as np
+    import torch
+
+    HERE = pathlib.Path(__file__).parent
+
+    def make_torch_model(train=False):
+      weights = np.load(HERE / "weights.npz")
+      linear = torch.nn.Linear(16, 2)
+      with torch.no_grad():
+        linear.weight.copy_(torch.from_numpy(weights["w"].T.astype(np.float32)))
+        linear.bias.copy_(torch.from_numpy(weights["b"].astype(np.float32)))
+      module = torch.nn.Sequential(torch.nn.Flatten(), linear)  # NCHW [B, 1, 4, 4] -> 2 logits
+      return module.train() if train else module.eval()
+
+    def make_training_model():
+      return make_torch_model(train=True)
+''')
+
+
+def test_torch_module_gives_the_same_report(workspace, reference):
+  """``--torch``: the same linear model as a PyTorch module (NCHW inside, the data NHWC) gives the
+  JAX model's report: PGD is exact on it, so the counts match the ground truth."""
+  pytest.importorskip("torch")
+  pytest.importorskip("safetensors")
+  import importlib.util  # noqa: PLC0415
+
+  if importlib.util.find_spec("torchax") is None:
+    pytest.skip("torchax is not installed")
+  root, *_ = workspace
+  (root / "mytorch.py").write_text(TORCH_MODULE)
+  code = cli.main(["evaluate", "--torch", f"{root / 'mytorch.py'}:make_torch_model", "--data",
+                   str(root / "data.npz"), "--eps", EPS_TEXT, "--attack", "pgd,fgsm",
+                   "--batch-size", "32", "--quiet", "--out", str(root / "torch"), "--devices", "2"])
+  assert code == 0
+  got = json.loads((root / "torch" / "report.json").read_text())
+  assert got["worst_case"] == reference["worst_case"]
+  assert got["attacks"] == reference["attacks"]
+  assert got["provenance"]["model"] == f"--torch {root / 'mytorch.py'}:make_torch_model"
+
+
+@pytest.mark.parametrize("case, match", [
+    ("training mode", "--torch: ValueError: the module is in training mode"),
+    ("no model", "give the model either as MODULE:FUNCTION"),
+])
+def test_torch_mistakes_exit_2_with_one_clear_line(workspace, capsys, case, match):
+  root, *_ = workspace
+  if case == "training mode":
+    pytest.importorskip("torch")
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("torchax") is None:
+      pytest.skip("torchax is not installed")
+    (root / "mytorch.py").write_text(TORCH_MODULE)
+    model = ["--torch", f"{root / 'mytorch.py'}:make_training_model"]
+  else:
+    model = []
+  code = cli.main(["evaluate", *model, "--data", str(root / "data.npz"), "--eps", "0.1",
+                   "--quiet", "--out", str(root / "never")])
+  err = capsys.readouterr().err
+  assert code == 2 and err.count("\n") == 1 and match in err, err
+  assert "module.eval()" in err or case == "no model"

@@ -26,6 +26,7 @@ if importlib.util.find_spec("torchax") is None:  # not importorskip: torchax nee
 import jaxrobust as jr  # noqa: E402
 from jaxrobust.interop import _torchax_compat  # noqa: E402
 from jaxrobust.model import captured_constants, model_of  # noqa: E402
+from tests import test_docs  # noqa: E402
 
 pytestmark = pytest.mark.compile_bound  # small programs: see tests/conftest.py
 
@@ -236,3 +237,14 @@ def test_checkpoints_load_into_a_fresh_module(setup, tmp_path, suffix):
     safetensors.torch.save_file(partial, path)
   with pytest.raises(RuntimeError, match=r'(?s)net.*Missing key\(s\) in state_dict: "bn.running_var"'):
     jr.interop.load_state_dict(make_net(), path)
+
+
+def test_readme_pytorch_example_runs(tmp_path, monkeypatch):
+  """The README's "Your model" PyTorch block (skipped by tests/test_docs.py, which runs without
+  PyTorch) runs here."""
+  monkeypatch.chdir(tmp_path)
+  blocks = [code for _, code, _ in test_docs.code_blocks(test_docs.README)
+            if "jr.interop.from_torch" in code]
+  assert blocks
+  for code in blocks:
+    exec(compile(code, "README.md", "exec"), {"__name__": "readme"})  # noqa: S102 (the docs)

@@ -5,7 +5,10 @@ r"""``jaxrobust evaluate``: the command line for a user's own model.
 ``FUNCTION()`` with no arguments, and evaluates what it returns — a ``logits_fn``
 ``x [B, ...] -> logits [B, C]``, or a ``flax.nnx.Module`` — with :func:`jaxrobust.evaluate` on the
 arrays ``x`` (any shape ``[N, ...]``, e.g. NHWC images, with values in ``[--lower, --upper]``) and
-``y`` (``[N]`` integer labels) of ``FILE.npz``. It writes into ``--out``:
+``y`` (``[N]`` integer labels) of ``FILE.npz``. With ``--torch MODULE:FUNCTION`` instead,
+``FUNCTION()`` returns a PyTorch ``nn.Module`` in eval mode, converted by
+:func:`jaxrobust.interop.from_torch` (checked against the module on the first examples): ``x``
+is NHWC as for a JAX model (4-D inputs reach the module as NCHW). It writes into ``--out``:
 
 * ``report.json``: the :class:`jaxrobust.Report` (accuracies with their exact binomial intervals,
   reliability flags, provenance: attacks' full configurations, eps units, box, key, versions, the
@@ -92,10 +95,15 @@ def add_parser(commands: Any) -> None:
       "evaluate", help="evaluate your own model on your own data (.npz with x and y)",
       description="Evaluate the robustness of your model: MODULE:FUNCTION names a function "
       "(in a .py file or an importable module) that takes no arguments and returns a logits "
-      "function x [B, ...] -> logits [B, C] or a flax.nnx.Module. Writes report.json, "
+      "function x [B, ...] -> logits [B, C] or a flax.nnx.Module (with --torch: a PyTorch "
+      "nn.Module in eval mode). Writes report.json, "
       "per_example.npz, summary.md and curves.png into --out.")
-  p.add_argument("model", metavar="MODULE:FUNCTION",
+  p.add_argument("model", metavar="MODULE:FUNCTION", nargs="?", default=None,
                  help="e.g. mymodel.py:make_model or mypackage.models:load")
+  p.add_argument("--torch", metavar="MODULE:FUNCTION", default=None,
+                 help="instead of MODULE:FUNCTION: a function returning a PyTorch nn.Module in "
+                 "eval mode (NCHW images), converted with jr.interop.from_torch; x stays NHWC "
+                 "(needs pip install 'jaxrobust[torch]')")
   p.add_argument("--data", required=True, type=pathlib.Path, metavar="FILE.npz",
                  help="an .npz file with arrays x [N, ...] (floats in [--lower, --upper]) and "
                  "y [N] (integer labels)")
@@ -266,6 +274,19 @@ def _check_model(model: Any, x: Any) -> None:
                     f"{tuple(spec.shape)} it returned {getattr(out, 'shape', type(out).__name__)}")
 
 
+def convert_torch(module: Any, x: Any) -> Any:
+  """``--torch``: the user's ``nn.Module`` as a jaxrobust model
+  (:func:`jaxrobust.interop.from_torch`), checked on the first (up to 8) examples of ``x``
+  (NHWC images are given to the module as NCHW); every failure is a :class:`UserError`."""
+  example = x[:8]
+  if example.ndim == 4:
+    example = example.transpose(0, 3, 1, 2)  # the module's own layout
+  try:
+    return jr.interop.from_torch(module, example)
+  except (ImportError, TypeError, ValueError, NotImplementedError) as error:
+    raise UserError(f"--torch: {one_line(error)}") from error
+
+
 def _use_devices(count: int | None) -> Any:
   """A 1-D mesh over the first ``count`` devices (``None``: no mesh). On CPU, asks JAX for
   ``count`` simulated devices if no JAX operation ran yet."""
@@ -291,8 +312,14 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
   mesh = _use_devices(args.devices)
   epsilons, eps_text = args.eps
   attacks = build_attacks(args.attack, args.norm, args.steps)
-  model, _ = load_model(args.model)
+  if (args.model is None) == (args.torch is None):
+    raise UserError("give the model either as MODULE:FUNCTION (a JAX model) or as --torch "
+                    "MODULE:FUNCTION (a PyTorch module), not " + ("both" if args.model else
+                                                                  "neither"))
+  model, _ = load_model(args.model or args.torch)
   x, y, digest = load_data(args.data, lower=args.lower, upper=args.upper, limit=args.limit)
+  if args.torch is not None:
+    model = convert_torch(model, x)
   _check_model(model, x)
   try:
     report = jr.evaluate(model, (x, y), attacks=attacks, epsilons=epsilons,
@@ -301,7 +328,8 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
                          lower=args.lower, upper=args.upper, keep_per_example=True)
   except ValueError as error:  # bad eps, labels out of range, a checkpoint of another run
     raise UserError(one_line(error).removeprefix("ValueError: ")) from error
-  provenance = dict(report.provenance, command=["jaxrobust", *argv], model=args.model,
+  provenance = dict(report.provenance, command=["jaxrobust", *argv],
+                    model=args.model or f"--torch {args.torch}",
                     seed=args.seed, eps_text=eps_text,
                     data={"path": str(args.data), "sha256": digest, "num_examples": int(len(x)),
                           "x_shape": list(x.shape[1:]), "x_dtype": str(x.dtype)})
