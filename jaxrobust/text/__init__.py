@@ -8,8 +8,12 @@ budget of changed positions (``max_swaps``, traced data).
 
 * :func:`word_swap` + :func:`run`: gradient-guided greedy substitution (HotFlip-style), returning
   a :class:`Result` with the first success found, swaps and model queries per example;
+* :func:`textfooler` + :func:`run_textfooler`: TextFooler-class black-box substitution (Jin et
+  al. 2020): words ranked by the drop of the true class's probability without them, then greedy
+  substitution in that order under pluggable constraints and a query budget, returning a
+  :class:`TextFoolerResult` (the model is a function of token ids; no gradient);
 * :func:`swap_curve`: robust accuracy over swap budgets from one run, as a
-  :class:`jaxrobust.Curve`;
+  :class:`jaxrobust.Curve`; :func:`textattack_summary`: TextAttack's summary numbers;
 * :func:`gcg` + :func:`run_gcg`: Greedy Coordinate Gradient (Zou et al. 2023) on causal language
   models given as ``lm_logits_fn(embeds [B, L, D]) -> [B, L, V]``, returning a
   :class:`GCGResult` (adversarial suffix, target loss, success).
@@ -32,6 +36,8 @@ Examples:
 References:
   J. Ebrahimi, A. Rao, D. Lowd, D. Dou. HotFlip: White-box adversarial examples for text
   classification. ACL 2018.
+  D. Jin, Z. Jin, J. T. Zhou, P. Szolovits. Is BERT really robust? A strong baseline for natural
+  language attack on text classification and entailment. AAAI 2020.
   J. Morris et al. TextAttack: A framework for adversarial attacks, data augmentation, and
   adversarial training in NLP. EMNLP 2020 (demos).
   A. Zou, Z. Wang, N. Carlini, M. Nasr, J. Z. Kolter, M. Fredrikson. Universal and transferable
@@ -40,8 +46,13 @@ References:
 
 from jaxrobust.text._curve import swap_curve
 from jaxrobust.text._gcg import GCG, GCGResult, check_gcg_inputs, gcg, run_gcg
-from jaxrobust.text._types import Result, WordSwap
+from jaxrobust.text._summary import textattack_summary
+from jaxrobust.text._textfooler import check_textfooler_inputs, run_textfooler, textfooler
+from jaxrobust.text._types import (Result, TextAttackSummary, TextFooler, TextFoolerResult,
+                                   WordSwap)
 from jaxrobust.text._word_swap import check_inputs, run, word_swap
 
-__all__ = ["GCG", "GCGResult", "Result", "WordSwap", "check_gcg_inputs", "check_inputs", "gcg",
-           "run", "run_gcg", "swap_curve", "word_swap"]
+__all__ = ["GCG", "GCGResult", "Result", "TextAttackSummary", "TextFooler", "TextFoolerResult",
+           "WordSwap", "check_gcg_inputs", "check_inputs", "check_textfooler_inputs", "gcg", "run",
+           "run_gcg", "run_textfooler", "swap_curve", "textattack_summary", "textfooler",
+           "word_swap"]

@@ -104,3 +104,51 @@ def check_max_swaps(max_swaps: Any, batch: int, steps: int) -> None:
           f"max_swaps must lie in [0, steps] = [0, {steps}] (each greedy step changes at most one "
           f"position); got min {lo}, max {hi}. Build the attack with word_swap(steps={max(hi, 1)})"
           " or more for a larger budget.")
+
+
+def check_count(name: str, value: Any, batch: int, minimum: int) -> None:
+  """``value``: an int scalar or ``[B]`` array of counts ``>= minimum`` (values when concrete),
+  e.g. a swap or query budget.
+
+  Examples:
+    >>> check_count("max_queries", 0, 2, 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: max_queries must be >= 1; got min 0.
+  """
+  if isinstance(value, bool) or not (
+      isinstance(value, (int, np.integer))
+      or (hasattr(value, "dtype") and jnp.issubdtype(value.dtype, jnp.integer))):
+    raise TypeError(f"{name} must be an int (scalar or per-example [B] array), got "
+                    f"{_describe(value)}.")
+  shape = np.shape(value)
+  if shape not in ((), (batch,)):
+    raise ValueError(f"{name} must be a scalar or a per-example [B] = [{batch}] array, got "
+                     f"shape {shape}.")
+  if is_concrete(value):
+    lo = int(np.min(np.asarray(value)))
+    if lo < minimum:
+      raise ValueError(f"{name} must be >= {minimum}; got min {lo}.")
+
+
+def check_vocab_table(name: str, table: Any, vocab_size: int, *, kind: str, ndim: int) -> None:
+  """``table``: one entry (``ndim=1``) or row (``ndim=2``) per token id, ``[V]`` or ``[V, E]``,
+  of ``kind`` ``"bool"``, ``"int"`` or ``"float"``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> check_vocab_table("stop_words", jnp.zeros(4, bool), 5, kind="bool", ndim=1)
+    Traceback (most recent call last):
+    ...
+    ValueError: stop_words must have one entry per token id, shape [V] = [5], got (4,).
+  """
+  dtypes = {"bool": jnp.bool_, "int": jnp.integer, "float": jnp.floating}
+  if not hasattr(table, "shape") or not jnp.issubdtype(table.dtype, dtypes[kind]):
+    article = "an" if kind == "int" else "a"
+    raise TypeError(f"{name} must be {article} {kind} array indexed by token id, got "
+                    f"{_describe(table)}.")
+  if table.ndim != ndim or table.shape[0] != vocab_size or 0 in table.shape:
+    expected = "[V]" if ndim == 1 else "[V, E]"
+    raise ValueError(f"{name} must have one {'entry' if ndim == 1 else 'row'} per token id, "
+                     f"shape {expected} = [{vocab_size}{'' if ndim == 1 else ', E'}], got "
+                     f"{tuple(table.shape)}.")

@@ -10,7 +10,7 @@ from jaxrobust._batch import is_correct
 from jaxrobust._types import Curve
 from jaxrobust._validation import is_concrete
 from jaxrobust.metrics import curve_auc
-from jaxrobust.text._types import Result
+from jaxrobust.text._types import Result, TextFoolerResult
 
 Array = jax.Array
 
@@ -36,7 +36,7 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
   robust accuracy would be overestimated).
 
   Args:
-    result: from :func:`jaxrobust.text.run`.
+    result: from :func:`jaxrobust.text.run` or :func:`jaxrobust.text.run_textfooler`.
     y: ``[B]`` the labels given to ``run``.
     budgets: ``[K]`` non-negative int swap budgets (data).
 
@@ -79,8 +79,9 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
 
 def _check(result: Result, y: Array, budgets: Array) -> Array:
   """Validates the inputs of :func:`swap_curve`; returns the budgets as an int32 array."""
-  if not isinstance(result, Result):
-    raise TypeError(f"result must be a jr.text.Result, got {type(result).__name__}.")
+  if not isinstance(result, (Result, TextFoolerResult)):
+    raise TypeError(f"result must be a jr.text.Result or TextFoolerResult, got "
+                    f"{type(result).__name__}.")
   budgets = jnp.asarray(budgets)
   if budgets.ndim != 1 or not jnp.issubdtype(budgets.dtype, jnp.integer):
     raise ValueError(f"budgets must be a 1-D int array [K] of swap counts, got {budgets.dtype} "

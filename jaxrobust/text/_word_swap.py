@@ -15,7 +15,6 @@ from typing import Callable, Union
 
 import jax
 import jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrobust import losses
 from jaxrobust._batch import as_keys, is_correct, like_batch, per_example, rows_like
@@ -23,6 +22,8 @@ from jaxrobust._validation import (check_label_shape, check_labels, check_logits
                                    check_positive_int, logits_shape)
 from jaxrobust.attacks._config import recorded
 from jaxrobust.text import _checks
+from jaxrobust.text._search import (candidate_rows, first_near_best, lookup, substitutes,
+                                    tolerance)
 from jaxrobust.text._types import Result, WordSwap
 
 Array = jax.Array
@@ -76,53 +77,6 @@ def word_swap(*, steps: int = 8, search_width: int = 16,
   label = loss if isinstance(loss, str) else getattr(loss, "__name__", "custom")
   return WordSwap(steps=steps, search_width=search_width, loss=loss,
                   name=f"word_swap-{steps}x{search_width}-{label}")
-
-
-def lookup(table: Array, ids: Array) -> Array:
-  """``table[ids]`` (rows of an embedding or substitute table), laid out like ``ids``.
-
-  Under an Explicit mesh axis a gather of a replicated table at batch-sharded ids has no
-  unambiguous output sharding, so it is given: the ids' own, with the table's trailing axes
-  unsharded (each device looks up its own rows). Elsewhere this is plain indexing.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> lookup(jnp.array([[0.0, 1.0], [2.0, 3.0]]), jnp.array([[1, 0]])).tolist()
-    [[[2.0, 3.0], [0.0, 1.0]]]
-  """
-  sharding = getattr(jax.typeof(ids), "sharding", None)
-  spec = getattr(sharding, "spec", None)
-  if not spec or all(axis is None for axis in spec):
-    return table[ids]
-  out = PartitionSpec(*spec, *(None,) * (table.ndim - 1))
-  return table.at[ids].get(out_sharding=NamedSharding(sharding.mesh, out))
-
-
-def substitutes(tokens: Array, candidates: Array, editable: Array) -> tuple[Array, Array]:
-  """The values each position may take and which of them are usable.
-
-  Returns ``(values, valid)``, both ``[B, L, 1 + K]``: slot 0 is the original token (restoring
-  it is a move), slots ``1..K`` the substitutes of the ORIGINAL token,
-  ``candidates[tokens[b, i]]``. A slot is valid at an editable position when it is the original
-  token or a substitute that is not padding (``-1``), not the original token itself and not a
-  repeat of an earlier slot (so no move is re-scored twice).
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> candidates = jnp.array([[1, 1], [-1, -1], [0, 2]])
-    >>> values, valid = substitutes(jnp.array([[0, 1]]), candidates, jnp.array([[True, True]]))
-    >>> values.tolist(), valid.tolist()
-    ([[[0, 1, 1], [1, -1, -1]]], [[[True, True, False], [True, False, False]]])
-  """
-  listed = lookup(candidates.astype(jnp.int32), tokens)  # [B, L, K]
-  original = tokens[..., None]
-  k = listed.shape[-1]
-  earlier = jnp.tril(jnp.ones((1, 1, k, k), bool), -1)  # [.., a, b]: slot b comes before slot a
-  repeated = jnp.any((listed[..., :, None] == listed[..., None, :]) & earlier, axis=-1)
-  usable = (listed >= 0) & (listed != original) & ~repeated
-  values = jnp.concatenate([original, listed], axis=-1)
-  valid = jnp.concatenate([jnp.ones_like(original, bool), usable], axis=-1)
-  return values, valid & editable[..., None]
 
 
 def run(attack: WordSwap, logits_fn: Callable[[Array], Array], embedding: Array, tokens: Array,
@@ -315,8 +269,7 @@ def _search(attack: WordSwap, logits_fn, loss_fn, embedding: Array, tokens: Arra
     usable = jnp.take_along_axis(movable, index, axis=1) & searching[:, None]  # [B, W]
     position = index // slots
     new_token = jnp.take_along_axis(values.reshape(batch, -1), index, axis=1)
-    at = jnp.arange(length, dtype=position.dtype)[None, None, :] == position[..., None]
-    rows = jnp.where(at, new_token[..., None], current[:, None, :])  # [B, W, L]
+    rows = candidate_rows(current, position, new_token)  # [B, W, L]
     logits = logits_fn(lookup(embedding, rows.reshape(batch * width, length)))
     row_loss = loss_fn(logits, labels).astype(jnp.float32).reshape(batch, width)
     row_loss = jnp.where(usable, jnp.nan_to_num(row_loss, nan=lowest, neginf=lowest), -jnp.inf)
@@ -325,7 +278,7 @@ def _search(attack: WordSwap, logits_fn, loss_fn, embedding: Array, tokens: Arra
     chosen = _choose(row_loss, row_success, row_swaps, usable)
     pick = lambda a: jnp.take_along_axis(a, chosen[:, None], axis=1)[:, 0]
     succeeded = pick(row_success)
-    improves = succeeded | (pick(row_loss) > loss + _tolerance(loss))
+    improves = succeeded | (pick(row_loss) > loss + tolerance(loss))
     accept = searching & pick(usable) & improves & (pick(row_swaps) <= budget)
     current = jnp.where(accept[:, None], jnp.take_along_axis(
         rows, chosen[:, None, None], axis=1)[:, 0], current)
@@ -343,29 +296,12 @@ def _search(attack: WordSwap, logits_fn, loss_fn, embedding: Array, tokens: Arra
   return current, queries
 
 
-# Exact losses closer than this (relative to max(1, |loss|)) count as equal: the same sum is
-# rounded differently in different batch layouts (per-device batch sizes, fusions), and a
-# decision between near-equal moves must not depend on how the batch was laid out.
-TIE_TOLERANCE = 1e-5
-
-
-def _tolerance(loss: Array) -> Array:
-  return TIE_TOLERANCE * jnp.maximum(1.0, jnp.abs(jnp.nan_to_num(loss, posinf=0.0, neginf=0.0)))
-
-
-def _first_near_best(row_loss: Array, mask: Array) -> Array:
-  """``[B]`` the first index (best first-order rank) whose loss is within the tie tolerance of
-  the largest loss among ``mask``; 0 where ``mask`` is empty."""
-  best = jnp.max(jnp.where(mask, row_loss, -jnp.inf), axis=1, keepdims=True)
-  return jnp.argmax(mask & (row_loss >= best - _tolerance(best)), axis=1)
-
-
 def _choose(row_loss: Array, row_success: Array, row_swaps: Array, usable: Array) -> Array:
   """``[B]`` index of the chosen re-scored move: among successful ones the fewest swaps, then the
   largest loss; if none succeeded, the largest loss. Losses within the tie tolerance count as
   equal, and ties go to the lower index (the better first-order rank)."""
   big = jnp.iinfo(jnp.int32).max
   fewest = jnp.min(jnp.where(row_success, row_swaps, big), axis=1, keepdims=True)
-  best_success = _first_near_best(row_loss, row_success & (row_swaps == fewest))
-  best_loss = _first_near_best(row_loss, usable)
+  best_success = first_near_best(row_loss, row_success & (row_swaps == fewest))
+  best_loss = first_near_best(row_loss, usable)
   return jnp.where(jnp.any(row_success, axis=1), best_success, best_loss).astype(jnp.int32)

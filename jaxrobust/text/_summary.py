@@ -1,0 +1,88 @@
+r"""Attack summaries under TextAttack's conventions, from a :class:`jaxrobust.text.Result` or a
+:class:`jaxrobust.text.TextFoolerResult`."""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import jax
+import jax.numpy as jnp
+
+from jaxrobust.text._types import Result, TextAttackSummary, TextFoolerResult
+
+Array = jax.Array
+
+
+def textattack_summary(result: Union[Result, TextFoolerResult], *,
+                       words: Optional[Array] = None) -> TextAttackSummary:
+  r"""The numbers TextAttack's ``AttackSummary`` prints, as float32 / int32 scalars (jit-able).
+
+  An example is *skipped* when it was misclassified before the attack (a
+  :class:`~jaxrobust.text.TextFoolerResult`'s ``skipped``; for a word-swap
+  :class:`~jaxrobust.text.Result`, ``success & (swaps == 0)``: ``run`` returns those unchanged),
+  *successful* when attacked and broken, *failed* otherwise. Then, with :math:`N` examples:
+  original accuracy :math:`(s + f) / N`, accuracy under attack :math:`f / N`, attack success rate
+  :math:`s / (s + f)` (skipped excluded; for its exact interval use
+  ``jr.metrics.Rate.from_flags(success, mask=~skipped)``), average perturbed word percentage over
+  the successful examples (:math:`100\,\mathrm{swaps} / \mathrm{words}`), average words per text
+  over all, average queries over the attacked (successful and failed) examples. A mean over no
+  example is NaN (TextAttack prints 0 or fails there).
+
+  Args:
+    result: from :func:`jaxrobust.text.run_textfooler` or :func:`jaxrobust.text.run`.
+    words: ``[B]`` int words per text (e.g. ``jnp.sum(tokens != pad_id, axis=1)``); required for
+      a word-swap ``Result``, which does not know its padding; a ``TextFoolerResult`` has them.
+
+  Returns:
+    A :class:`jaxrobust.text.TextAttackSummary`.
+
+  Raises:
+    TypeError: ``result`` is neither result type.
+    ValueError: a ``Result`` without ``words``, or ``words`` not ``[B]``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> from jaxrobust import text
+    >>> result = text.Result(tokens_adv=None, success=jnp.array([True, True, False]),
+    ...                      swaps=jnp.array([0, 2, 4]), logits=None,
+    ...                      queries=jnp.array([1, 30, 50]))
+    >>> summary = text.textattack_summary(result, words=jnp.array([2, 4, 4]))
+    >>> int(summary.successful), int(summary.failed), int(summary.skipped)
+    (1, 1, 1)
+    >>> float(summary.attack_success_rate), float(summary.average_perturbed_word_percent)
+    (0.5, 50.0)
+    >>> float(summary.average_queries)
+    40.0
+  """
+  if isinstance(result, TextFoolerResult):
+    skipped = jnp.asarray(result.skipped)
+    words = result.words if words is None else words
+  elif isinstance(result, Result):
+    skipped = jnp.asarray(result.success) & (jnp.asarray(result.swaps) == 0)
+    if words is None:
+      raise ValueError("a word-swap Result does not know its padding: give words=[B], e.g. "
+                       "jnp.sum(tokens != pad_id, axis=1).")
+  else:
+    raise TypeError(f"result must be a jr.text.Result or TextFoolerResult, got "
+                    f"{type(result).__name__}.")
+  words = jnp.asarray(words)
+  batch = skipped.shape[0]
+  if words.shape != (batch,):
+    raise ValueError(f"words must be [B] = [{batch}], got shape {words.shape}.")
+  success = jnp.asarray(result.success)
+  successful, failed = success & ~skipped, ~success & ~skipped
+  percent = 100.0 * jnp.asarray(result.swaps).astype(jnp.float32) / jnp.maximum(
+      words, 1).astype(jnp.float32)
+  queries = jnp.asarray(result.queries).astype(jnp.float32)
+  count = lambda mask: jnp.sum(mask, dtype=jnp.int32)
+  mean = lambda values, mask: jnp.sum(jnp.where(mask, values, 0.0)) / count(mask).astype(
+      jnp.float32)
+  s, f = count(successful), count(failed)
+  return TextAttackSummary(
+      successful=s, failed=f, skipped=count(skipped),
+      original_accuracy=(s + f).astype(jnp.float32) / batch,
+      accuracy_under_attack=f.astype(jnp.float32) / batch,
+      attack_success_rate=s.astype(jnp.float32) / (s + f).astype(jnp.float32),
+      average_perturbed_word_percent=mean(percent, successful),
+      average_words=jnp.mean(words.astype(jnp.float32)),
+      average_queries=mean(queries, ~skipped))
