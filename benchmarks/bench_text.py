@@ -8,6 +8,16 @@
     the demo's TextCNN ported to PyTorch (logits checked equal). Reported as TextAttack reports
     it: attack success rate (skipped reviews excluded), average perturbed word %, average queries,
     and the time.
+(c) TextFooler: ``jr.text.run_textfooler`` against TextAttack's TextFooler recipe
+    (``TextFoolerJin2019``) rebuilt from its components without downloads: ``GreedyWordSwapWIR``
+    ("delete", the recipe's, and "unk"), ``RepeatModification``, ``StopwordModification`` (the
+    function words), ``WordEmbeddingDistance(min_cos_sim=0.5)`` on word vectors of our own, a
+    part-of-speech table constraint (the synonym group's role; TextAttack's tagger needs a
+    download), a ``SentenceEncoder`` of our own (mean-pooled word vectors, a tanh projection,
+    angular similarity >= 0.840845057 over a window) and a ``WordSwap`` returning the synonym
+    lists; jaxrobust with the same tables, encoder weights and thresholds. Reported: the same
+    success, adversarial text, swaps and queries per review, TextAttack's summary numbers and the
+    time (jaxrobust's with and without compilation).
 (b) GCG: ``jr.text.run_gcg`` against nanoGCG's ``GCG`` (GraySwanAI/nanoGCG) on the demo's language
     model ported to PyTorch behind a Hugging Face-style interface (``get_input_embeddings``,
     ``model(inputs_embeds=...).logits``) and a word-level ``PreTrainedTokenizerFast`` whose chat
@@ -26,13 +36,15 @@ used here).
 
 Usage::
 
-    python benchmarks/bench_text.py                         # both parts, defaults as recorded
+    python benchmarks/bench_text.py                         # every part, defaults as recorded
     python benchmarks/bench_text.py --reviews 50 --gcg-steps 5 --gcg-prompts 2   # smoke run
+    python benchmarks/bench_text.py --skip word_swap --skip gcg --tf-reviews 1000  # (c) only
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -59,10 +71,13 @@ def load_average() -> str:
   return " / ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def demo_models():
-  """The text demo's two models (its default settings; trained and cached if missing)."""
+def demo_models(language_model: bool = True):
+  """The text demo's two models (its default settings; trained and cached if missing); the
+  language model only if asked for (``None`` otherwise)."""
   settings = text_demo.DEFAULT_SETTINGS
   classifier, _ = text_models.load_or_train(text_demo.classifier_config(settings))
+  if not language_model:
+    return classifier, None
   language_model, _ = text_models.load_or_train(text_demo.language_model_config(settings))
   return classifier, language_model
 
@@ -320,6 +335,239 @@ def bench_word_swap(args, classifier, textattack):
 
 
 # ------------------------------------------------------------------------------------------------
+# (c) TextFooler.
+
+ROLES = ("function", "adjective", "verb", "noun", "intensifier")
+
+
+def textfooler_tables(vocab, seed: int = 0, *, word_noise: float = 0.8,
+                      sentence_noise: float = 0.65):
+  """The constraints' tables, shared by both sides: word vectors ``[V, 16]`` (the synonym group's
+  centroid plus noise, like counter-fitted vectors: 20% of the synonym pairs fall below cosine
+  0.5), part-of-speech tags ``[V]`` (the group's role, function words 0: synonyms share a role,
+  so this constraint never filters here), and the sentence encoder's weights (word vectors
+  ``[V, 32]`` built the same way, a ``[32, 32]`` projection: on the original reviews, 13% of the
+  substitutes fall below the similarity threshold over a 5-word window)."""
+  rng = np.random.default_rng(seed)
+  size = len(vocab.words)
+
+  def grouped(dim, noise):
+    centroids = rng.normal(size=(int(vocab.group.max()) + 1, dim))
+    own = rng.normal(size=(size, dim))  # function words: a vector of their own
+    return np.where((vocab.group >= 0)[:, None], centroids[vocab.group] + noise * own,
+                    own).astype(np.float32)
+
+  role = {g: ROLES.index(group.role) for g, group in enumerate(text_data.SYNONYM_GROUPS)}
+  tags = np.array([role.get(int(g), 0) for g in vocab.group], np.int32)
+  word_vectors = grouped(16, word_noise)
+  encoder_words = grouped(32, sentence_noise)
+  projection = (rng.normal(size=(32, 32)) / np.sqrt(32)).astype(np.float32)
+  return word_vectors, tags, encoder_words, projection
+
+
+def sorted_candidates(vocab):
+  """The synonym lists in TextAttack's order: it sorts a position's substituted texts by their
+  text, i.e. by the substitute followed by a space (ties and budget cuts then agree)."""
+  table = np.full_like(vocab.candidates, -1)
+  for v, row in enumerate(vocab.candidates):
+    listed = sorted((c for c in row if c >= 0), key=lambda c: vocab.words[c] + " ")
+    table[v, :len(listed)] = listed
+  return table
+
+
+def jax_similarity(encoder_words, projection):
+  """``sentence_similarity`` for jaxrobust: angular similarity of the mean-pooled, projected
+  encodings of the window's words."""
+  table, weight = jnp.asarray(encoder_words), jnp.asarray(projection)
+
+  def encode(tokens, window):
+    w = window.astype(jnp.float32)
+    pooled = jnp.sum(table[tokens] * w[..., None], axis=-2) / jnp.maximum(
+      jnp.sum(w, axis=-1), 1.0)[..., None]
+    return jnp.tanh(pooled @ weight)
+
+  def similarity(reference, substituted, window):
+    a, b = encode(reference, window)[:, None], encode(substituted, window[:, None])
+    cos = jnp.sum(a * b, -1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
+    return 1.0 - jnp.arccos(jnp.clip(cos, -1.0, 1.0)) / jnp.pi
+
+  return similarity
+
+
+def jax_textfooler(model, corpus, vocab, tables, *, importance, window, repeats,
+                   compiler_options=None):
+  """jaxrobust's TextFooler on every review in one jitted call; time of the first call
+  (compilation included) and the best of ``repeats`` later calls. ``compiler_options`` go to
+  ``jax.jit`` (``{"xla_backend_optimization_level": 0}``: XLA:CPU compiles about twice as fast,
+  and this small program runs about as fast)."""
+  word_vectors, tags, encoder_words, projection = tables
+  attack = jr_text.textfooler(importance=importance, unk_id=0, pad_id=0, flip_bonus=False,
+                              min_cos_sim=0.5, min_similarity=0.840845057, window_size=window)
+  graphdef, state = nnx.split(model)
+  similarity = jax_similarity(encoder_words, projection)
+  candidates = jnp.asarray(sorted_candidates(vocab))
+
+  @functools.partial(jax.jit, compiler_options=compiler_options)
+  def run(state, tokens, labels, editable):
+    result = jr_text.run_textfooler(
+      attack, nnx.merge(graphdef, state), tokens, labels, jax.random.key(0),
+      candidates=candidates, editable=editable, word_vectors=jnp.asarray(word_vectors),
+      pos=jnp.asarray(tags), sentence_similarity=similarity)
+    return result, jr_text.textattack_summary(result)
+
+  args = (state, jnp.asarray(corpus.tokens), jnp.asarray(corpus.labels),
+          jnp.asarray(corpus.editable))
+  t0 = time.perf_counter()
+  result, summary = jax.block_until_ready(run(*args))
+  first = time.perf_counter() - t0
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(run(*args))
+    times.append(time.perf_counter() - t0)
+  return {"attack": json.loads(attack.config), "compiler_options": compiler_options,
+          "seconds": min(times), "seconds_with_compile": first, **_tf_summary(summary),
+          "success": np.asarray(result.success).tolist(),
+          "skipped": np.asarray(result.skipped).tolist(),
+          "swaps": np.asarray(result.swaps).tolist(),
+          "queries": np.asarray(result.queries).tolist(),
+          "tokens_adv": np.asarray(result.tokens_adv).tolist()}
+
+
+def _tf_summary(summary):
+  return {k: (float(v) if np.ndim(v) == 0 and np.isfinite(float(v)) else None)
+          for k, v in summary._asdict().items()}
+
+
+def textattack_textfooler(textattack, torch_model, corpus, vocab, tables, *, importance, window):
+  """TextAttack's TextFooler recipe from its components (no downloads), one ``attack.attack``
+  call per review."""
+  import torch
+  from textattack.attack_results import SkippedAttackResult, SuccessfulAttackResult
+  from textattack.constraints import Constraint
+  from textattack.constraints.pre_transformation import (RepeatModification,
+                                                          StopwordModification)
+  from textattack.constraints.semantics import WordEmbeddingDistance
+  from textattack.constraints.semantics.sentence_encoders import SentenceEncoder
+  from textattack.goal_functions import UntargetedClassification
+  from textattack.models.wrappers import ModelWrapper
+  from textattack.search_methods import GreedyWordSwapWIR
+  from textattack.shared import WordEmbedding
+  from textattack.transformations import WordSwap
+
+  word_vectors, tags, encoder_words, projection = tables
+  index = {w: i for i, w in enumerate(vocab.words)}
+  table, weight = torch.tensor(encoder_words), torch.tensor(projection)
+
+  class Wrapper(ModelWrapper):
+
+    def __init__(self):
+      self.model = torch_model
+
+    def __call__(self, texts):
+      tokens = np.zeros((len(texts), text_data.REVIEW_LENGTH), np.int64)
+      for row, text in enumerate(texts):
+        ids = [index.get(w, 0) for w in text.split()]  # "[UNK]" -> 0, as jaxrobust's unk_id
+        tokens[row, :len(ids)] = ids
+      with torch.no_grad():
+        return self.model(torch.tensor(tokens)).numpy()
+
+  class SynonymSwap(WordSwap):
+
+    def _get_replacement_words(self, word):
+      if word not in index:
+        return []
+      return [vocab.words[c] for c in vocab.candidates[index[word]] if c >= 0]
+
+  class TagTable(Constraint):
+    """Part of speech from a table: the substitute's tag must be the original word's."""
+
+    def __init__(self):
+      super().__init__(compare_against_original=True)
+
+    def _check_constraint(self, transformed_text, reference_text):
+      i = next(iter(transformed_text.attack_attrs["newly_modified_indices"]))
+      return tags[index[reference_text.words[i]]] == tags[index[transformed_text.words[i]]]
+
+  class MeanPoolEncoder(SentenceEncoder):
+    """The sentence encoder jaxrobust's similarity computes, in PyTorch."""
+
+    def encode(self, sentences):
+      out = []
+      for sentence in sentences:
+        ids = torch.tensor([index[w] for w in sentence.split()], dtype=torch.long)
+        out.append(torch.tanh(table[ids].mean(0) @ weight))
+      return torch.stack(out)
+
+  embedding = WordEmbedding(word_vectors, index, dict(enumerate(vocab.words)))
+  stopwords = set(text_data.FUNCTION_WORDS) - {"<pad>"}
+  constraints = [RepeatModification(), StopwordModification(stopwords=stopwords),
+                 WordEmbeddingDistance(embedding=embedding, min_cos_sim=0.5), TagTable(),
+                 MeanPoolEncoder(threshold=0.840845057, metric="angular",
+                                 compare_against_original=False, window_size=window,
+                                 skip_text_shorter_than_window=True)]
+  goal = UntargetedClassification(Wrapper())
+  attack = textattack.Attack(goal, constraints, SynonymSwap(),
+                             GreedyWordSwapWIR(wir_method=importance))
+  texts = [text_data.decode(row, vocab.words) for row in corpus.tokens]
+  results, spent = [], []
+  t0 = time.perf_counter()
+  for text, label in zip(texts, corpus.labels):
+    results.append(attack.attack(text, int(label)))
+    spent.append(goal.num_queries)  # every query of this review (see the summary below)
+  seconds = time.perf_counter() - t0
+  skipped = np.array([isinstance(r, SkippedAttackResult) for r in results])
+  success = np.array([isinstance(r, SuccessfulAttackResult) for r in results]) | skipped
+  adversarial = np.zeros_like(corpus.tokens)
+  for row, r in enumerate(results):
+    ids = [index[w] for w in r.perturbed_result.attacked_text.words]
+    adversarial[row, :len(ids)] = ids
+  swaps = np.sum(adversarial != corpus.tokens, axis=1)
+  reported = np.array([r.perturbed_result.num_queries for r in results])
+  result = SimpleNamespace(success=success, swaps=swaps, queries=np.array(spent),
+                           tokens_adv=adversarial)
+  summary = text_demo.textattack_summary(result, ~skipped, corpus.tokens)
+  return {"search": f"GreedyWordSwapWIR(wir_method={importance!r})",
+          "constraints": [type(c).__name__ for c in constraints], "window_size": window,
+          "seconds": seconds, "successful": summary["successful"], "failed": summary["failed"],
+          "skipped": summary["skipped"],
+          "attack_success_rate": summary["attack_success_rate"]["rate"],
+          "accuracy_under_attack": summary["accuracy_under_attack"],
+          "average_perturbed_word_percent": summary["average_perturbed_word_percent"],
+          "average_queries": summary["average_queries"],
+          "average_queries_reported": float(np.mean(reported[~skipped])),
+          "success": success.tolist(), "skipped_flags": skipped.tolist(),
+          "swaps": swaps.tolist(), "queries": spent, "tokens_adv": adversarial.tolist()}
+
+
+def bench_textfooler(args, classifier, textattack):
+  vocab = text_data.sentiment_vocabulary()
+  corpus = text_data.sentiment_splits(0, args.tf_reviews, text_demo.DEFAULT_SETTINGS.seed)[1]
+  tables = textfooler_tables(vocab)
+  out = {"reviews": args.tf_reviews, "window_size": args.tf_window, "jaxrobust": {}}
+  for importance in args.tf_importance:
+    for label, options in (("", None), (" O0", {"xla_backend_optimization_level": 0})):
+      out["jaxrobust"][importance + label] = jax_textfooler(
+        classifier, corpus, vocab, tables, importance=importance, window=args.tf_window,
+        repeats=args.repeats, compiler_options=options)
+  if textattack is not None:
+    import torch
+
+    torch.set_num_threads(args.torch_threads)
+    port = torch_text_cnn(classifier)
+    with torch.no_grad():
+      ported = port(torch.tensor(corpus.tokens.astype(np.int64))).numpy()
+    out["port_max_abs_logit_difference"] = float(np.max(np.abs(
+      ported - np.asarray(classifier(jnp.asarray(corpus.tokens))))))
+    out["textattack"] = {}
+    for importance in args.tf_importance:
+      out["textattack"][importance] = textattack_textfooler(
+        textattack, port, corpus, vocab, tables, importance=importance, window=args.tf_window)
+    out["torch_threads"] = args.torch_threads
+  return out
+
+
+# ------------------------------------------------------------------------------------------------
 # (b) GCG.
 
 
@@ -467,17 +715,27 @@ def main(argv=None):
   parser.add_argument("--suffix-length", type=int, default=6)
   parser.add_argument("--torch-threads", type=int, default=1)
   parser.add_argument("--repeats", type=int, default=2)
-  parser.add_argument("--skip", choices=["word_swap", "gcg"], action="append", default=[])
+  parser.add_argument("--tf-reviews", type=int, default=1000, help="(c)'s held-out reviews")
+  parser.add_argument("--tf-window", type=int, default=5,
+                      help="(c)'s similarity window (the recipe's 15 exceeds most reviews, which "
+                           "would skip the check)")
+  parser.add_argument("--tf-importance", nargs="+", default=["delete", "unk"],
+                      choices=["delete", "unk"])
+  parser.add_argument("--skip", choices=["word_swap", "gcg", "textfooler"], action="append",
+                      default=[])
   parser.add_argument("--out", type=pathlib.Path, default=None)
   args = parser.parse_args(argv)
 
   report = {"load_before": load_average(), "jax": jax.__version__,
             "command": ["python", "benchmarks/bench_text.py", *(argv or sys.argv[1:])]}
   textattack, nanogcg = import_peers()
-  classifier, language_model = demo_models()
+  classifier, language_model = demo_models(language_model="gcg" not in args.skip)
   if "word_swap" not in args.skip:
     report["word_swap"] = bench_word_swap(args, classifier, textattack)
     report["load_after_word_swap"] = load_average()
+  if "textfooler" not in args.skip:
+    report["textfooler"] = bench_textfooler(args, classifier, textattack)
+    report["load_after_textfooler"] = load_average()
   if "gcg" not in args.skip:
     report["gcg"] = bench_gcg(args, language_model, nanogcg)
   report["load_after"] = load_average()
@@ -508,6 +766,8 @@ def print_summary(report):
       print(f"  {name:38s} ASR {r['attack_success_rate']:.4f} ({r['successful']}/{attacked}), "
             f"perturbed {r['average_perturbed_word_percent']:.1f}%, queries "
             f"{r['average_queries']:.1f}, {r['seconds']:.2f} s")
+  if "textfooler" in report:
+    print_textfooler(report["textfooler"])
   if "gcg" in report:
     g = report["gcg"]
     j = g["jaxrobust"]
@@ -525,6 +785,36 @@ def print_summary(report):
               f"ms per prompt-step, mean best loss {np.mean(n['best_loss']):.4f}")
     if "port_max_abs_logit_difference" in g:
       print(f"  port max |logit diff| {g['port_max_abs_logit_difference']:.2e}")
+
+
+def print_textfooler(tf):
+  print(f"\n(c) TextFooler, {tf['reviews']} reviews, similarity window {tf['window_size']}")
+  if "port_max_abs_logit_difference" in tf:
+    print(f"  port max |logit diff| {tf['port_max_abs_logit_difference']:.2e}")
+  for name, ours in tf["jaxrobust"].items():
+    importance = name.split()[0]
+    rows = [(f"jaxrobust {name}", ours)]
+    if "textattack" in tf:
+      peer = tf["textattack"][importance]
+      rows.append((f"TextAttack {importance} ({tf['torch_threads']} torch thread)", peer))
+      same = lambda key: np.mean(np.array(ours[key]) == np.array(peer[key]))
+      adversarial = np.mean(np.all(np.array(ours["tokens_adv"]) == np.array(peer["tokens_adv"]),
+                                   axis=1))
+      print(f"  {name}: same success on {same('success'):.1%} of reviews, same adversarial "
+            f"text on {adversarial:.1%}, same swaps on {same('swaps'):.1%}, same queries on "
+            f"{same('queries'):.1%}; queries ratio "
+            f"{ours['average_queries'] / peer['average_queries']:.3f}, time ratio "
+            f"{ours['seconds_with_compile'] / peer['seconds']:.3f} with compilation, "
+            f"{ours['seconds'] / peer['seconds']:.4f} without")
+    for name, r in rows:
+      print(f"    {name:36s} ASR {r['attack_success_rate']:.4f} ({r['successful']:.0f}/"
+            f"{r['successful'] + r['failed']:.0f}), after-attack accuracy "
+            f"{r['accuracy_under_attack']:.4f}, perturbed {r['average_perturbed_word_percent']:.1f}"
+            f"%, queries {r['average_queries']:.2f}, {r['seconds']:.2f} s"
+            + (f" ({r['seconds_with_compile']:.2f} s with compilation)"
+               if "seconds_with_compile" in r else "")
+            + (f"; TextAttack's reported queries {r['average_queries_reported']:.2f}"
+               if "average_queries_reported" in r else ""))
 
 
 if __name__ == "__main__":
