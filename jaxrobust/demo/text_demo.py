@@ -11,7 +11,9 @@ accuracy at 0, 1, ..., 4 swaps (exact 95% Clopper--Pearson intervals). Beside it
 summary in TextAttack's terms: successful / failed / skipped attacks, original accuracy, accuracy
 under attack, attack success rate (skipped, i.e. clean-misclassified, reviews excluded; with its
 interval), average perturbed word % (over successful attacks), average words per input, average
-queries (over attacked reviews).
+queries (over attacked reviews). The same reviews are attacked by the black-box
+:func:`jaxrobust.text.textfooler` (importance by deleting each word, TextAttack's recipe; the same
+synonym lists, no further constraint, at most ``max_swaps`` swaps), summarised the same way.
 
 **Jailbreaks.** A :class:`~jaxrobust.demo.text_models.TinyCausalLM` is trained on generated
 request/response pairs in which requests for a forbidden object are refused ("sorry i cannot help
@@ -247,6 +249,45 @@ def word_swap_section(model: text_models.TextCNN, settings: Settings) -> dict[st
   }
 
 
+@functools.lru_cache(maxsize=None)
+def _textfooler_program(attack: jr_text.TextFooler, graphdef: Any) -> Callable[..., Any]:
+  """The jitted black-box attack, compiled once per configuration and model graph."""
+
+  @jax.jit
+  def fool(state, tokens, labels, editable, candidates, max_swaps, key):
+    return jr_text.run_textfooler(attack, nnx.merge(graphdef, state), tokens, labels, key,
+                                  candidates=candidates, editable=editable, max_swaps=max_swaps)
+
+  return fool
+
+
+def textfooler_section(model: text_models.TextCNN, settings: Settings) -> dict[str, Any]:
+  """The TextFooler-class attack on the word-swap section's reviews; the report's
+  ``textfooler`` entry (its time goes to the report's ``timings``)."""
+  vocab = text_data.sentiment_vocabulary()
+  test = text_data.sentiment_splits(0, settings.num_test, settings.seed)[1]
+  attack = jr_text.textfooler(importance="delete", pad_id=0, flip_bonus=False)
+  graphdef, state = nnx.split(model)
+  program = _textfooler_program(attack, graphdef)
+  result = jax.block_until_ready(program(
+      state, jnp.asarray(test.tokens), jnp.asarray(test.labels),
+      jnp.asarray(test.editable), jnp.asarray(vocab.candidates), jnp.int32(settings.max_swaps),
+      jax.random.key(settings.seed + 2)))
+  adversarial = np.asarray(result.tokens_adv)
+  broken = np.flatnonzero(np.asarray(result.success) & ~np.asarray(result.skipped))
+  return {
+    "attack": json.loads(attack.config), "max_swaps": settings.max_swaps,
+    "threat_model": "black box (probabilities only); the word-swap section's synonym "
+                    "substitutes and editable words",
+    "num_test_examples": settings.num_test,
+    "textattack": textattack_summary(result, ~np.asarray(result.skipped), test.tokens),
+    "examples": [{"label": int(test.labels[i]),
+                  "original": text_data.decode(test.tokens[i], vocab.words),
+                  "adversarial": text_data.decode(adversarial[i], vocab.words),
+                  "swaps": int(result.swaps[i])} for i in broken[:3]],
+  }
+
+
 # ------------------------------------------------------------------------------------------------
 # Jailbreaks.
 
@@ -466,6 +507,10 @@ def run(settings: Settings = DEFAULT_SETTINGS, *, cache_dir: Optional[os.PathLik
     entries[name] = {"training": config, "loaded_from_cache": cached, "train_seconds": seconds}
   status(f"word swaps: attacking {settings.num_test} reviews (up to {settings.max_swaps} swaps)")
   word_swap = word_swap_section(models["classifier"], settings)
+  status(f"TextFooler: attacking the same {settings.num_test} reviews (black box)")
+  t0 = time.perf_counter()
+  textfooler = textfooler_section(models["classifier"], settings)
+  textfooler_seconds = time.perf_counter() - t0
   status(f"GCG: {settings.gcg_steps} steps on {2 * len(text_data.behaviours(True))} forbidden "
          "requests")
   jailbreak = jailbreak_section(models["language_model"], settings)
@@ -488,10 +533,11 @@ def run(settings: Settings = DEFAULT_SETTINGS, *, cache_dir: Optional[os.PathLik
                        "context_length": text_data.CONTEXT_LENGTH,
                        "forbidden_objects": list(text_data.FORBIDDEN_OBJECTS)},
     },
-    "classifier": entries["classifier"], "word_swap": word_swap,
+    "classifier": entries["classifier"], "word_swap": word_swap, "textfooler": textfooler,
     "language_model": entries["language_model"], "jailbreak": jailbreak,
     "timings": {"train_seconds": sum(e["train_seconds"] for e in entries.values()),
                 "word_swap_seconds": word_swap["seconds"],
+                "textfooler_seconds": textfooler_seconds,
                 "gcg_seconds": jailbreak["seconds"],
                 "total_seconds": time.perf_counter() - t_start},
   }

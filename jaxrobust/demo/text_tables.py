@@ -1,8 +1,8 @@
 """The tables that ``jaxrobust demo --text`` prints: :func:`format_report` turns the report of
 :func:`jaxrobust.demo.text_demo.run` (a JSON-serialisable dict) into the human-readable summary:
 the robust accuracy at each number of word swaps with its 95% interval, the attack's summary in
-TextAttack's terms, and the jailbreak success rates with no suffix, a random one and GCG's, beside
-GCG's target success under teacher forcing."""
+TextAttack's terms (and the black-box TextFooler's beside it), and the jailbreak success rates
+with no suffix, a random one and GCG's, beside GCG's target success under teacher forcing."""
 
 from __future__ import annotations
 
@@ -46,6 +46,19 @@ def format_report(report: dict[str, Any]) -> str:
   for example in swap["examples"][:1]:
     lines += [f"  e.g. '{example['original']}'", f"    -> '{example['adversarial']}' (label "
               f"{'positive' if example['label'] else 'negative'}, {example['swaps']} swaps)"]
+  if "textfooler" in report:  # reports written before the black-box attack have none
+    fooler = report["textfooler"]["textattack"]
+    rate, words = fooler["attack_success_rate"], fooler["average_perturbed_word_percent"]
+    queries = fooler["average_queries"]
+    lines += [
+      "",
+      f"TextFooler, black box (deletion importance, at {report['textfooler']['max_swaps']} "
+      f"swaps): {fooler['successful']} successful, {fooler['failed']} failed;",
+      f"  accuracy under attack {fooler['accuracy_under_attack']:.4f}, attack success rate "
+      f"{rate['rate']:.4f} {_percent(rate['interval'])}, average perturbed words "
+      f"{'-' if words is None else f'{words:.1f}%'}, queries "
+      f"{'-' if queries is None else f'{queries:.1f}'}",
+    ]
   help_ = jail["helpfulness"]
   lines += [
     "",
