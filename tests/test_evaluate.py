@@ -523,7 +523,11 @@ def test_generator_streams_with_bounded_memory(setup):
 
   report = run(setup, data=stream())
   assert report.num_examples == 200 * BATCH
-  assert most[0] <= 4, f"{most[0]} batch arrays alive at once: consumed batches are retained"
+  # Two batches are alive when the next is read (the one just evaluated is released when its
+  # name is rebound); a third may linger while XLA's runtime releases the input buffers it
+  # aliased on CPU, later under load (seen once in a loaded -n 2 run). Retaining consumed
+  # batches would keep hundreds alive.
+  assert most[0] <= 6, f"{most[0]} batch arrays alive at once: consumed batches are retained"
 
 
 def test_progress_bar_shows_rate_and_running_accuracy(setup, reference, capsys):
