@@ -53,26 +53,10 @@ import jax.numpy as jnp  # noqa: E402
 import jaxrobust as jr  # noqa: E402
 from bench_peers import (ARCHS, PORT_TOLERANCE, load_frozen_params, nchw,  # noqa: E402
                          params_digest, torch_mlp_port, torch_port)
+from min_norm_metrics import check_box, load_examples, lp_norms, optimality  # noqa: E402
 
 MODELS = [(arch, kind) for arch in ("cnn", "mlp") for kind in ("plain", "adversarial")]
 RELATIVE = 1e-4  # "at most Foolbox's norm" allows this relative slack (float32 rounding)
-
-
-def load_examples() -> tuple[np.ndarray, np.ndarray]:
-  """Every example of ``digits_examples.npz``, NHWC float32 in [0, 1] (levels / 16)."""
-  with np.load(ROOT / "benchmarks" / "reference" / "digits_examples.npz") as data:
-    return (data["x_levels"].astype(np.float32) / np.float32(16.0),
-            data["y"].astype(np.int32))
-
-
-def l2(x_adv: np.ndarray, x: np.ndarray) -> np.ndarray:
-  diff = (x_adv.astype(np.float64) - x.astype(np.float64)).reshape(len(x), -1)
-  return np.linalg.norm(diff, axis=1)
-
-
-def check_box(name: str, x_adv: np.ndarray) -> None:
-  if not np.isfinite(x_adv).all() or x_adv.min() < 0.0 or x_adv.max() > 1.0:
-    raise AssertionError(f"{name}: points outside the box [0, 1]")
 
 
 def jaxrobust_attacks(ddn_kwargs: dict) -> dict:
@@ -96,7 +80,7 @@ def run_jaxrobust(attack, apply_fn, params, x, y) -> dict:
   check_box(attack.name, x_adv)
   success = np.asarray(jnp.argmax(apply_fn(params, result.x_adv), -1)) != y
   np.testing.assert_array_equal(success, np.asarray(result.success))
-  norms = np.where(success, l2(x_adv, x), np.inf)
+  norms = np.where(success, lp_norms(x_adv, x, "l2"), np.inf)
   return {"norms": norms, "seconds": seconds, "compile_s": first - seconds, "disagree": 0}
 
 
@@ -125,17 +109,9 @@ def run_foolbox(attack, port, apply_fn, params, x, y) -> dict:
   x_adv = np.ascontiguousarray(adv.numpy().transpose(0, 2, 3, 1))
   check_box(type(attack).__name__, x_adv)
   jax_success = np.asarray(jnp.argmax(apply_fn(params, jnp.asarray(x_adv)), -1)) != y
-  norms = np.where(success, l2(x_adv, x), np.inf)
+  norms = np.where(success, lp_norms(x_adv, x, "l2"), np.inf)
   return {"norms": norms, "seconds": seconds, "compile_s": 0.0,
           "disagree": int(np.sum(success != jax_success))}
-
-
-def optimality(norms: np.ndarray, best: np.ndarray) -> float:
-  """AttackBench's optimality of one attack's per-sample norms against the best known ones."""
-  eps_max = float(np.max(best))
-  area = float(np.mean(np.minimum(norms, eps_max)))
-  best_area = float(np.mean(best))
-  return 1.0 - (area - best_area) / (eps_max - best_area)
 
 
 def per_sample(ours: np.ndarray, theirs: np.ndarray) -> dict:

@@ -1,0 +1,557 @@
+#!/usr/bin/env python
+"""AttackBench's optimality (issue #27, item 3): jaxrobust's minimum-norm attacks against peers.
+
+On a local zoo of digits models (every model in JAX and mirrored in PyTorch with identical
+weights, the logits checked to agree), the first ``--n`` images of ``benchmarks/reference/
+digits_examples.npz`` are attacked without a budget by every minimum-norm attack of jaxrobust and
+of the peers, in Linf, L2 and L1. Per model and norm, the per-sample best known distance ``d*_i``
+is the smallest distance any attack of the table found (0 for a clean-misclassified sample,
+``inf`` if none); each attack's optimality is AttackBench's (``min_norm_metrics.optimality``,
+the exact area under the step curve). The "ensembles" are the per-sample best over jaxrobust's
+attacks and over the peers' attacks.
+
+Zoo (``--models``):
+
+* ``cnn-plain``, ``cnn-adversarial``, ``mlp-plain``, ``mlp-adversarial``: the four frozen models of
+  ``bench_peers.py`` (SmallCNN and DigitsMLP, plain and PGD-AT);
+* ``mlp-trades``: DigitsMLP trained with ``jr.training.trades_loss`` (Linf eps 0.2, beta 6,
+  10 steps) with ``bench_peers.MLP_TRAINING``'s schedule and seed;
+* ``mlp-kwta``: a k-WTA MLP (Xiao et al. 2020): 64-128-64-10 where each hidden layer keeps its
+  ``ceil(0.1 * width)`` largest pre-activations and zeroes the rest (no ReLU), trained plainly;
+  the activation is piecewise linear with jumps, a gradient-obfuscating model.
+
+The two new models are trained on first use (seconds on a CPU) and frozen under
+``benchmarks/reference/digits_mlp_{trades,kwta}.npz`` (about 70 kB each); ``--retrain``
+regenerates them.
+
+Attacks, each at its defaults unless noted, without a budget:
+
+* jaxrobust, each ``jax.jit``-ed with the weights, inputs, labels and key as arguments (the
+  compile time, from ``lower().compile()``, reported apart): Linf ``fmn``, ``fab``,
+  ``min_norm_search(apgd)``, ``min_norm_search(pgd)``, ``deepfool``; L2 ``ddn``, ``fmn``,
+  ``carlini_wagner_l2``, ``fab``, ``deepfool``, ``min_norm_search(apgd)``; L1 ``fmn``, ``fab``,
+  ``min_norm_search(apgd)``;
+* Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
+  of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1; started from the best
+  point the other Foolbox attacks found; only with ``--bb``);
+* the AutoAttack reference (``--autoattack-path``): FAB (Linf, L2, L1), untargeted, one run of
+  ``attack_single_run`` (the minimum-norm mode: the smallest adversarial point found);
+* torchattacks: DeepFool (L2), CW (L2, its defaults ``c=1, steps=50``: a fixed penalty, no
+  search);
+* ART (adversarial-robustness-toolbox): DeepFool (L2), Carlini-Wagner L2 (its defaults, 10 x 10),
+  EAD (L1, ``decision_rule="L1"``, 5 x 20). ART's and Foolbox's C&W/EAD cost about 10 ms per
+  step here whatever the batch, so larger settings did not fit the time of this benchmark.
+
+A point counts as found when the attack's own framework (JAX or the PyTorch port) misclassifies
+it; a peer's point is also re-judged by the JAX model and disagreements are counted. Time is the
+wall time of one call (2 cores shared with other jobs: the 1-min load average is printed).
+
+Each model x norm is appended to ``--out`` (JSON lines) as soon as it is done, so a run cut by a
+timeout keeps what it finished; ``--summarize FILE...`` prints the tables of RESULTS.md from
+those lines. Example::
+
+  timeout 1500 python benchmarks/bench_optimality.py --models mlp-plain --n 100 \\
+      --autoattack-path .aa --out /tmp/opt.jsonl
+  python benchmarks/bench_optimality.py --summarize /tmp/opt.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import math
+import os
+import pathlib
+import platform
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+for path in (ROOT, ROOT / "benchmarks"):
+  if str(path) not in sys.path:
+    sys.path.insert(0, str(path))
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import optax  # noqa: E402
+
+import jaxrobust as jr  # noqa: E402
+from bench_autoattack import import_autoattack  # noqa: E402
+from bench_peers import (ARCHS, MLP_TRAINING, DigitsMLP, frozen_path, load_frozen_params,  # noqa: E402
+                         nchw, params_digest, save_params, torch_mlp_port, torch_port)
+from min_norm_metrics import check_box, load_examples, lp_norms, optimality  # noqa: E402
+
+NORMS = ("linf", "l2", "l1")
+KWTA_RATIO = 0.1
+NEW_PORT_TOLERANCE = 1e-5
+"""|torch logits - JAX logits| allowed for the models trained here (the brief's 1e-5)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# The zoo.
+
+
+def kwta(h: jax.Array, ratio: float = KWTA_RATIO) -> jax.Array:
+  """k-winners-take-all: keep the ``ceil(ratio * width)`` largest entries of each row, zero the
+  others (ties at the threshold are all kept)."""
+  k = max(1, math.ceil(ratio * h.shape[-1]))
+  threshold = jax.lax.top_k(h, k)[0][..., -1:]
+  return jnp.where(h >= threshold, h, 0.0)
+
+
+class KWTAMLP(nn.Module):
+  """``flatten -> Dense(128) -> kWTA -> Dense(64) -> kWTA -> Dense(10)``, DigitsMLP's layer names."""
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    x = x.reshape((x.shape[0], -1))
+    x = kwta(nn.Dense(128, name="dense1")(x))
+    x = kwta(nn.Dense(64, name="dense2")(x))
+    return nn.Dense(10, name="dense3")(x)
+
+
+def torch_kwta_port(params: Any):
+  """The PyTorch mirror of ``KWTAMLP``: the DigitsMLP port with k-WTA in place of ReLU."""
+  import torch
+
+  model = torch_mlp_port(params)
+
+  def top_k(h):
+    k = max(1, math.ceil(KWTA_RATIO * h.shape[-1]))
+    threshold = torch.topk(h, k, dim=-1).values[..., -1:]
+    return torch.where(h >= threshold, h, torch.zeros_like(h))
+
+  def forward(x):
+    x = x.permute(0, 2, 3, 1).reshape(x.shape[0], -1)
+    x = top_k(model.dense1(x))
+    x = top_k(model.dense2(x))
+    return model.dense3(x)
+
+  model.forward = forward
+  return model
+
+
+def train_new_mlp(kind: str) -> Any:
+  """``mlp-trades`` or ``mlp-kwta`` trained on the digits training split with
+  ``bench_peers.MLP_TRAINING``'s epochs, batch, learning rate and seed."""
+  from jaxrobust.demo.data import load_digits
+
+  cfg = MLP_TRAINING
+  x_train, y_train, _, _ = load_digits()
+  model = KWTAMLP() if kind == "kwta" else DigitsMLP()
+  key = jax.random.key(cfg["seed"])
+  params = model.init(key, jnp.zeros((1, 8, 8, 1), jnp.float32))
+  optimizer = optax.adam(cfg["learning_rate"])
+  batches = x_train.shape[0] // cfg["batch_size"]
+
+  def loss_fn(params, x, y, key):
+    logits_fn = functools.partial(model.apply, params)
+    if kind == "trades":
+      return jr.training.trades_loss(logits_fn, x, y, jr.Budget(cfg["eps"]), key)[0]
+    return optax.softmax_cross_entropy_with_integer_labels(logits_fn(x), y).mean()
+
+  def step(carry, batch):
+    params, opt_state = carry
+    x, y, key = batch
+    grads = jax.grad(loss_fn)(params, x, y, key)
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), None
+
+  @jax.jit
+  def epoch(params, opt_state, x, y, key):
+    perm_key, attack_key = jax.random.split(key)
+    order = jax.random.permutation(perm_key, x.shape[0])[:batches * cfg["batch_size"]]
+    xb = x[order].reshape((batches, cfg["batch_size"], *x.shape[1:]))
+    yb = y[order].reshape((batches, cfg["batch_size"]))
+    (params, opt_state), _ = jax.lax.scan(step, (params, opt_state),
+                                          (xb, yb, jax.random.split(attack_key, batches)))
+    return params, opt_state
+
+  opt_state = optimizer.init(params)
+  x, y = jnp.asarray(x_train), jnp.asarray(y_train)
+  for e in range(cfg["epochs"]):
+    params, opt_state = epoch(params, opt_state, x, y, jax.random.fold_in(key, e + 1))
+  return params
+
+
+def zoo_model(name: str, retrain: bool = False) -> tuple[Callable, Any, Callable]:
+  """``(apply_fn, params, torch_port_builder)`` of a zoo model."""
+  arch, kind = name.split("-")
+  if kind in ("trades", "kwta"):
+    path = frozen_path(kind, "mlp")
+    if retrain or not path.is_file():
+      start = time.perf_counter()
+      save_params(train_new_mlp(kind), path)
+      print(f"trained {name} in {time.perf_counter() - start:.1f} s, wrote {path} "
+            f"({path.stat().st_size} bytes)")
+    params = load_frozen_params(kind, "mlp")
+    if kind == "kwta":
+      return KWTAMLP().apply, params, torch_kwta_port
+    return DigitsMLP().apply, params, torch_mlp_port
+  return ARCHS[arch]().apply, load_frozen_params(kind, arch), (
+      torch_port if arch == "cnn" else torch_mlp_port)
+
+
+MODELS = ("cnn-plain", "cnn-adversarial", "mlp-plain", "mlp-adversarial", "mlp-trades",
+          "mlp-kwta")
+
+
+# ------------------------------------------------------------------------------------------------
+# jaxrobust.
+
+
+def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
+  a = jr.attacks
+  mns = a.min_norm_search
+  if norm == "linf":
+    return {"fmn": lambda: a.fmn("linf"), "fab": lambda: a.fab("linf"),
+            "mns(apgd)": lambda: mns(a.apgd("linf")), "mns(pgd)": lambda: mns(a.pgd("linf")),
+            "deepfool": lambda: a.deepfool("linf")}
+  if norm == "l2":
+    return {"ddn": lambda: a.ddn(), "fmn": lambda: a.fmn("l2"),
+            "cw": lambda: a.carlini_wagner_l2(), "fab": lambda: a.fab("l2"),
+            "deepfool": lambda: a.deepfool("l2"), "mns(apgd)": lambda: mns(a.apgd("l2"))}
+  return {"fmn": lambda: a.fmn("l1"), "fab": lambda: a.fab("l1"),
+          "mns(apgd)": lambda: mns(a.apgd("l1"))}
+
+
+def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y) -> dict:
+  run = jax.jit(lambda params, x, y, key: jr.run(attack, lambda v: apply_fn(params, v), x, y,
+                                                 jr.Budget(jnp.inf), key))
+  args = (params, jnp.asarray(x), jnp.asarray(y), jax.random.key(0))
+  start = time.perf_counter()
+  compiled = run.lower(*args).compile()
+  compile_s = time.perf_counter() - start
+  start = time.perf_counter()
+  result = jax.block_until_ready(compiled(*args))
+  seconds = time.perf_counter() - start
+  x_adv = np.asarray(result.x_adv)
+  check_box(attack.name, x_adv)
+  success = np.asarray(jnp.argmax(apply_fn(params, result.x_adv), -1)) != y
+  if not np.array_equal(success, np.asarray(result.success)):
+    print(f"  note: {attack.name}: result.success differs from the model's verdict on "
+          f"{int(np.sum(success != np.asarray(result.success)))} points")
+  return {"norms": np.where(success, lp_norms(x_adv, x, norm), np.inf), "seconds": seconds,
+          "compile_s": compile_s, "disagree": 0}
+
+
+# ------------------------------------------------------------------------------------------------
+# Peers (PyTorch, on the port).
+
+
+def foolbox_attacks(norm: str, bb: bool) -> dict[str, Callable]:
+  try:
+    import foolbox as fb
+  except ImportError:
+    return {}
+  f = fb.attacks
+  table = {
+    "linf": {"fmn": f.LInfFMNAttack, "deepfool": f.LinfDeepFoolAttack,
+             "bb": f.LinfinityBrendelBethgeAttack},
+    "l2": {"ddn": f.DDNAttack, "fmn": f.L2FMNAttack,
+           "cw 9x100": lambda: f.L2CarliniWagnerAttack(binary_search_steps=9, steps=100),
+           "deepfool": f.L2DeepFoolAttack, "bb": f.L2BrendelBethgeAttack},
+    "l1": {"fmn": f.L1FMNAttack, "ead 9x100": lambda: f.EADAttack(binary_search_steps=9,
+                                                                    steps=100),
+           "bb": f.L1BrendelBethgeAttack},
+  }[norm]
+  if not bb:
+    table.pop("bb")
+  return {f"foolbox {k}": v for k, v in table.items()}
+
+
+def run_foolbox(make, port, x, y, starting_points=None) -> np.ndarray:
+  import foolbox as fb
+  import torch
+
+  fmodel = fb.PyTorchModel(port, bounds=(0.0, 1.0), device="cpu")
+  xt, yt = torch.from_numpy(nchw(x)), torch.from_numpy(y.astype(np.int64))
+  kwargs = {} if starting_points is None else {
+      "starting_points": torch.from_numpy(nchw(starting_points))}
+  adv = make().run(fmodel, xt, fb.criteria.Misclassification(yt), **kwargs)
+  return adv.numpy()
+
+
+def run_fab_reference(aa_path: str, norm: str, port, x, y) -> np.ndarray:
+  import torch
+
+  module, note = import_autoattack(aa_path)
+  if module is None:
+    raise RuntimeError(note)
+  from autoattack.fab_pt import FABAttack_PT
+
+  torch.manual_seed(0)
+  attack = FABAttack_PT(port, norm={"linf": "Linf", "l2": "L2", "l1": "L1"}[norm], n_restarts=1,
+                        n_iter=100, seed=0, device="cpu")
+  with torch.no_grad():
+    adv = attack.attack_single_run(torch.from_numpy(nchw(x)),
+                                   torch.from_numpy(y.astype(np.int64)),
+                                   use_rand_start=False, is_targeted=False)
+  return adv.detach().numpy()
+
+
+def run_torchattacks(which: str, port, x, y) -> np.ndarray:
+  import torchattacks
+  import torch
+
+  attack = torchattacks.DeepFool(port) if which == "deepfool" else torchattacks.CW(port)
+  return attack(torch.from_numpy(nchw(x)), torch.from_numpy(y.astype(np.int64))).detach().numpy()
+
+
+def run_art(which: str, port, x, y) -> np.ndarray:
+  import torch
+  from art.attacks.evasion import CarliniL2Method, DeepFool, ElasticNet
+  from art.estimators.classification import PyTorchClassifier
+
+  classifier = PyTorchClassifier(model=port, loss=torch.nn.CrossEntropyLoss(),
+                                 input_shape=(1, 8, 8), nb_classes=10, clip_values=(0.0, 1.0),
+                                 device_type="cpu")
+  n = len(x)
+  if which == "deepfool":
+    attack = DeepFool(classifier, batch_size=n, verbose=False)
+  elif which == "cw":
+    attack = CarliniL2Method(classifier, batch_size=n, verbose=False)  # its defaults: 10 x 10
+  else:
+    attack = ElasticNet(classifier, binary_search_steps=5, max_iter=20, batch_size=n,
+                        decision_rule="L1", verbose=False)
+  return attack.generate(x=nchw(x), y=y.astype(np.int64)).astype(np.float32)
+
+
+def peer_attacks(norm: str, args) -> dict[str, Callable]:
+  """Name -> ``run(port, x, y) -> x_adv NCHW``; the optional peers that import."""
+  peers: dict[str, Callable] = {}
+  for name, make in foolbox_attacks(norm, args.bb).items():
+    if name == "foolbox bb":
+      continue  # started from the other Foolbox points, see peer_rows
+    peers[name] = functools.partial(lambda make, port, x, y: run_foolbox(make, port, x, y), make)
+  if args.autoattack_path:
+    peers["autoattack fab"] = functools.partial(run_fab_reference, args.autoattack_path, norm)
+  try:
+    import torchattacks  # noqa: F401
+
+    if norm == "l2":
+      peers["torchattacks deepfool"] = functools.partial(run_torchattacks, "deepfool")
+      peers["torchattacks cw"] = functools.partial(run_torchattacks, "cw")
+  except ImportError:
+    pass
+  try:
+    import art  # noqa: F401
+
+    if norm == "l2":
+      peers["art deepfool"] = functools.partial(run_art, "deepfool")
+      peers["art cw 10x10"] = functools.partial(run_art, "cw")
+    if norm == "l1":
+      peers["art ead 5x20"] = functools.partial(run_art, "ead")
+  except ImportError:
+    pass
+  return {name: run for name, run in peers.items() if name not in args.skip}
+
+
+def judge_peer(x_adv_nchw: np.ndarray, norm: str, port, apply_fn, params, x, y) -> dict:
+  import torch
+
+  x_adv_nchw = np.asarray(x_adv_nchw, np.float32)
+  with torch.no_grad():
+    success = port(torch.from_numpy(x_adv_nchw)).argmax(1).numpy() != y
+  x_adv = np.ascontiguousarray(x_adv_nchw.transpose(0, 2, 3, 1))
+  check_box("peer", x_adv)
+  jax_success = np.asarray(jnp.argmax(apply_fn(params, jnp.asarray(x_adv)), -1)) != y
+  return {"norms": np.where(success, lp_norms(x_adv, x, norm), np.inf),
+          "disagree": int(np.sum(success != jax_success)), "x_adv": x_adv}
+
+
+# ------------------------------------------------------------------------------------------------
+# One model x norm.
+
+
+def measure(model: str, norm: str, args, x_all, y_all) -> dict:
+  apply_fn, params, port_fn = zoo_model(model, args.retrain)
+  x, y = x_all[:args.n], y_all[:args.n]
+  correct = np.asarray(jnp.argmax(apply_fn(params, jnp.asarray(x)), -1)) == y
+  xc, yc = x[correct], y[correct]
+  rows: dict[str, dict] = {}
+
+  def full(norms_correct: np.ndarray) -> list[float]:
+    norms = np.zeros(len(y))
+    norms[correct] = norms_correct
+    return [float(v) for v in norms]
+
+  load = [os.getloadavg()[0]]
+  for name, make in jaxrobust_attacks(norm).items():
+    if f"jaxrobust {name}" in args.skip:
+      continue
+    row = run_jaxrobust(make(), norm, apply_fn, params, xc, yc)
+    rows[f"jaxrobust {name}"] = dict(row, norms=full(row["norms"]))
+    print(f"  jaxrobust {name}: {row['seconds']:.2f} s (+{row['compile_s']:.1f} compile)",
+          flush=True)
+  load.append(os.getloadavg()[0])
+  port_gap = None
+  if not args.no_peers:
+    import torch
+
+    port = port_fn(params)
+    with torch.no_grad():
+      port_gap = float(np.max(np.abs(port(torch.from_numpy(nchw(x_all))).numpy()
+                                     - np.asarray(apply_fn(params, jnp.asarray(x_all))))))
+    tolerance = NEW_PORT_TOLERANCE if model.endswith(("trades", "kwta")) else 1e-4
+    assert port_gap <= tolerance, f"{model}: the PyTorch port differs by {port_gap}"
+    best_fb = None
+    for name, run in peer_attacks(norm, args).items():
+      torch.manual_seed(0)
+      start = time.perf_counter()
+      try:
+        x_adv = run(port, xc, yc)
+      except Exception as error:  # a peer failing is reported, not fatal
+        print(f"  {name}: failed ({type(error).__name__}: {error})", flush=True)
+        rows[name] = {"error": f"{type(error).__name__}: {error}"}
+        continue
+      seconds = time.perf_counter() - start
+      judged = judge_peer(x_adv, norm, port, apply_fn, params, xc, yc)
+      if name.startswith("foolbox"):
+        better = judged["norms"] if best_fb is None else np.minimum(best_fb[0], judged["norms"])
+        take = judged["norms"] <= (best_fb[0] if best_fb is not None else np.inf)
+        points = judged["x_adv"] if best_fb is None else np.where(
+            take[:, None, None, None], judged["x_adv"], best_fb[1])
+        best_fb = (better, points)
+      rows[name] = {"norms": full(judged["norms"]), "seconds": seconds, "compile_s": 0.0,
+                    "disagree": judged["disagree"]}
+      print(f"  {name}: {seconds:.2f} s", flush=True)
+    if args.bb and "foolbox bb" not in args.skip:
+      make = foolbox_attacks(norm, True).get("foolbox bb")
+      if make is None or best_fb is None or not np.isfinite(best_fb[0]).all():
+        rows["foolbox bb"] = {"error": "no Foolbox starting point for every sample"}
+      else:
+        start = time.perf_counter()
+        try:
+          x_adv = run_foolbox(make, port, xc, yc, starting_points=best_fb[1])
+          seconds = time.perf_counter() - start
+          judged = judge_peer(x_adv, norm, port, apply_fn, params, xc, yc)
+          rows["foolbox bb"] = {"norms": full(judged["norms"]), "seconds": seconds,
+                                "compile_s": 0.0, "disagree": judged["disagree"]}
+          print(f"  foolbox bb: {seconds:.2f} s", flush=True)
+        except Exception as error:
+          rows["foolbox bb"] = {"error": f"{type(error).__name__}: {error}"}
+          print(f"  foolbox bb: failed ({error})", flush=True)
+  load.append(os.getloadavg()[0])
+  return {"model": model, "norm": norm, "weights": params_digest(params), "n": int(len(y)),
+          "clean_correct": int(correct.sum()), "port_gap": port_gap, "load": load,
+          "rows": rows}
+
+
+# ------------------------------------------------------------------------------------------------
+# Tables.
+
+
+def scores(entry: dict) -> dict:
+  """Per row: found, median, optimality; plus the ensembles and the best rows of each side."""
+  rows = {k: v for k, v in entry["rows"].items() if "norms" in v}
+  norms = {k: np.asarray(v["norms"], np.float64) for k, v in rows.items()}
+  best = np.min(np.stack(list(norms.values())), axis=0)
+  correct = best > 0
+  out = {}
+  for name, d in norms.items():
+    found = np.isfinite(d[correct])
+    out[name] = {"found": int(found.sum()), "of": int(correct.sum()),
+                 "median": float(np.median(d[correct])), "optimality": optimality(d, best),
+                 "seconds": rows[name]["seconds"], "compile_s": rows[name]["compile_s"],
+                 "disagree": rows[name]["disagree"]}
+  ours = [k for k in norms if k.startswith("jaxrobust")]
+  peers = [k for k in norms if not k.startswith("jaxrobust")]
+  ens = {}
+  for side, names in (("jaxrobust", ours), ("peers", peers)):
+    if names:
+      d = np.min(np.stack([norms[k] for k in names]), axis=0)
+      ens[side] = {"optimality": optimality(d, best), "found": int(np.isfinite(d[correct]).sum()),
+                   "best": max(names, key=lambda k: out[k]["optimality"])}
+  return {"rows": out, "ensembles": ens, "eps_max": float(np.max(best[np.isfinite(best)])),
+          "errors": {k: v["error"] for k, v in entry["rows"].items() if "error" in v}}
+
+
+def summarize(entries: list[dict]) -> None:
+  latest = {(e["model"], e["norm"]): e for e in entries}
+  for norm in NORMS:
+    keys = [k for k in latest if k[1] == norm]
+    if not keys:
+      continue
+    print(f"\n#### {norm}: best single attack and ensembles\n")
+    print("| model | best jaxrobust | opt. | best peer | opt. | jaxrobust ensemble | "
+          "peers ensemble |")
+    print("|---|---|---|---|---|---|---|")
+    for key in sorted(keys, key=lambda k: MODELS.index(k[0])):
+      s = scores(latest[key])
+      ours, peers = s["ensembles"].get("jaxrobust"), s["ensembles"].get("peers")
+      cell = lambda side: (f"{side['best']} | {s['rows'][side['best']]['optimality']:.4f}"
+                           if side else "- | -")
+      print(f"| {key[0]} | {cell(ours)} | {cell(peers)} | "
+            f"{ours['optimality'] if ours else float('nan'):.4f} | "
+            f"{peers['optimality'] if peers else float('nan'):.4f} |")
+  for key in sorted(latest, key=lambda k: (NORMS.index(k[1]), MODELS.index(k[0]))):
+    entry, s = latest[key], scores(latest[key])
+    load = " → ".join(f"{v:.1f}" for v in entry["load"])
+    print(f"\n#### {key[0]}, {key[1]} (weights {entry['weights']}; {entry['clean_correct']}/"
+          f"{entry['n']} clean-correct; eps_max {s['eps_max']:.4f}; port gap "
+          f"{entry['port_gap'] if entry['port_gap'] is not None else float('nan'):.1e}; load {load})\n")
+    print("| attack | found | median | optimality | s (compile) |")
+    print("|---|---|---|---|---|")
+    for name, r in sorted(s["rows"].items(), key=lambda kv: -kv[1]["optimality"]):
+      disagree = f" ({r['disagree']} judged otherwise by JAX)" if r["disagree"] else ""
+      compile_s = f" ({r['compile_s']:.1f})" if r["compile_s"] else ""
+      print(f"| {name} | {r['found']}/{r['of']}{disagree} | {r['median']:.4f} | "
+            f"{r['optimality']:.4f} | {r['seconds']:.2f}{compile_s} |")
+    for side, e in s["ensembles"].items():
+      print(f"| *{side} ensemble* | {e['found']}/{s['rows'][e['best']]['of']} | | "
+            f"{e['optimality']:.4f} | |")
+    for name, error in s["errors"].items():
+      print(f"| {name} | failed: {error[:80]} | | | |")
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--n", type=int, default=100, help="first images of digits_examples.npz")
+  parser.add_argument("--models", nargs="+", default=["mlp-plain"], choices=MODELS)
+  parser.add_argument("--norms", nargs="+", default=list(NORMS), choices=NORMS)
+  parser.add_argument("--autoattack-path", default=None, help="checkout of fra31/auto-attack")
+  parser.add_argument("--bb", action="store_true", help="also Foolbox's Brendel-Bethge")
+  parser.add_argument("--no-peers", action="store_true")
+  parser.add_argument("--skip", nargs="*", default=[], help="row names to leave out")
+  parser.add_argument("--retrain", action="store_true", help="retrain mlp-trades and mlp-kwta")
+  parser.add_argument("--torch-threads", type=int, default=None)
+  parser.add_argument("--out", type=pathlib.Path, default=None, help="append JSON lines here")
+  parser.add_argument("--summarize", nargs="+", type=pathlib.Path, default=None,
+                      help="print the tables of these JSON-lines files and exit")
+  args = parser.parse_args(argv)
+  if args.summarize:
+    summarize([json.loads(line) for f in args.summarize for line in f.read_text().splitlines()
+               if line.strip()])
+    return 0
+  cores = os.cpu_count() or 1
+  try:
+    import torch
+
+    torch.set_num_threads(args.torch_threads or cores)
+    torch_note = f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+  except ImportError:
+    torch_note = "torch not installed"
+  print(f"machine: {cores} cores ({platform.processor() or platform.machine()}), jax "
+        f"{jax.__version__} on {jax.default_backend()}, {torch_note}; load average "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+  print("command: python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])), flush=True)
+  x_all, y_all = load_examples()
+  for model in args.models:
+    for norm in args.norms:
+      print(f"{model} {norm}:", flush=True)
+      entry = measure(model, norm, args, x_all, y_all)
+      if args.out:
+        with args.out.open("a") as f:
+          f.write(json.dumps(entry) + "\n")
+      summarize([entry])
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
