@@ -48,7 +48,8 @@ wall time of one call (2 cores shared with other jobs: the 1-min load average is
 
 Each model x norm is appended to ``--out`` (JSON lines) as soon as it is done, so a run cut by a
 timeout keeps what it finished; ``--summarize FILE...`` prints the tables of RESULTS.md from
-those lines. Example::
+those lines, merging the rows of several runs on the same model, norm and weights (e.g. a later
+``--bb --no-jaxrobust`` run). Example::
 
   timeout 1500 python benchmarks/bench_optimality.py --models mlp-plain --n 100 \\
       --autoattack-path .aa --out /tmp/opt.jsonl
@@ -383,7 +384,7 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
 
   load = [os.getloadavg()[0]]
   for name, make in jaxrobust_attacks(norm).items():
-    if f"jaxrobust {name}" in args.skip:
+    if args.no_jaxrobust or f"jaxrobust {name}" in args.skip:
       continue
     row = run_jaxrobust(make(), norm, apply_fn, params, xc, yc)
     rows[f"jaxrobust {name}"] = dict(row, norms=full(row["norms"]))
@@ -472,8 +473,23 @@ def scores(entry: dict) -> dict:
           "errors": {k: v["error"] for k, v in entry["rows"].items() if "error" in v}}
 
 
+def merge(entries: list[dict]) -> dict[tuple[str, str], dict]:
+  """One entry per (model, norm): rows of later entries on the same weights and examples are
+  added (a row of the same name is kept from the earlier entry); an entry on other weights
+  replaces the earlier."""
+  merged: dict[tuple[str, str], dict] = {}
+  for e in entries:
+    key, old = (e["model"], e["norm"]), merged.get((e["model"], e["norm"]))
+    if old and (old["weights"], old["n"]) == (e["weights"], e["n"]):
+      merged[key] = dict(old, rows={**e["rows"], **old["rows"]},
+                         load=old["load"] + e["load"])
+    else:
+      merged[key] = e
+  return merged
+
+
 def summarize(entries: list[dict]) -> None:
-  latest = {(e["model"], e["norm"]): e for e in entries}
+  latest = merge(entries)
   for norm in NORMS:
     keys = [k for k in latest if k[1] == norm]
     if not keys:
@@ -518,6 +534,8 @@ def main(argv=None) -> int:
   parser.add_argument("--autoattack-path", default=None, help="checkout of fra31/auto-attack")
   parser.add_argument("--bb", action="store_true", help="also Foolbox's Brendel-Bethge")
   parser.add_argument("--no-peers", action="store_true")
+  parser.add_argument("--no-jaxrobust", action="store_true",
+                      help="peers only (e.g. a later --bb run, merged by --summarize)")
   parser.add_argument("--skip", nargs="*", default=[], help="row names to leave out")
   parser.add_argument("--retrain", action="store_true", help="retrain mlp-trades and mlp-kwta")
   parser.add_argument("--torch-threads", type=int, default=None)
