@@ -15,9 +15,8 @@ clean accuracy the fraction of best-known distances above 0:
     optimality = 1 - (A - A*) / (clean_acc * eps_max - A*).
 
 AttackBench integrates the same curve with ``np.trapz`` through its jump points (a piecewise
-linear interpolation), which differs from the exact area by at most half a step per distinct
-distance; the exact area is used here so that the figure does not depend on the sample order or
-on ties.
+linear interpolation between consecutive distances), which is close to but not the exact area
+of the step curve; the exact area is used here.
 """
 
 from __future__ import annotations
