@@ -118,9 +118,9 @@ def test_eta_evaluated_in_place_matches_the_pattern():
   """The per-pixel closed form the L2 update uses equals ``eta(s)`` (or its transpose) placed."""
   height, width, batch = 13, 11, 8
   rng = np.random.default_rng(0)
-  place = jax.jit(square_lib._eta_window, static_argnums=(5, 6, 7))  # one compilation for all s
+  place = jax.jit(square_lib.eta_window, static_argnums=(5, 6, 7))  # one compilation for all s
   for s in (1, 2, 3, 6, 11):
-    _, constants = square_lib._schedule_tables("l2", 1, 1.0, s, s)  # one iteration, side s
+    _, constants = square_lib.schedule_tables("l2", 1, 1.0, s, s)  # one iteration, side s
     h, w = rng.integers(0, height - s + 1, batch), rng.integers(0, width - s + 1, batch)
     flip = np.arange(batch) % 2 == 1
     placed = place(
@@ -357,9 +357,9 @@ def test_run_pattern_evaluated_in_place_matches_eta_run():
   """The closed form the L2 update uses on sequences equals ``eta_run(s)`` (or its mirror)."""
   length, batch = 17, 8
   rng = np.random.default_rng(0)
-  place = jax.jit(square_lib._eta_run_window, static_argnums=(4, 5))  # one compilation for all s
+  place = jax.jit(square_lib.eta_run_window, static_argnums=(4, 5))  # one compilation for all s
   for s in (1, 2, 3, 6, 11, 17):
-    _, constants = square_lib._run_tables("l2", 1, 1.0, s)  # one iteration, length s
+    _, constants = square_lib.run_tables("l2", 1, 1.0, s)  # one iteration, length s
     start = rng.integers(0, length - s + 1, batch)
     mirror = np.arange(batch) % 2 == 1
     placed = place(jnp.int32(s), jnp.asarray(constants[0]), jnp.asarray(start, jnp.int32),
