@@ -8,7 +8,7 @@ reads as "robust at every eps". So, with every attack's defaults:
   ``benchmarks/reference``, plain and PGD-trained), at least 99% of the clean-correct points get
   an adversarial point (C&W found 95, 72, 98 and 65 of 99, 98, 99 and 97 while its rounds
   restarted from the clean point, see :mod:`jaxrobust.attacks._carlini_wagner`); every attack on
-  the MLPs, C&W and FMN-L2/L1 on the CNNs;
+  the MLPs, C&W, DDN and FMN-L2/L1 on the CNNs;
 * where an attack finds none at ``eps = inf``, ``info["counts"]["minimum_norm_not_found"]``
   counts those clean-correct points and ``info["flags"]["minimum_norm_not_found"]`` is raised, in
   :func:`jaxrobust.run` and in :func:`jaxrobust.robustness_curve`; at a finite eps nothing inside
@@ -66,6 +66,7 @@ MODELS = {"cnn": (SmallCNN().apply, ("digits_plain", "digits_adversarial")),
 
 DEFAULTS = {
     "carlini-wagner-l2": A.carlini_wagner_l2,
+    "ddn-l2": A.ddn,
     "fmn-linf": functools.partial(A.fmn, "linf"),
     "fmn-l2": functools.partial(A.fmn, "l2"),
     "fmn-l1": functools.partial(A.fmn, "l1"),
@@ -85,11 +86,11 @@ def _assert_count_matches(result, correct: np.ndarray) -> int:
   return missed
 
 
-# Every attack on the MLPs; on the CNNs C&W (which missed up to a third) and FMN-L2/L1 (reported
+# Every attack on the MLPs; on the CNNs C&W (which missed up to a third), DDN and FMN-L2/L1 (reported
 # to miss a point). The other CNN runs (all at 100% today) cost 23 s of CPU more: they are left
 # to benchmarks/bench_min_norm_found.py, which runs every pair.
 CASES = ([(name, "mlp") for name in sorted(DEFAULTS)]
-         + [(name, "cnn") for name in ("carlini-wagner-l2", "fmn-l2", "fmn-l1")])
+         + [(name, "cnn") for name in ("carlini-wagner-l2", "ddn-l2", "fmn-l2", "fmn-l1")])
 
 
 @pytest.mark.parametrize("name, arch", CASES)
@@ -118,7 +119,8 @@ def _unbreakable(x: jax.Array) -> jax.Array:
   return jnp.concatenate([jnp.ones_like(m), m / 2], axis=1)
 
 
-UNBREAKABLE = {"carlini-wagner-l2": A.carlini_wagner_l2, "fmn-l1": functools.partial(A.fmn, "l1"),
+UNBREAKABLE = {"carlini-wagner-l2": A.carlini_wagner_l2, "ddn-l2": A.ddn,
+               "fmn-l1": functools.partial(A.fmn, "l1"),
                "deepfool-linf": functools.partial(A.deepfool, "linf"),
                "fab-l2": functools.partial(A.fab, "l2")}
 
