@@ -86,8 +86,8 @@ def _assert_count_matches(result, correct: np.ndarray) -> int:
   return missed
 
 
-# Every attack on the MLPs; on the CNNs C&W (which missed up to a third), DDN and FMN-L2/L1 (reported
-# to miss a point). The other CNN runs (all at 100% today) cost 23 s of CPU more: they are left
+# Every attack on the MLPs; on the CNNs C&W (which missed up to a third), DDN and FMN-L2/L1
+# (reported to miss a point). The other CNN runs (all at 100% today) cost 23 s of CPU more: they are left
 # to benchmarks/bench_min_norm_found.py, which runs every pair.
 CASES = ([(name, "mlp") for name in sorted(DEFAULTS)]
          + [(name, "cnn") for name in ("carlini-wagner-l2", "ddn-l2", "fmn-l2", "fmn-l1")])
