@@ -236,7 +236,7 @@ def _done(state: CarliniWagnerState) -> Array:
   returns it, so the verdict at this eps is final. At ``eps = inf`` (the minimum-norm search,
   e.g. a minimum-norm curve) no row is ever done: the point keeps shrinking.
   """
-  return jnp.isfinite(state.limit) & (state.best.norm <= state.limit)
+  return state.best.within(state.limit)
 
 
 def carlini_wagner_l2(*, steps: int = 100, binary_search_steps: int = 9,

@@ -95,6 +95,22 @@ class MinNormBest(NamedTuple):
     return MinNormBest(jnp.where(expand(better, x.ndim), x, self.x),
                        jnp.where(better, size, self.norm))
 
+  def within(self, limit: Array) -> Array:
+    """``[B]`` bool: the smallest point lies inside a finite ``limit`` (the budget's eps).
+
+    A minimum-norm attack's ``done``: ``finalize`` returns that point or a smaller one, and no
+    later step takes it away (:meth:`update` only shrinks it), so the verdict at this eps is
+    final. At ``limit = inf`` (the unbounded search) no row is ever done.
+    """
+    return jnp.isfinite(limit) & (self.norm <= limit)
+
+
+def annealed(start: float, end: float, k: Array, steps: int, dtype) -> Array:
+  r"""Cosine annealing from ``start`` (step 0) to ``end`` (step ``steps``):
+  :math:`e + (s - e)\,(1 + \cos(\pi k / K)) / 2` (FMN's and DDN's step sizes)."""
+  cosine = (1 + jnp.cos(jnp.pi * k.astype(dtype) / steps)) / 2
+  return end + (start - end) * cosine
+
 
 def score_last_iterate(best: Best | MinNormBest, logits_fn: Callable[[Array], Array],
                        x_last: Array, y: Array, target: Array | None,

@@ -71,7 +71,7 @@ from jaxrobust._batch import (expand, finite_or_zero, fold_in, is_success, like_
                               work_dtype)
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_bool, check_number, check_positive_int
-from jaxrobust.attacks._common import (MinNormBest, loss_grad_logits, score_last_iterate,
+from jaxrobust.attacks._common import (MinNormBest, annealed, loss_grad_logits, score_last_iterate,
                                        unpack_budget)
 
 Array = jax.Array
@@ -113,11 +113,6 @@ def _towards_target(logits: Array, labels: Array, target: Array) -> Array:
   target's direction divided by :math:`1 - p_t`."""
   del labels
   return -_away_from_label(logits, target)
-
-
-def _annealed_step(config: _Config, k: Array, dtype) -> Array:
-  cosine = (1 + jnp.cos(jnp.pi * k.astype(dtype) / config.steps)) / 2
-  return config.alpha_final + (config.alpha_init - config.alpha_final) * cosine
 
 
 def _unit_direction(grad: Array, keys: Array, k: Array) -> Array:
@@ -173,7 +168,7 @@ def _step(config: _Config, logits_fn, state: DDNState, x, y, budget: Budget,
 
   # The direction: a step along the unit gradient, then onto the sphere of radius eps, the box
   # and (optionally) the grid.
-  alpha = _annealed_step(config, state.k, x.dtype)
+  alpha = annealed(config.alpha_init, config.alpha_final, state.k, config.steps, x.dtype)
   moved = delta + alpha * _unit_direction(grad, state.keys, state.k)
   length = projections.norm(moved, "l2")
   delta = moved * expand(jnp.where(length > 0, eps / jnp.where(length > 0, length, 1.0), 0.0),
@@ -200,7 +195,7 @@ def _done(state: DDNState) -> Array:
   (:meth:`MinNormBest.update` only shrinks it), so the verdict at this eps is final. At
   ``eps = inf`` no row is ever done: the point keeps shrinking.
   """
-  return jnp.isfinite(state.limit) & (state.best.norm <= state.limit)
+  return state.best.within(state.limit)
 
 
 def ddn(*, steps: int = 100, init_epsilon: float = 1.0, gamma: float = 0.05,

@@ -71,7 +71,7 @@ def _done(state: DeepFoolState) -> Array:
   this eps is final. At ``eps = inf`` (the minimum-norm search, e.g. a minimum-norm curve) no row
   is ever done.
   """
-  return jnp.isfinite(state.limit) & (state.best.norm <= state.limit)
+  return state.best.within(state.limit)
 
 
 def _candidates(logits: Array, y: Array, count: int) -> Array:

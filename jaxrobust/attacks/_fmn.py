@@ -89,7 +89,7 @@ from jaxrobust import projections
 from jaxrobust._batch import expand, finite_or_zero, is_success, like_batch
 from jaxrobust._types import NORMS, Attack, Budget
 from jaxrobust._validation import check_bool, check_number, check_positive_int
-from jaxrobust.attacks._common import (MinNormBest, loss_grad_logits, score_last_iterate,
+from jaxrobust.attacks._common import (MinNormBest, annealed, loss_grad_logits, score_last_iterate,
                                        unpack_budget)
 
 Array = jax.Array
@@ -128,11 +128,6 @@ def _margin_to_target(logits: Array, labels: Array, target: Array) -> Array:
   return -losses_lib.targeted_margin(logits, labels, target)
 
 
-def _annealed(config: _Config, start: float, end: float, k: Array, dtype) -> Array:
-  cosine = (1 + jnp.cos(jnp.pi * k.astype(dtype) / config.steps)) / 2
-  return end + (start - end) * cosine
-
-
 def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> FMNState:
   del config, logits_fn, y, keys, target
   x, limit, _, _ = unpack_budget(x, budget)
@@ -155,8 +150,8 @@ def _step(config: _Config, logits_fn, state: FMNState, x, y, budget: Budget,
   success = is_success(logits, y, target)
   best = state.best.update(state.x_adv, size, success)
   found = state.found | success
-  alpha = _annealed(config, config.alpha_init, config.alpha_final, state.k, x.dtype)
-  gamma = _annealed(config, config.gamma_init, config.gamma_final, state.k, x.dtype)
+  alpha = annealed(config.alpha_init, config.alpha_final, state.k, config.steps, x.dtype)
+  gamma = annealed(config.gamma_init, config.gamma_final, state.k, config.steps, x.dtype)
 
   # The radius: shrink while adversarial, grow while not; before any adversarial iterate,
   # jump to the first-order distance to the boundary (inf for a zero or non-finite gradient),
@@ -203,7 +198,7 @@ def _done(state: FMNState) -> Array:
   ``eps = inf`` (the minimum-norm search, e.g. a minimum-norm curve) no row is ever done: the
   point keeps shrinking.
   """
-  return jnp.isfinite(state.limit) & (state.best.norm <= state.limit)
+  return state.best.within(state.limit)
 
 
 def fmn(norm: str = "linf", *, steps: int = 100, alpha_init: float = 1.0,
