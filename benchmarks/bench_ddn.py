@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import pathlib
-import platform
 import sys
 import time
 
@@ -53,7 +52,8 @@ import jax.numpy as jnp  # noqa: E402
 import jaxrobust as jr  # noqa: E402
 from bench_peers import (ARCHS, PORT_TOLERANCE, load_frozen_params, nchw,  # noqa: E402
                          params_digest, torch_mlp_port, torch_port)
-from min_norm_metrics import check_box, load_examples, lp_norms, optimality  # noqa: E402
+from min_norm_metrics import (check_box, load_examples, lp_norms, optimality,  # noqa: E402
+                              print_machine)
 
 MODELS = [(arch, kind) for arch in ("cnn", "mlp") for kind in ("plain", "adversarial")]
 RELATIVE = 1e-4  # "at most Foolbox's norm" allows this relative slack (float32 rounding)
@@ -187,18 +187,7 @@ def main(argv=None) -> int:
                       help="torch.set_num_threads (default: the core count)")
   parser.add_argument("--out", type=pathlib.Path, default=None, help="write the tables as JSON")
   args = parser.parse_args(argv)
-  cores = os.cpu_count() or 1
-  try:
-    import torch
-
-    torch.set_num_threads(args.torch_threads or cores)
-    torch_note = f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
-  except ImportError:
-    torch_note = "torch not installed"
-  print(f"machine: {cores} cores ({platform.processor() or platform.machine()}), jax "
-        f"{jax.__version__} on {jax.default_backend()}, {torch_note}; load average "
-        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-  print("command: python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])))
+  print_machine(argv, args.torch_threads)
   x_all, y_all = load_examples()
   tables = []
   for model in args.models:

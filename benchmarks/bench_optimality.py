@@ -64,7 +64,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import sys
 import time
 from typing import Any, Callable
@@ -85,7 +84,8 @@ import jaxrobust as jr  # noqa: E402
 from bench_autoattack import import_autoattack  # noqa: E402
 from bench_peers import (ARCHS, MLP_TRAINING, DigitsMLP, frozen_path, load_frozen_params,  # noqa: E402
                          nchw, params_digest, save_params, torch_mlp_port, torch_port)
-from min_norm_metrics import check_box, load_examples, lp_norms, optimality  # noqa: E402
+from min_norm_metrics import (check_box, load_examples, lp_norms, optimality,  # noqa: E402
+                              print_machine)
 
 NORMS = ("linf", "l2", "l1")
 KWTA_RATIO = 0.1
@@ -547,18 +547,7 @@ def main(argv=None) -> int:
     summarize([json.loads(line) for f in args.summarize for line in f.read_text().splitlines()
                if line.strip()])
     return 0
-  cores = os.cpu_count() or 1
-  try:
-    import torch
-
-    torch.set_num_threads(args.torch_threads or cores)
-    torch_note = f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
-  except ImportError:
-    torch_note = "torch not installed"
-  print(f"machine: {cores} cores ({platform.processor() or platform.machine()}), jax "
-        f"{jax.__version__} on {jax.default_backend()}, {torch_note}; load average "
-        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
-  print("command: python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])), flush=True)
+  print_machine(argv, args.torch_threads)
   x_all, y_all = load_examples()
   for model in args.models:
     for norm in args.norms:

@@ -21,7 +21,10 @@ of the step curve; the exact area is used here.
 
 from __future__ import annotations
 
+import os
 import pathlib
+import platform
+import sys
 
 import numpy as np
 
@@ -62,3 +65,23 @@ def optimality(norms: np.ndarray, best: np.ndarray) -> float:
   area = float(np.mean(np.minimum(norms, eps_max)))
   best_area = float(np.mean(np.minimum(best, eps_max)))
   return 1.0 - (area - best_area) / (clean_acc * eps_max - best_area)
+
+
+def print_machine(argv: list[str] | None, torch_threads: int | None) -> None:
+  """Prints the machine line (cores, jax and its backend, torch and its threads, load average)
+  and the command, after setting torch's threads (default: the core count), as the benchmarks
+  that compare against PyTorch peers record them."""
+  import jax  # noqa: PLC0415 - only for its version and backend
+
+  cores = os.cpu_count() or 1
+  try:
+    import torch  # noqa: PLC0415 - an optional peer
+
+    torch.set_num_threads(torch_threads or cores)
+    torch_note = f"torch {torch.__version__} ({torch.get_num_threads()} threads)"
+  except ImportError:
+    torch_note = "torch not installed"
+  print(f"machine: {cores} cores ({platform.processor() or platform.machine()}), jax "
+        f"{jax.__version__} on {jax.default_backend()}, {torch_note}; load average "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}")
+  print("command: python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])), flush=True)
