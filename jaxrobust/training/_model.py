@@ -100,7 +100,6 @@ def roles(logits_fn: LogitsFn) -> Roles:
     # call mutates dies with the copy, and NNX does not refuse the mutation as coming from
     # another trace level.
     return Roles(logits_fn, lambda *x: model.frozen()(*x), lambda *x: model.pure()(*x))
-  # Arrays (a partial's) get their stop_gradient once, outside the attack's loop.
-  frozen = model.frozen()
-  return Roles(logits_fn, frozen if frozen.compute_dtype is not None else frozen.as_callable(),
-               logits_fn)
+  # Arrays (a partial's) get their stop_gradient once, outside the attack's loop; the frozen
+  # Model is called as itself, so a compute dtype's casts apply (Model.__call__).
+  return Roles(logits_fn, model.frozen(), logits_fn)
