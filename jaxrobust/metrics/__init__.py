@@ -14,6 +14,11 @@
 * :mod:`jaxrobust.metrics.generative` -- the generative-model rates built on it
   (:func:`attack_success_rate_generative`, :func:`prompt_injection_rate`,
   :func:`paraphrase_consistency`);
+* :mod:`jaxrobust.metrics.judged` -- judged rates: verdicts in {success, failure, unscored}
+  counted by :class:`JudgedRate` (unscored kept apart, explicit rules, hit@k over prompts);
+* :mod:`jaxrobust.metrics.scores` -- continuous judged scores (:func:`strongreject_score`, the
+  mergeable :class:`ScoreHistogram`, :func:`histogram_mean` with Hoeffding or bootstrap
+  intervals);
 * :mod:`jaxrobust.metrics.model_evaluations` -- :func:`count_evaluations`, the rows an attack
   sends through the model with and without a gradient (the hardware-independent cost).
 
@@ -36,6 +41,8 @@ from jaxrobust.metrics.reducers import Counts, CurveCounts, NormHistogram, Reduc
 from jaxrobust.metrics.model_evaluations import EvaluationCounter, count_evaluations
 from jaxrobust.metrics.intervals import binomial_interval, binomial_interval_table
 from jaxrobust.metrics.rates import Rate
+from jaxrobust.metrics.scores import ScoreHistogram, histogram_mean, strongreject_score
+from jaxrobust.metrics.judged import FAILURE, SUCCESS, UNSCORED, JudgedRate
 from jaxrobust.metrics.generative import (attack_success_rate_generative, paraphrase_consistency,
                                           prompt_injection_rate)
 
@@ -47,6 +54,9 @@ __all__ = [
     # Rates with exact binomial intervals (jaxrobust.metrics.intervals, .rates, .generative).
     "Rate", "attack_success_rate_generative", "binomial_interval", "binomial_interval_table",
     "paraphrase_consistency", "prompt_injection_rate",
+    # Judged rates and scores: verdicts with unscored kept apart, hit@k, StrongREJECT-style means.
+    "FAILURE", "JudgedRate", "SUCCESS", "ScoreHistogram", "UNSCORED", "histogram_mean",
+    "strongreject_score",
     # The cost of an evaluation in model rows (jaxrobust.metrics.model_evaluations).
     "EvaluationCounter", "count_evaluations",
 ]

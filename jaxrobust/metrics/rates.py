@@ -283,21 +283,28 @@ def rate_of_rows(hits: Array, trials: Array, groups: Optional[ArrayLike],
   or per group (``[G]`` fields) when ``groups`` are given."""
   if groups is None and num_groups is None:
     return Rate(jnp.sum(hits, dtype=jnp.int32), jnp.sum(trials, dtype=jnp.int32))
+  member = group_members(groups, num_groups, hits.shape[0])  # [B, G]
+  return Rate(jnp.sum(jnp.where(member, hits[:, None], 0), axis=0, dtype=jnp.int32),
+              jnp.sum(jnp.where(member, trials[:, None], 0), axis=0, dtype=jnp.int32))
+
+
+def group_members(groups: Optional[ArrayLike], num_groups: Optional[int], batch: int) -> Array:
+  """``[B, G]`` bool, ``True`` where row ``i`` belongs to group ``g`` (``groups[i] == g``), after
+  checking that ``groups`` is ``[B]`` integers in ``[0, num_groups)`` (its values when
+  concrete); the one home of group ids for every grouped reducer."""
   if groups is None or num_groups is None:
     raise ValueError("group ids and the number of groups go together: pass both (e.g. behavior= "
                      "and num_behaviors=) or neither.")
   count = _num_groups(num_groups)
   ids = jnp.asarray(groups)
-  if ids.shape != hits.shape or not jnp.issubdtype(ids.dtype, jnp.integer):
-    raise ValueError(f"group ids must be a {list(hits.shape)} integer array, got shape "
+  if ids.shape != (batch,) or not jnp.issubdtype(ids.dtype, jnp.integer):
+    raise ValueError(f"group ids must be a {[batch]} integer array, got shape "
                      f"{ids.shape} and dtype {ids.dtype}.")
   if is_concrete(ids) and ids.is_fully_addressable and ids.size:
     low, high = int(jnp.min(ids)), int(jnp.max(ids))
     if low < 0 or high >= count:
       raise ValueError(f"group ids must lie in [0, {count}), got min {low} and max {high}.")
-  member = ids[:, None] == jnp.arange(count, dtype=ids.dtype)[None, :]  # [B, G]
-  return Rate(jnp.sum(jnp.where(member, hits[:, None], 0), axis=0, dtype=jnp.int32),
-              jnp.sum(jnp.where(member, trials[:, None], 0), axis=0, dtype=jnp.int32))
+  return ids[:, None] == jnp.arange(count, dtype=ids.dtype)[None, :]
 
 
 def _sum_groups(counts):
