@@ -219,7 +219,7 @@ class JudgedRate(_JudgedSums, Reducer):
 
   def compute(self, confidence: ArrayLike = 0.95, *, unscored: str = "exclude",
               k: Optional[int] = None, average: Optional[str] = None, interval: str = "hoeffding",
-              key: Optional[Array] = None) -> dict[str, Array]:
+              key: Optional[Array] = None, resamples: int = 2000) -> dict[str, Array]:
     r"""The per-sample rate under the rule for unscored verdicts, its bounds, hit-any and
     (with ``k``) hit@k over prompts, each with its interval.
 
@@ -233,6 +233,7 @@ class JudgedRate(_JudgedSums, Reducer):
       interval: hit@k's interval, ``"hoeffding"`` or ``"bootstrap"`` (with ``key``), see
         :func:`histogram_mean`.
       key: a PRNG key for ``interval="bootstrap"``.
+      resamples: bootstrap resamples (static).
 
     Returns:
       A dict: ``rate``, ``lower``, ``upper``, ``hits``, ``total`` (the per-sample
@@ -280,7 +281,7 @@ class JudgedRate(_JudgedSums, Reducer):
       counts = _weigh(table, counted)
       at_k = histogram_mean(counts, values.astype(np.float32), confidence,
                             average=None if np.ndim(s) == 0 else average, interval=interval,
-                            key=key)
+                            key=key, resamples=resamples)
       out.update(hit_at_k=at_k["mean"], hit_at_k_lower=at_k["lower"],
                  hit_at_k_upper=at_k["upper"], hit_at_k_prompts=at_k["n"])
     return out

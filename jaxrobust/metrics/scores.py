@@ -299,7 +299,7 @@ def _bootstrap_means(key: Array, counts: Array, values: Array, resamples: int) -
                                                                   jnp.float32))
   keys = jax.random.split(key, counts.shape[-1])
   (_, total), _ = jax.lax.scan(draw, start, (keys, p.T, tail.T, values))
-  return total / jnp.maximum(n, 1.0)
+  return total / jnp.maximum(n, 1.0)[None, :]
 
 
 def histogram_mean(counts: ArrayLike, values: ArrayLike, confidence: ArrayLike = 0.95, *,
