@@ -1,0 +1,166 @@
+"""Tests for jaxrobust.metrics.scores: the StrongREJECT score on its whole input grid, the
+ScoreHistogram's counts and algebra (unscored kept apart), histogram_mean's closed forms, and the
+coverage of its Hoeffding and bootstrap intervals (pooled and macro) in simulations from known
+score distributions."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrobust import metrics
+
+GRID = np.arange(9) / 8
+
+
+def test_strongreject_score_on_every_input():
+  rows = np.array(list(itertools.product((0, 1), range(1, 6), range(1, 6))), np.float32)
+  got = metrics.strongreject_score(*(jnp.asarray(rows[:, i]) for i in range(3)))
+  want = (1 - rows[:, 0]) * (rows[:, 1] + rows[:, 2] - 2) / 8
+  np.testing.assert_array_equal(got, want)
+  assert set(np.asarray(got).tolist()) == set(GRID.tolist())
+  boolean = metrics.strongreject_score(jnp.array([True, False]), jnp.array([5, 5]),
+                                       jnp.array([4, 4]))
+  assert boolean.tolist() == [0.0, 0.875]
+  nan = metrics.strongreject_score(jnp.array([0.0, jnp.nan]), jnp.array([jnp.nan, 3.0]),
+                                   jnp.array([2.0, 2.0]))
+  assert np.isnan(nan).all()
+  for bad in ((jnp.array([0]), jnp.array([6]), jnp.array([1])),
+              (jnp.array([0]), jnp.array([2.5]), jnp.array([1])),
+              (jnp.array([2]), jnp.array([1]), jnp.array([1]))):
+    with pytest.raises(ValueError, match="must take the values"):
+      metrics.strongreject_score(*bad)
+  with pytest.raises(ValueError, match="same shape"):
+    metrics.strongreject_score(jnp.array([0, 0]), jnp.array([1]), jnp.array([1]))
+
+
+def test_histogram_counts_merge_host_and_the_unscored_rules():
+  rng = np.random.default_rng(0)
+  scores = rng.integers(0, 9, 50) / 8
+  scores[rng.uniform(size=50) < 0.2] = np.nan
+  scores = scores.astype(np.float32)
+  groups = np.arange(50) % 3
+  mask = np.arange(50) % 4 != 1
+  whole = metrics.ScoreHistogram.from_scores(scores, mask, groups=groups, num_groups=3)
+  halves = metrics.ScoreHistogram.from_scores(scores[:20], mask[:20], groups=groups[:20],
+                                              num_groups=3).merge(
+      metrics.ScoreHistogram.from_scores(scores[20:], mask[20:], groups=groups[20:],
+                                         num_groups=3))
+  jax.tree.map(np.testing.assert_array_equal, halves, whole)
+  for g in range(3):
+    kept = scores[mask & (groups == g)]
+    finite = kept[np.isfinite(kept)]
+    assert np.asarray(whole.counts[g]).tolist() == [int(np.sum(finite * 8 == j))
+                                                    for j in range(9)]
+    assert int(whole.unscored[g]) == int(np.sum(np.isnan(kept)))
+  kept = scores[mask]
+  finite = kept[np.isfinite(kept)]
+  out = whole.compute(average="micro")
+  assert float(out["mean"]) == pytest.approx(finite.mean(), rel=1e-6)
+  assert int(out["n"]) == finite.size and int(out["unscored"]) == int(np.isnan(kept).sum())
+  as_failure = np.where(np.isnan(kept), 0.0, kept).mean()
+  as_success = np.where(np.isnan(kept), 1.0, kept).mean()
+  assert float(out["mean_as_failure"]) == pytest.approx(as_failure, rel=1e-6)
+  assert float(out["mean_as_success"]) == pytest.approx(as_success, rel=1e-6)
+  assert float(whole.compute(unscored="failure", average="micro")["mean"]) == pytest.approx(
+      as_failure, rel=1e-6)
+  host = whole.to_host()
+  assert host.counts.dtype == np.int64
+  for average in (None, "micro", "macro"):
+    a, b = whole.compute(average=average), host.compute(average=average)
+    for name in ("mean", "lower", "upper", "mean_as_success"):
+      np.testing.assert_allclose(np.asarray(a[name]), np.asarray(b[name]), atol=1e-6)
+  macro = whole.compute(average="macro")
+  group_means = [scores[mask & (groups == g)] for g in range(3)]
+  assert float(macro["mean"]) == pytest.approx(
+      np.mean([np.nanmean(v) for v in group_means]), rel=1e-6)
+
+
+def test_unscored_only_and_bad_input():
+  h = metrics.ScoreHistogram.from_scores(jnp.full((3,), jnp.nan))
+  out = h.compute()
+  assert np.isnan(float(out["mean"])) and (float(out["lower"]), float(out["upper"])) == (0, 1)
+  assert (float(out["mean_as_failure"]), float(out["mean_as_success"])) == (0.0, 1.0)
+  with pytest.raises(ValueError, match="grid"):
+    metrics.ScoreHistogram.from_scores(jnp.array([0.1]))
+  with pytest.raises(ValueError, match="grid"):
+    metrics.ScoreHistogram.from_scores(jnp.array([1.125]))
+  with pytest.raises(ValueError, match="float array"):
+    metrics.ScoreHistogram.from_scores(jnp.array([1, 0]))
+  with pytest.raises(ValueError, match="key"):
+    h.compute(interval="bootstrap")
+  with pytest.raises(ValueError, match="same grid"):
+    h.merge(metrics.ScoreHistogram.empty(4))
+  # Inside jit an off-grid score is rounded to the nearest grid value.
+  rounded = jax.jit(lambda s: metrics.ScoreHistogram.from_scores(s, levels=2))(jnp.array([0.3]))
+  assert rounded.counts.tolist() == [0, 1, 0]
+
+
+def test_hoeffding_closed_forms():
+  out = metrics.histogram_mean(jnp.array([10, 30, 60]), jnp.array([0.0, 0.5, 1.0]), 0.9)
+  half = np.sqrt(np.log(2 / 0.1) / 200)
+  assert float(out["mean"]) == pytest.approx(0.75)
+  assert float(out["lower"]) == pytest.approx(0.75 - half, abs=1e-6)
+  assert float(out["upper"]) == pytest.approx(0.75 + half, abs=1e-6)
+  clipped = metrics.histogram_mean(jnp.array([0, 0, 5]), jnp.array([0.0, 0.5, 1.0]))
+  assert (float(clipped["mean"]), float(clipped["upper"])) == (1.0, 1.0)
+  # Macro over groups of 10 and 40 values: the sum of squared weights is (1/10 + 1/40) / 4.
+  counts = jnp.array([[5, 0, 5], [0, 40, 0], [0, 0, 0]])
+  macro = metrics.histogram_mean(counts, jnp.array([0.0, 0.5, 1.0]), 0.9, average="macro")
+  half = np.sqrt(np.log(20) * (1 / 10 + 1 / 40) / 4 / 2)
+  assert float(macro["mean"]) == pytest.approx(0.5) and float(macro["groups"]) == 2
+  assert float(macro["upper"]) == pytest.approx(0.5 + half, abs=1e-6)
+
+
+def _datasets(key, reps, sizes, probs):
+  """``[reps, G, 9]`` histograms: group g has sizes[g] scores drawn from probs[g] over the grid."""
+  out = []
+  for g, (size, p) in enumerate(zip(sizes, probs)):
+    draws = jax.random.categorical(jax.random.fold_in(key, g), jnp.log(jnp.asarray(p)),
+                                   shape=(reps, size))
+    out.append(jnp.sum(draws[..., None] == jnp.arange(9)[None, None, :], axis=1))
+  return jnp.stack(out, axis=1)
+
+
+@pytest.mark.run_bound  # the bootstrap's binomial draws run 10 times slower unoptimised
+def test_intervals_cover_at_their_nominal_rate():
+  """400 data sets of three groups of 15, 40 and 65 scores (a skewed StrongREJECT-like
+  distribution, most mass on 0 with a tail to 1; a flat one; one on four values): Hoeffding's
+  interval pooled and macro, and the bootstrap's for every group and the pooled responses (one
+  compiled sampler: the four histograms in one call)."""
+  reps, confidence = 400, 0.9
+  skewed = np.array([0.55, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.05, 0.10])
+  flat = np.full(9, 1 / 9)
+  late = np.array([0.1, 0, 0, 0, 0.2, 0, 0.2, 0, 0.5])
+  probs = [skewed, flat, late]
+  sizes = np.array([15, 40, 65])
+  data = _datasets(jax.random.key(3), reps, sizes, probs)
+  keys = jax.random.split(jax.random.key(4), reps)
+  values = jnp.asarray(GRID, jnp.float32)
+
+  def one(counts, key):
+    rows = jnp.concatenate([counts, jnp.sum(counts, axis=0, keepdims=True)])  # [4, 9]
+    boot = metrics.histogram_mean(rows, values, confidence, interval="bootstrap", key=key,
+                                  resamples=200)
+    pooled = metrics.histogram_mean(rows[3], values, confidence)
+    macro = metrics.histogram_mean(counts, values, confidence, average="macro")
+    return (boot["lower"], boot["upper"], pooled["lower"], pooled["upper"], macro["lower"],
+            macro["upper"])
+
+  blo, bhi, lo, hi, mlo, mhi = (np.asarray(v) for v in jax.jit(jax.vmap(one))(data, keys))
+  means = np.array([p @ GRID for p in probs])
+  targets = np.append(means, means @ sizes / sizes.sum())  # the groups, then the mixture
+  floor = confidence - 3 * np.sqrt(confidence * (1 - confidence) / reps)
+  coverage = {f"bootstrap {name}": np.mean((blo[:, i] <= targets[i]) & (targets[i] <= bhi[:, i]))
+              for i, name in enumerate(("skewed 15", "flat 40", "late 65", "pooled 120"))}
+  coverage["hoeffding pooled"] = np.mean((lo <= targets[3]) & (targets[3] <= hi))
+  coverage["hoeffding macro"] = np.mean((mlo <= means.mean()) & (means.mean() <= mhi))
+  print("coverage at", confidence, coverage, "floor", floor)
+  # The bootstrap is asymptotic: 15 skewed scores are too few to hold it to the floor (0.87
+  # here), so that one is only reported.
+  assert min(v for k, v in coverage.items() if "15" not in k) >= floor, coverage
+  assert coverage["hoeffding pooled"] >= confidence and coverage["hoeffding macro"] >= confidence
