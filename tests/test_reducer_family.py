@@ -48,6 +48,12 @@ MISMATCHED = {
     "Rate": (lambda: metrics.Rate.from_flags(jnp.array([True, False, True]),
                                              groups=jnp.array([0, 1, 1]), num_groups=2),
              lambda: metrics.Rate.from_flags(jnp.array([True, True])), ".hits", (2,), ()),
+    "JudgedRate": (lambda: metrics.JudgedRate.from_verdicts(jnp.array([[1, 0, -1]])),
+                   lambda: metrics.JudgedRate.empty(2), ".prompts", (4, 4), (3, 3)),
+    "ScoreHistogram": (lambda: metrics.ScoreHistogram.from_scores(jnp.array([0.5, jnp.nan]),
+                                                                  groups=jnp.array([0, 1]),
+                                                                  num_groups=2),
+                       lambda: metrics.ScoreHistogram.empty(), ".counts", (2, 9), (9,)),
     "EvalSums": (lambda: _eval_sums(1), lambda: _eval_sums(3), ".curves[0].robust", (1,), (3,)),
 }
 
