@@ -219,7 +219,8 @@ class JudgedRate(_JudgedSums, Reducer):
 
   def compute(self, confidence: ArrayLike = 0.95, *, unscored: str = "exclude",
               k: Optional[int] = None, average: Optional[str] = None, interval: str = "hoeffding",
-              key: Optional[Array] = None, resamples: int = 2000) -> dict[str, Array]:
+              key: Optional[Array] = None, resamples: int = 2000,
+              macro_interval: str = "bonferroni") -> dict[str, Array]:
     r"""The per-sample rate under the rule for unscored verdicts, its bounds, hit-any and
     (with ``k``) hit@k over prompts, each with its interval.
 
@@ -228,12 +229,14 @@ class JudgedRate(_JudgedSums, Reducer):
       unscored: ``"exclude"`` (default), ``"failure"`` or ``"success"`` (static).
       k: optional int in ``[1, S]`` (static): adds hit@k.
       average: for a grouped rate, ``None`` (every group), ``"micro"`` (pooled) or ``"macro"``
-        (mean over the groups; Bonferroni intervals for the rates as in :class:`Rate`,
-        Hoeffding's or a stratified bootstrap for hit@k).
+        (mean over the groups; the rates' intervals by ``macro_interval`` as in
+        :meth:`Rate.compute`, hit@k's Hoeffding's or a stratified bootstrap).
       interval: hit@k's interval, ``"hoeffding"`` or ``"bootstrap"`` (with ``key``), see
         :func:`histogram_mean`.
       key: a PRNG key for ``interval="bootstrap"``.
       resamples: bootstrap resamples (static).
+      macro_interval: the rates' interval for ``average="macro"``, ``"bonferroni"`` or
+        ``"hoeffding"`` (see :meth:`Rate.compute`).
 
     Returns:
       A dict: ``rate``, ``lower``, ``upper``, ``hits``, ``total`` (the per-sample
@@ -263,7 +266,8 @@ class JudgedRate(_JudgedSums, Reducer):
                        f"got {k!r}.")
     s, f, u = self.successes, self.failures, self.unscored
     per_sample = {"exclude": (s, s + f), "failure": (s, s + f + u), "success": (s + u, s + f + u)}
-    out = Rate(*per_sample[unscored]).compute(confidence, average=average)
+    out = Rate(*per_sample[unscored]).compute(confidence, average=average,
+                                              macro_interval=macro_interval)
     for rule in ("failure", "success"):
       out[f"rate_as_{rule}"] = _point(*per_sample[rule], average)
     xp = array_namespace(s)
@@ -273,7 +277,8 @@ class JudgedRate(_JudgedSums, Reducer):
     hit, counted = _any_table(samples, unscored)
     hits = xp.sum(_weigh(table, hit), axis=-1)
     prompts = xp.sum(_weigh(table, counted), axis=-1)
-    any_rate = Rate(hits, prompts).compute(confidence, average=average)
+    any_rate = Rate(hits, prompts).compute(confidence, average=average,
+                                           macro_interval=macro_interval)
     out.update(hit_any=any_rate["rate"], hit_any_lower=any_rate["lower"],
                hit_any_upper=any_rate["upper"], prompts=any_rate["total"])
     if k is not None:

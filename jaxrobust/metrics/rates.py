@@ -27,6 +27,7 @@ Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
 
 _AVERAGES = ("micro", "macro")
+_MACRO_INTERVALS = ("bonferroni", "hoeffding")
 
 
 class _RateSums(NamedTuple):
@@ -196,8 +197,8 @@ class Rate(_RateSums, Reducer):
       num_groups = own[0]
     return self.merge(Rate.from_flags(flags, mask, groups=groups, num_groups=num_groups))
 
-  def compute(self, confidence: ArrayLike = 0.95, *,
-              average: Optional[str] = None) -> dict[str, Array]:
+  def compute(self, confidence: ArrayLike = 0.95, *, average: Optional[str] = None,
+              macro_interval: str = "bonferroni") -> dict[str, Array]:
     r"""The rate with its two-sided Clopper--Pearson interval at ``confidence``.
 
     Returns a dict: ``rate`` = hits / total (NaN when ``total == 0``); ``lower`` and ``upper``
@@ -219,18 +220,31 @@ class Rate(_RateSums, Reducer):
       as asked. It is conservative; no exact interval exists for a mean of differently sized
       binomial proportions. The dict also holds ``groups`` (:math:`G'`).
 
+      ``macro_interval="hoeffding"`` gives instead :math:`\hat\theta \pm \sqrt{\log(2/\alpha)
+      \sum_g 1 / (G'^2 n_g) / 2}`, clipped to :math:`[0, 1]`: the macro rate is
+      :math:`\sum_i w_i X_i`, a weighted sum of independent trials :math:`X_i \in \{0, 1\}`
+      with :math:`w_i = 1 / (G' n_{g(i)})`, and Hoeffding's inequality (1963, Theorem 2) bounds
+      :math:`P(|\sum_i w_i (X_i - p_i)| \ge t)` by :math:`2 e^{-2t^2 / \sum_i w_i^2}` for
+      every set of group rates, so it covers at least as often as asked. Its width falls like
+      :math:`1 / \sqrt{G' \bar n}` as behaviours are added, while the Bonferroni one widens
+      (each group's bound moves to level :math:`1 - \alpha / G'`): with many behaviours and
+      few prompts each (HarmBench) it is far narrower; with a few groups of many trials and
+      rates near 0 or 1 the Bonferroni one can be narrower.
+
     An ungrouped rate is one group: ``"micro"`` and ``"macro"`` give its own rate.
 
     Args:
       confidence: the level in ``(0, 1)``.
       average: ``None``, ``"micro"`` or ``"macro"`` (static).
+      macro_interval: ``"bonferroni"`` (default) or ``"hoeffding"`` (static), the interval of
+        ``average="macro"``.
 
     Returns:
       A dict with keys ``rate``, ``lower``, ``upper``, ``hits``, ``total`` (and ``groups`` for
       ``"macro"``).
 
     Raises:
-      ValueError: for an unknown ``average``.
+      ValueError: for an unknown ``average`` or ``macro_interval``.
 
     Examples:
       >>> import numpy as np
@@ -250,6 +264,9 @@ class Rate(_RateSums, Reducer):
       >>> [round(float(grouped.compute(average=a)["rate"]), 4) for a in ("micro", "macro")]
       [0.6667, 0.75]
     """
+    if macro_interval not in _MACRO_INTERVALS:
+      raise ValueError(f"macro_interval must be one of {_MACRO_INTERVALS}, got "
+                       f"{macro_interval!r}.")
     if average is not None:
       if average not in _AVERAGES:
         raise ValueError(f"average must be None or one of {_AVERAGES}, got {average!r}.")
@@ -260,7 +277,7 @@ class Rate(_RateSums, Reducer):
           xp = array_namespace(self.total)
           out["groups"] = (xp.asarray(self.total) > 0).astype(xp.int32)
         return out
-      return _macro_average(self, confidence)
+      return _macro_average(self, confidence, macro_interval)
     # Elementwise for a grouped rate ([G] sums). Host sums (NumPy int64) give NumPy values: the
     # rate in float64, the bounds (float32) as NumPy arrays; device sums give float32 JAX arrays.
     xp = array_namespace(self.hits, self.total)
@@ -324,7 +341,20 @@ def _bonferroni_level(confidence: ArrayLike, divisor, dtype) -> Array:
   return 1.0 - array_namespace(divisor).asarray(alpha, dtype) / divisor.astype(dtype)
 
 
-def _macro_average(rate: Rate, confidence: ArrayLike) -> dict[str, Array]:
+def _hoeffding_half_width(confidence: ArrayLike, square_weights, dtype):
+  r""":math:`\sqrt{\log(2/\alpha) \sum_i w_i^2 / 2}` (``1 - confidence`` in float64 for a host
+  ``confidence``, float32 for a ``jax.Array``)."""
+  if isinstance(confidence, jax.Array):
+    alpha = 1.0 - confidence.astype(jnp.float32)
+    return jnp.sqrt(jnp.log(2.0 / alpha) * square_weights.astype(jnp.float32) / 2.0)
+  check_confidence(np.asarray(confidence, np.float64))
+  xp = array_namespace(square_weights)
+  log_term = xp.asarray(np.log(2.0 / (1.0 - np.asarray(confidence, np.float64))), dtype)
+  return xp.sqrt(log_term * square_weights.astype(dtype) / 2.0)
+
+
+def _macro_average(rate: Rate, confidence: ArrayLike,
+                   interval: str = "bonferroni") -> dict[str, Array]:
   """:meth:`Rate.compute` with ``average="macro"`` for ``[G]`` fields."""
   # Host sums (NumPy int64) average in float64, device sums (int32) in float32.
   xp = array_namespace(rate.hits, rate.total)
@@ -332,8 +362,6 @@ def _macro_average(rate: Rate, confidence: ArrayLike) -> dict[str, Array]:
   has_trials = rate.total > 0
   groups = xp.sum(has_trials, dtype=rate.total.dtype)
   divisor = xp.maximum(groups, 1)
-  lower, upper = binomial_interval(rate.hits, rate.total,
-                                   _bonferroni_level(confidence, divisor, wide))
   per_group = xp.where(has_trials, ratio(rate.hits, rate.total, wide), 0.0)
   count = divisor.astype(wide)
 
@@ -341,5 +369,17 @@ def _macro_average(rate: Rate, confidence: ArrayLike) -> dict[str, Array]:
     values = xp.asarray(values).astype(wide)
     return xp.where(groups > 0, xp.sum(xp.where(has_trials, values, 0.0)) / count, empty)
 
-  return {"rate": mean(per_group, xp.nan), "lower": mean(lower, 0.0),
-          "upper": mean(upper, 1.0), "hits": rate.hits, "total": rate.total, "groups": groups}
+  rate_mean = mean(per_group, xp.nan)
+  if interval == "hoeffding":
+    # sum_i w_i^2 = sum_g n_g / (G' n_g)^2 = sum_g 1 / (G'^2 n_g)
+    trials = xp.maximum(rate.total, 1).astype(wide)
+    square_weights = xp.sum(xp.where(has_trials, 1.0 / trials, 0.0)) / (count * count)
+    half = _hoeffding_half_width(confidence, square_weights, wide)
+    lower = xp.where(groups > 0, xp.clip(rate_mean - half, 0.0, 1.0), 0.0)
+    upper = xp.where(groups > 0, xp.clip(rate_mean + half, 0.0, 1.0), 1.0)
+  else:
+    group_lower, group_upper = binomial_interval(rate.hits, rate.total,
+                                                 _bonferroni_level(confidence, divisor, wide))
+    lower, upper = mean(group_lower, 0.0), mean(group_upper, 1.0)
+  return {"rate": rate_mean, "lower": lower, "upper": upper, "hits": rate.hits,
+          "total": rate.total, "groups": groups}
