@@ -218,7 +218,7 @@ class JudgedRate(_JudgedSums, Reducer):
                                                num_groups=own[0] if own else None))
 
   def compute(self, confidence: ArrayLike = 0.95, *, unscored: str = "exclude",
-              k: Optional[int] = None, average: Optional[str] = None, interval: str = "hoeffding",
+              k: Optional[int] = None, average: Optional[str] = None, interval: str = "kl",
               key: Optional[Array] = None, resamples: int = 2000,
               macro_interval: str = "bonferroni") -> dict[str, Array]:
     r"""The per-sample rate under the rule for unscored verdicts, its bounds, hit-any and
@@ -230,8 +230,8 @@ class JudgedRate(_JudgedSums, Reducer):
       k: optional int in ``[1, S]`` (static): adds hit@k.
       average: for a grouped rate, ``None`` (every group), ``"micro"`` (pooled) or ``"macro"``
         (mean over the groups; the rates' intervals by ``macro_interval`` as in
-        :meth:`Rate.compute`, hit@k's Hoeffding's or a stratified bootstrap).
-      interval: hit@k's interval, ``"hoeffding"`` or ``"bootstrap"`` (with ``key``), see
+        :meth:`Rate.compute`, hit@k's by ``interval``).
+      interval: hit@k's interval, ``"kl"``, ``"hoeffding"`` or ``"bootstrap"`` (with ``key``), see
         :func:`histogram_mean`.
       key: a PRNG key for ``interval="bootstrap"``.
       resamples: bootstrap resamples (static).
