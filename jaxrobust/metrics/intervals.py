@@ -283,7 +283,7 @@ def _device_counts(successes, trials) -> tuple[Array, Array, Array]:
   return k.astype(jnp.float32), (n - k).astype(jnp.float32), valid
 
 
-def _alpha(confidence) -> Array:
+def alpha_of(confidence) -> Array:
   """``1 - confidence`` in float32; host values are subtracted in float64 first, so a level such
   as ``1 - 1e-9`` keeps its precision."""
   if _is_device(confidence):
@@ -300,6 +300,21 @@ def _alpha(confidence) -> Array:
   c = c.astype(np.float64)
   check_confidence(c)
   return jnp.asarray((1.0 - c).astype(np.float32))
+
+
+def hoeffding_half_width(confidence: ArrayLike, square_weights, dtype=np.float32):
+  r"""Hoeffding's half-width :math:`\sqrt{\log(2/\alpha) \sum_i w_i^2 / 2}` for a weighted sum
+  :math:`\sum_i w_i X_i` of independent :math:`X_i \in [0, 1]` (Hoeffding 1963, Theorem 2:
+  :math:`P(|\sum_i w_i (X_i - EX_i)| \ge t) \le 2 e^{-2t^2 / \sum_i w_i^2}`), in ``dtype`` and
+  the namespace of ``square_weights``; a host ``confidence`` forms :math:`\log(2/\alpha)` in
+  float64, a ``jax.Array`` one in float32."""
+  if isinstance(confidence, jax.Array):
+    return jnp.sqrt(jnp.log(2.0 / alpha_of(confidence)) * square_weights.astype(jnp.float32) / 2.0)
+  c = np.asarray(confidence, np.float64)
+  check_confidence(c)
+  xp = jnp if isinstance(square_weights, jax.Array) else np
+  log_term = xp.asarray(np.log(2.0 / (1.0 - c)), dtype)
+  return xp.sqrt(log_term * square_weights.astype(dtype) / 2.0)
 
 
 def check_confidence(c: np.ndarray) -> None:
@@ -378,7 +393,7 @@ def binomial_interval(successes: ArrayLike, trials: ArrayLike, confidence: Array
     k, rest, valid = _device_counts(successes, trials)
   else:
     k, rest, valid = _host_counts(successes, trials)
-  alpha = _alpha(confidence)
+  alpha = alpha_of(confidence)
   shape = jnp.broadcast_shapes(k.shape, alpha.shape)
   k, rest, valid, alpha = (jnp.broadcast_to(v, shape) for v in (k, rest, valid, alpha))
   valid = valid & (alpha > 0.0) & (alpha < 1.0)

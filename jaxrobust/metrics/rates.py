@@ -20,7 +20,8 @@ import numpy as np
 
 from jaxrobust._validation import is_concrete
 from jaxrobust.metrics.conventions import array_namespace, float_for_counts, ratio, row_mask
-from jaxrobust.metrics.intervals import binomial_interval, check_confidence
+from jaxrobust.metrics.intervals import (binomial_interval, check_confidence,
+                                         hoeffding_half_width)
 from jaxrobust.metrics.reducers import Reducer
 
 Array = jax.Array
@@ -341,18 +342,6 @@ def _bonferroni_level(confidence: ArrayLike, divisor, dtype) -> Array:
   return 1.0 - array_namespace(divisor).asarray(alpha, dtype) / divisor.astype(dtype)
 
 
-def _hoeffding_half_width(confidence: ArrayLike, square_weights, dtype):
-  r""":math:`\sqrt{\log(2/\alpha) \sum_i w_i^2 / 2}` (``1 - confidence`` in float64 for a host
-  ``confidence``, float32 for a ``jax.Array``)."""
-  if isinstance(confidence, jax.Array):
-    alpha = 1.0 - confidence.astype(jnp.float32)
-    return jnp.sqrt(jnp.log(2.0 / alpha) * square_weights.astype(jnp.float32) / 2.0)
-  check_confidence(np.asarray(confidence, np.float64))
-  xp = array_namespace(square_weights)
-  log_term = xp.asarray(np.log(2.0 / (1.0 - np.asarray(confidence, np.float64))), dtype)
-  return xp.sqrt(log_term * square_weights.astype(dtype) / 2.0)
-
-
 def _macro_average(rate: Rate, confidence: ArrayLike,
                    interval: str = "bonferroni") -> dict[str, Array]:
   """:meth:`Rate.compute` with ``average="macro"`` for ``[G]`` fields."""
@@ -374,7 +363,7 @@ def _macro_average(rate: Rate, confidence: ArrayLike,
     # sum_i w_i^2 = sum_g n_g / (G' n_g)^2 = sum_g 1 / (G'^2 n_g)
     trials = xp.maximum(rate.total, 1).astype(wide)
     square_weights = xp.sum(xp.where(has_trials, 1.0 / trials, 0.0)) / (count * count)
-    half = _hoeffding_half_width(confidence, square_weights, wide)
+    half = hoeffding_half_width(confidence, square_weights, wide)
     lower = xp.where(groups > 0, xp.clip(rate_mean - half, 0.0, 1.0), 0.0)
     upper = xp.where(groups > 0, xp.clip(rate_mean + half, 0.0, 1.0), 1.0)
   else:

@@ -53,7 +53,7 @@ import numpy as np
 
 from jaxrobust._validation import check_positive_int, is_concrete
 from jaxrobust.metrics.conventions import array_namespace, row_mask
-from jaxrobust.metrics.intervals import check_confidence
+from jaxrobust.metrics.intervals import alpha_of, hoeffding_half_width
 from jaxrobust.metrics.rates import group_members
 from jaxrobust.metrics.reducers import Reducer
 
@@ -282,15 +282,6 @@ class ScoreHistogram(_ScoreSums, Reducer):
     return self.counts.at[..., at].add(self.unscored.astype(self.counts.dtype))
 
 
-def _alpha(confidence: ArrayLike) -> Array:
-  """``1 - confidence`` in float32 (in float64 first for a host value)."""
-  if isinstance(confidence, jax.Array):
-    return 1.0 - confidence.astype(jnp.float32)
-  c = np.asarray(confidence, np.float64)
-  check_confidence(c)
-  return jnp.asarray((1.0 - c).astype(np.float32))
-
-
 def _bootstrap_means(key: Array, counts: Array, values: Array, resamples: int) -> Array:
   r"""``[R, G]`` means of multinomial resamples of every row of ``counts [G, M]`` (float32),
   drawn value by value: :math:`N_j \sim \mathrm{Bin}(n - \sum_{l<j} N_l, p_j / \sum_{l \ge j}
@@ -412,7 +403,7 @@ def histogram_mean(counts: ArrayLike, values: ArrayLike, confidence: ArrayLike =
   rows = counts if grouped else counts[None]  # [G, M]
   if average == "micro":
     rows = jnp.sum(rows, axis=0, keepdims=True)
-  alpha = _alpha(confidence)
+  alpha = alpha_of(confidence)
   n = jnp.sum(rows, axis=-1)  # [G]
   means = jnp.sum(rows * values[None, :], axis=-1) / jnp.maximum(n, 1.0)
   if average == "macro":
@@ -429,7 +420,7 @@ def histogram_mean(counts: ArrayLike, values: ArrayLike, confidence: ArrayLike =
   if interval == "kl" and average != "macro":
     lower, upper = _kl_bounds(jnp.where(has, means, 0.5), n, jnp.log(2.0 / alpha))
   elif interval != "bootstrap":
-    half = jnp.sqrt(jnp.log(2.0 / alpha) * square_weights / 2.0)
+    half = hoeffding_half_width(confidence, square_weights)
     lower, upper = mean - half, mean + half
   else:
     replicates = _bootstrap_means(key, rows, values, check_positive_int("resamples", resamples))
