@@ -120,6 +120,27 @@ def test_hoeffding_closed_forms():
     assert float(macro["upper"]) == pytest.approx(0.5 + half, abs=1e-6)
 
 
+def test_macro_bootstrap_resamples_every_group_on_its_own():
+  """Groups that sit on one value resample to themselves: the stratified bootstrap of the macro
+  mean of a group at 1 (2 scores) and one at 0 (30 scores) is exactly 1/2, where a pooled
+  resampling would move it; a third, mixed group widens it, inside Hoeffding's interval."""
+  values = jnp.array([0.0, 0.5, 1.0])
+  key = jax.random.key(8)
+  fixed = metrics.histogram_mean(jnp.array([[0, 0, 2], [30, 0, 0]]), values, average="macro",
+                                 interval="bootstrap", key=key, resamples=500)
+  assert (float(fixed["lower"]), float(fixed["mean"]), float(fixed["upper"])) == (0.5, 0.5, 0.5)
+  counts = jnp.array([[0, 0, 2], [30, 0, 0], [10, 10, 10]])
+  mixed = metrics.histogram_mean(counts, values, average="macro", interval="bootstrap", key=key,
+                                 resamples=500)
+  hoeffding = metrics.histogram_mean(counts, values, average="macro", interval="hoeffding")
+  assert float(mixed["mean"]) == pytest.approx(0.5)
+  assert float(hoeffding["lower"]) < float(mixed["lower"]) < 0.5 < float(mixed["upper"]) < float(
+      hoeffding["upper"])
+  # One third of the mixed group's spread: its mean's bootstrap sd is sqrt(1/6 / 30) / 3.
+  assert float(mixed["upper"] - mixed["lower"]) == pytest.approx(
+      2 * 1.96 * np.sqrt(1 / 6 / 30) / 3, rel=0.2)
+
+
 def kl(p, q):
   with np.errstate(divide="ignore", invalid="ignore"):
     return np.where(p > 0, p * np.log(p / q), 0.0) + np.where(p < 1, (1 - p) * np.log(
