@@ -151,6 +151,7 @@ def test_merge_of_halves_psum_and_host_equal_the_whole():
     for name in ("rate", "lower", "hit_any", "hit_at_k", "hit_at_k_upper", "rate_as_success"):
       np.testing.assert_allclose(np.asarray(host_out[name], np.float64),
                                  np.asarray(device_out[name], np.float64), atol=1e-6)
+  assert int(whole.compute(average="macro")["prompts"]) == int(mask.sum())
   micro = whole.compute(k=2, average="micro")
   pooled = metrics.JudgedRate.from_verdicts(verdicts, mask).compute(k=2)
   for name in ("rate", "upper", "hit_any", "hit_at_k", "hit_at_k_lower"):

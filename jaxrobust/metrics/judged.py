@@ -280,7 +280,8 @@ class JudgedRate(_JudgedSums, Reducer):
     any_rate = Rate(hits, prompts).compute(confidence, average=average,
                                            macro_interval=macro_interval)
     out.update(hit_any=any_rate["rate"], hit_any_lower=any_rate["lower"],
-               hit_any_upper=any_rate["upper"], prompts=any_rate["total"])
+               hit_any_upper=any_rate["upper"],
+               prompts=prompts if average is None or np.ndim(prompts) == 0 else xp.sum(prompts))
     if k is not None:
       values, counted = _hit_at_k_table(samples, int(k), unscored)
       counts = _weigh(table, counted)
