@@ -4,12 +4,14 @@ Every factory is wrapped by :func:`jaxrobust.attacks._config.recorded`, so the a
 record their full configuration in ``Attack.config``.
 """
 
-from jaxrobust.attacks import (_apgd, _auto_attack, _carlini_wagner, _ddn, _deepfool, _ensemble,
-                               _eot, _fab, _fgsm, _fmn, _min_norm_search, _pgd, _square)
+from jaxrobust.attacks import (_apgd, _auto_attack, _brendel_bethge, _carlini_wagner, _ddn,
+                               _deepfool, _ensemble, _eot, _fab, _fgsm, _fmn, _min_norm_search,
+                               _pgd, _square)
 from jaxrobust.attacks._config import recorded as _recorded
 
 apgd = _recorded(_apgd.apgd)
 auto_attack = _recorded(_auto_attack.auto_attack)
+brendel_bethge = _recorded(_brendel_bethge.brendel_bethge)
 carlini_wagner_l2 = _recorded(_carlini_wagner.carlini_wagner_l2)
 ddn = _recorded(_ddn.ddn)
 deepfool = _recorded(_deepfool.deepfool)
@@ -22,5 +24,5 @@ min_norm_search = _recorded(_min_norm_search.min_norm_search)
 pgd = _recorded(_pgd.pgd)
 square = _recorded(_square.square)
 
-__all__ = ["apgd", "auto_attack", "carlini_wagner_l2", "ddn", "deepfool", "ensemble", "eot", "fab",
-           "fgsm", "fmn", "min_norm_search", "pgd", "square"]
+__all__ = ["apgd", "auto_attack", "brendel_bethge", "carlini_wagner_l2", "ddn", "deepfool",
+           "ensemble", "eot", "fab", "fgsm", "fmn", "min_norm_search", "pgd", "square"]

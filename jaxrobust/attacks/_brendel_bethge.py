@@ -1,0 +1,348 @@
+r"""The Brendel-Bethge attack (BB; Brendel et al., NeurIPS 2019): a minimum-norm attack that walks
+along the decision boundary towards the clean point, under L2 and Linf.
+
+BB starts from an adversarial point and never leaves the boundary's neighbourhood. Per example:
+
+1. **Start.** An inner minimum-norm attack (``init_attack``; by default :func:`fmn` in the same
+   norm with its defaults) is run without a bound; its point :math:`x_s`, re-checked by the
+   model, is the start. A bisection of ``binary_search_steps`` steps on the path from the clean
+   point :math:`x_0` to :math:`x_s` (L2: the segment :math:`x_0 + \tau (x_s - x_0)`; Linf: the
+   perturbation clipped to :math:`\pm\tau \|x_s - x_0\|_\infty`, whose Linf norm is
+   :math:`\tau \|x_s - x_0\|_\infty`) moves it to the boundary: the smallest :math:`\tau` found
+   adversarial. Every adversarial point on the way is scored, so the result is never worse than
+   the start. Where the inner attack found nothing, BB starts at :math:`x_0` itself (its steps
+   then move towards the boundary within the trust region, a gradient attack of their own).
+2. **Steps** :math:`k = 0, \dots, K - 1`. At the iterate :math:`x_k`, one forward and one
+   backward pass give the logit difference :math:`\ell = z_y - \max_{j \ne y} z_j` (targeted:
+   :math:`\max_{j \ne t} z_j - z_t`; adversarial iff :math:`\ell < 0`) and its gradient
+   :math:`g`, averaged into the boundary normal :math:`b_k = (1 - m)\, g + m\, b_{k-1}`
+   (:math:`b_0 = g`; momentum :math:`m`). The linearised model reaches
+   :math:`\ell + b^\top\delta`; the step aims at
+
+   .. math:: c = -\omega\,\ell \ \ (\ell > 0), \qquad c = -(2 - \omega)\,\ell \ \ (\ell \le 0),
+
+   with the overshoot :math:`\omega` (1.1: a non-adversarial iterate is carried 10% beyond the
+   boundary, an adversarial one pulled back to 10% of its depth), and solves
+
+   .. math::
+      \min_\delta\ \|x_0 - x_k - \delta\|_p \quad\text{s.t.}\quad b_k^\top\delta = c,\
+      l \le x_k + \delta \le u,\ \|\delta\|_2 \le r_k,
+
+   exactly (L2: nested 1-D searches on the Lagrange multipliers; Linf: a bisection on the Linf
+   distance of L2 problems in a shrunken box; see :mod:`jaxrobust.attacks._boundary_steps`), or,
+   where the plane cannot be reached inside the box and the trust region, takes the largest step
+   towards it. Then :math:`x_{k+1} = \operatorname{clip}(x_k + \delta)`.
+3. **Trust region.** :math:`r_k = \eta_k\, D\,(u - l)` with :math:`D` the number of input
+   elements of one example and :math:`\eta_k = \eta\,\gamma^{\lfloor (k + 2) / I \rfloor}`,
+   :math:`I = \max(1, \lfloor K / n \rfloor)` (``lr``, ``lr_decay`` and ``lr_num_decay``).
+
+Every iterate is scored (the last one by ``finalize``) and the adversarial one of smallest norm
+returned, as for every minimum-norm attack of the library (:class:`MinNormBest`).
+
+Defaults are those of the paper and of Foolbox 3.3's ``L2BrendelBethgeAttack`` /
+``LinfinityBrendelBethgeAttack`` (``steps=1000``, ``lr=1e-3``, ``lr_decay=0.5``,
+``lr_num_decay=20``, ``momentum=0.8``, ``overshoot=1.1``, ``binary_search_steps=10``). Where this
+implementation departs from Foolbox's:
+
+* **The start.** Foolbox starts from a blended-uniform-noise line search by default; here from FMN
+  (a strong start halves the work BB has to do, and a noise blend needs many forward passes
+  in high dimension). Any minimum-norm attack can be given as ``init_attack``.
+* **The trust region** is per example: Foolbox multiplies ``lr`` by the number of elements of the
+  whole batch (``prod(x.shape)``), so its trust region grows with the batch size; here :math:`D`
+  is one example's (Foolbox's radius at batch size :math:`B` is this one's at ``lr * B``).
+* **The L2 step** is the exact solution of the trust-region problem; Foolbox's active-set solver
+  fixes a coordinate at the box once it leaves it and never frees it again. The Linf step is the
+  same search as Foolbox's (on :math:`\epsilon`, with an L2 problem inside).
+* **The search on the path** scores every adversarial midpoint (Foolbox keeps only the last).
+
+The search never looks at ``budget.eps``: the start is the unbounded inner attack's, and a finite
+eps only filters the returned point; a row is ``done`` once its smallest adversarial point lies
+inside a finite eps-ball (at ``eps = inf`` never).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable, NamedTuple, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+
+from jaxrobust import losses as losses_lib
+from jaxrobust import projections
+from jaxrobust._batch import expand, fold_in, is_success, like_batch, rows_finite
+from jaxrobust._options import RunOptions
+from jaxrobust._types import Attack, Budget
+from jaxrobust._validation import check_bool, check_number, check_positive_int
+from jaxrobust.attacks import _boundary_steps
+from jaxrobust.attacks._ddn import ddn
+from jaxrobust.attacks._fab import fab
+from jaxrobust.attacks._fmn import fmn
+from jaxrobust.attacks._common import (MinNormBest, loss_grad_logits, score_last_iterate,
+                                       unpack_budget)
+from jaxrobust.engine import attack_loop
+
+Array = jax.Array
+
+NORMS = ("l2", "linf")
+_TAG = 0xB8  # folded into the per-example keys for the inner attack's run
+# The inner attack runs as one dense scan inside ``init``: no canonical convolutions (the outer
+# run makes them canonical).
+_INNER_OPTIONS = RunOptions(canonical=False, score_skipped_rows=False)
+
+
+class BBState(NamedTuple):
+  """The ``lax.scan`` carry of Brendel-Bethge."""
+
+  x_adv: Array  # [B, ...] work dtype: the current iterate x_k, inside the box.
+  normal: Array  # [B, ...] work dtype: the boundary normal b_{k-1} (momentum average).
+  best: MinNormBest  # smallest adversarial point seen (start and path included), per example.
+  k: Array  # [] int32: steps done.
+  limit: Array  # [B] work dtype: the budget's eps, for ``done`` (``inf``: no bound).
+
+
+class _Config(NamedTuple):
+  """The static configuration, chosen by :func:`brendel_bethge`."""
+
+  norm: str
+  steps: int
+  lr: float
+  lr_decay: float
+  interval: int  # steps between two decays of the trust region
+  momentum: float
+  overshoot: float
+  binary_search_steps: int
+  init_attacks: tuple[Attack, ...]
+  difference: Callable[..., Array]  # the logit difference, negative iff adversarial
+
+
+def _difference(logits: Array, labels: Array) -> Array:
+  r""":math:`z_y - \max_{j \ne y} z_j`: negative exactly when the point is adversarial."""
+  return -losses_lib.margin(logits, labels)
+
+
+def _difference_to_target(logits: Array, labels: Array, target: Array) -> Array:
+  r""":math:`\max_{j \ne t} z_j - z_t`: negative exactly when the target is the prediction."""
+  return -losses_lib.targeted_margin(logits, labels, target)
+
+
+def _on_path(norm: str, x: Array, start: Array, tau: Array) -> Array:
+  """The point at ``tau`` in ``[0, 1]`` of the path from ``x`` (0) to ``start`` (1), whose norm
+  grows linearly in ``tau``."""
+  delta = start - x
+  if norm == "l2":
+    return x + expand(tau, x.ndim) * delta
+  reach = expand(tau * projections.norm(delta, "linf"), x.ndim)
+  return x + jnp.clip(delta, -reach, reach)
+
+
+def _start(config: _Config, logits_fn, x, y, keys, target, lower, upper) -> MinNormBest:
+  """The smallest adversarial point of the inner attacks' (each run at ``eps = inf`` on keys of
+  its own, re-checked by the model); ``norm = inf`` where none found one."""
+  best = MinNormBest.empty(x)
+  unbounded = jnp.full_like(best.norm, jnp.inf)
+  for index, attack in enumerate(config.init_attacks):
+    inner = attack_loop.attack_rows(attack, logits_fn, lower, upper, _INNER_OPTIONS)
+    point = inner(x, y, unbounded, fold_in(keys, _TAG + index), target)
+    point = jnp.clip(point.astype(x.dtype), lower, upper)
+    found = is_success(logits_fn(point), y, target) & rows_finite(point)
+    best = best.update(point, projections.norm(point - x, config.norm), found)
+  return best
+
+
+def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> BBState:
+  x, limit, lower, upper = unpack_budget(x, budget)
+  limit = like_batch(limit, x)
+  best = _start(config, logits_fn, x, y, keys, target, lower, upper)
+  start, found = best.x, jnp.isfinite(best.norm)
+  size = lambda point: projections.norm(point - x, config.norm)
+
+  def bisect(_, carry):
+    low, high, best = carry
+    tau = (low + high) / 2
+    point = _on_path(config.norm, x, start, tau)
+    adversarial = found & is_success(logits_fn(point), y, target)
+    return (jnp.where(adversarial, low, tau), jnp.where(adversarial, tau, high),
+            best.update(point, size(point), adversarial))
+
+  zero = jnp.zeros_like(limit)
+  _, high, best = jax.lax.fori_loop(0, config.binary_search_steps, bisect,
+                                    (zero, jnp.ones_like(limit), best))
+  x_start = jnp.where(expand(found, x.ndim), _on_path(config.norm, x, start, high), x)
+  return BBState(x_adv=x_start, normal=jnp.zeros_like(x), best=best, k=jnp.zeros((), jnp.int32),
+                 limit=limit)
+
+
+def _step(config: _Config, logits_fn, state: BBState, x, y, budget: Budget,
+          target=None) -> BBState:
+  x, _, lower, upper = unpack_budget(x, budget)
+  difference, grad, logits = loss_grad_logits(logits_fn, config.difference, state.x_adv, y,
+                                              target)
+  best = state.best.update(state.x_adv, projections.norm(state.x_adv - x, config.norm),
+                           is_success(logits, y, target))
+  grad = grad.astype(x.dtype)
+  normal = jnp.where(state.k == 0, grad, (1 - config.momentum) * grad + config.momentum
+                     * state.normal)
+  difference = difference.astype(x.dtype)
+  goal = jnp.where(difference > 0, -config.overshoot * difference,
+                   -(2 - config.overshoot) * difference)
+  goal = jnp.where(jnp.isfinite(goal), goal, 0.0)
+  decays = ((state.k + 2) // config.interval).astype(x.dtype)
+  size = math.prod(x.shape[1:])
+  region = config.lr * jnp.power(jnp.asarray(config.lr_decay, x.dtype), decays) * size * (
+      upper - lower)
+  solve = _boundary_steps.l2_step if config.norm == "l2" else _boundary_steps.linf_step
+  flat = lambda a: a.reshape(a.shape[0], -1)
+  delta = solve(flat(x), flat(state.x_adv), flat(normal), goal,
+                jnp.broadcast_to(region, goal.shape), lower, upper)
+  x_next = jnp.clip(state.x_adv + delta.reshape(x.shape), lower, upper)
+  return BBState(x_adv=x_next, normal=normal, best=best, k=state.k + 1, limit=state.limit)
+
+
+def _finalize(config: _Config, logits_fn, state: BBState, x, y, budget: Budget,
+              target=None) -> Array:
+  x, eps, _, _ = unpack_budget(x, budget)
+  best = score_last_iterate(state.best, logits_fn, state.x_adv, y, target,
+                            lambda _: projections.norm(state.x_adv - x, config.norm))
+  inside = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
+  return jnp.where(expand(inside, x.ndim), best.x, x)
+
+
+def _done(state: BBState) -> Array:
+  """Rows whose smallest adversarial point already lies inside a finite eps-ball (see
+  :meth:`MinNormBest.within`); at ``eps = inf`` none."""
+  return state.best.within(state.limit)
+
+
+def default_init_attack(norm: str, targeted: bool = False) -> tuple[Attack, ...]:
+  """The starts tried when ``init_attack`` is ``None``: FMN and FAB in the attack's norm, and for
+  L2 DDN as well, each at its defaults (the smallest adversarial point of theirs is the start)."""
+  starts = (fmn(norm, targeted=targeted), fab(norm, targeted=targeted, n_target_classes=None))
+  return ((ddn(targeted=targeted),) if norm == "l2" else ()) + starts
+
+
+def _check_init_attacks(init_attack, targeted: bool) -> tuple[Attack, ...]:
+  attacks = (init_attack,) if isinstance(init_attack, Attack) else tuple(init_attack)
+  if not attacks:
+    raise ValueError("init_attack must be an attack or a non-empty sequence of attacks.")
+  for attack in attacks:
+    _check_init_attack(attack, targeted)
+  return attacks
+
+
+def _check_init_attack(attack: Attack, targeted: bool) -> None:
+  if not isinstance(attack, Attack):
+    raise TypeError(f"init_attack must be a jr.Attack, got {type(attack).__name__}.")
+  if not attack.minimum_norm:
+    raise ValueError(f"init_attack {attack.name!r} is a fixed-budget attack; brendel_bethge runs "
+                     "it without a bound, so it must be a minimum-norm attack (fmn, ddn, fab, "
+                     "deepfool, carlini_wagner_l2, min_norm_search(...)).")
+  if attack.suite is not None or attack.drive is not None:
+    raise ValueError(f"init_attack cannot be the suite {attack.name!r}: give a single attack.")
+  if attack.samples:
+    raise ValueError(f"init_attack {attack.name!r} attacks a randomized model (jr.attacks.eot), "
+                     "which brendel_bethge does not support.")
+  if attack.targeted != targeted:
+    raise ValueError(f"init_attack {attack.name!r} has targeted={attack.targeted}, the attack "
+                     f"targeted={targeted}: they must agree.")
+
+
+def brendel_bethge(norm: str = "l2", *, steps: int = 1000, lr: float = 1e-3,
+                   lr_decay: float = 0.5, lr_num_decay: int = 20, momentum: float = 0.8,
+                   overshoot: float = 1.1, binary_search_steps: int = 10,
+                   init_attack: Union[Attack, Sequence[Attack], None] = None,
+                   targeted: bool = False) -> Attack:
+  r"""Brendel-Bethge: refine an adversarial start along the decision boundary (L2 or Linf).
+
+  A minimum-norm attack (``minimum_norm=True``). ``init_attack`` (default: ``fmn(norm)``) runs
+  first, without a bound, inside ``init``; a bisection of ``binary_search_steps`` forward passes
+  on the path from ``x`` to its point moves the start onto the boundary. Each of ``steps``
+  iterations then takes one forward and one backward pass at the iterate :math:`x_k`, averages
+  the gradient of the logit difference :math:`\ell = z_y - \max_{j \ne y} z_j` into the boundary
+  normal :math:`b_k` (``momentum``), and moves by the exact solution of
+
+  .. math::
+     \min_\delta\ \|x - x_k - \delta\|_p \quad\text{s.t.}\quad b_k^\top\delta = c,\
+     l \le x_k + \delta \le u,\ \|\delta\|_2 \le r_k,
+
+  with :math:`c = -\omega\ell` (not yet adversarial) or :math:`-(2 - \omega)\ell` (adversarial),
+  :math:`\omega` the ``overshoot``, and the trust region
+  :math:`r_k = \mathrm{lr}\cdot \mathrm{lr\_decay}^{\lfloor (k + 2)/I \rfloor} \cdot D\,(u - l)`,
+  :math:`I = \lfloor \mathrm{steps} / \mathrm{lr\_num\_decay} \rfloor`, :math:`D` the number of
+  input elements of one example; where the plane cannot be reached within the box and the trust
+  region, the largest step towards it. The adversarial point of smallest norm seen (the start and
+  the bisection's points included) is returned, so the result is never worse than the start. See
+  :mod:`jaxrobust.attacks._brendel_bethge` for the algorithm and where it departs from Foolbox.
+
+  ``budget.eps`` is an optional upper bound (``inf`` for none) that never changes the search: the
+  smallest adversarial point found is returned if it lies in the eps-ball, and ``x`` otherwise
+  (a failure, norm ``inf``). At a finite eps a row is ``done`` once such a point lies inside the
+  ball (early exit stops it there); at ``eps = inf`` never. Points misclassified on the clean
+  input are returned unchanged.
+
+  Cost per example: the inner attack's (``fmn``: 100 forward and backward passes), plus
+  ``binary_search_steps + 1`` forward passes, plus ``steps`` forward and backward passes, plus a
+  trust-region solve per step (a few hundred elementwise passes over the input, no model call).
+
+  Args:
+    norm: ``"l2"`` or ``"linf"``.
+    steps: iterations (>= 1) along the boundary.
+    lr: the initial trust region :math:`\eta > 0`, as a fraction of :math:`D\,(u - l)`.
+    lr_decay: the factor :math:`\gamma \in (0, 1]` applied ``lr_num_decay`` times.
+    lr_num_decay: how many times (>= 1) the trust region decays over ``steps``.
+    momentum: the weight :math:`m \in [0, 1)` of the past boundary normal.
+    overshoot: :math:`\omega \in [1, 2)`, how far beyond the linearised boundary a step aims.
+    binary_search_steps: bisections (>= 0) on the path from ``x`` to the inner attack's point.
+    init_attack: the minimum-norm attack that finds the start (run at ``eps = inf``), targeted
+      as this attack is; ``None``: ``jr.attacks.fmn(norm, targeted=targeted)``.
+    targeted: drive the prediction to ``target`` (pass ``target=`` to :func:`jaxrobust.run`).
+
+  Returns:
+    A :class:`jaxrobust.Attack` with ``minimum_norm=True``.
+
+  Raises:
+    ValueError: an unknown norm, an option out of range, or an ``init_attack`` that is not a
+      single minimum-norm attack on a deterministic model targeted as this one.
+    TypeError: ``init_attack`` is not a :class:`jaxrobust.Attack`.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> import jaxrobust as jr
+    >>> logits_fn = lambda x: x @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+    >>> x, y = jnp.array([[0.6, 0.4]]), jnp.array([0])  # L2 distance to the boundary: 0.1414
+    >>> attack = jr.attacks.brendel_bethge("l2", steps=20)
+    >>> run = jax.jit(lambda e: jr.run(attack, logits_fn, x, y, jr.Budget(e), jax.random.key(0)))
+    >>> result = run(jnp.inf)  # no bound on the norm
+    >>> bool(result.success[0]), round(float(result.norm[0]), 4)
+    (True, 0.1414)
+    >>> bool(run(0.14).success[0])  # no point within 0.14 is adversarial
+    False
+
+  References:
+    Brendel, Rauber, Kümmerer, Ustyuzhaninov & Bethge, "Accurate, reliable and fast robustness
+    evaluation", NeurIPS 2019, arXiv:1907.01003.
+  """
+  if norm not in NORMS:
+    raise ValueError(f"brendel_bethge supports the norms {NORMS}, got {norm!r}.")
+  steps = check_positive_int("steps", steps)
+  lr = check_number("lr", lr, low=0.0, low_open=True)
+  lr_decay = check_number("lr_decay", lr_decay, low=0.0, high=1.0, low_open=True)
+  lr_num_decay = check_positive_int("lr_num_decay", lr_num_decay)
+  momentum = check_number("momentum", momentum, low=0.0, high=1.0, high_open=True)
+  overshoot = check_number("overshoot", overshoot, low=1.0, high=2.0, high_open=True)
+  binary_search_steps = check_positive_int("binary_search_steps", binary_search_steps, minimum=0)
+  targeted = check_bool("targeted", targeted)
+  if init_attack is None:
+    init_attack = default_init_attack(norm, targeted)
+  init_attacks = _check_init_attacks(init_attack, targeted)
+  config = _Config(norm=norm, steps=steps, lr=lr, lr_decay=lr_decay,
+                   interval=max(1, steps // lr_num_decay), momentum=momentum,
+                   overshoot=overshoot, binary_search_steps=binary_search_steps,
+                   init_attacks=init_attacks,
+                   difference=_difference_to_target if targeted else _difference)
+  return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
+                finalize=functools.partial(_finalize, config), num_steps=steps, norm=norm,
+                targeted=targeted, minimum_norm=True,
+                name=f"brendel-bethge-{norm}-{steps}" + ("-targeted" if targeted else ""),
+                done=_done)
