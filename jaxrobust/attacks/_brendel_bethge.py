@@ -234,12 +234,12 @@ def _check_init_attacks(init_attack, targeted: bool) -> tuple[Attack, ...]:
 def _check_init_attack(attack: Attack, targeted: bool) -> None:
   if not isinstance(attack, Attack):
     raise TypeError(f"init_attack must be a jr.Attack, got {type(attack).__name__}.")
+  if attack.suite is not None or attack.drive is not None:
+    raise ValueError(f"init_attack cannot be the suite {attack.name!r}: give a single attack.")
   if not attack.minimum_norm:
     raise ValueError(f"init_attack {attack.name!r} is a fixed-budget attack; brendel_bethge runs "
                      "it without a bound, so it must be a minimum-norm attack (fmn, ddn, fab, "
                      "deepfool, carlini_wagner_l2, min_norm_search(...)).")
-  if attack.suite is not None or attack.drive is not None:
-    raise ValueError(f"init_attack cannot be the suite {attack.name!r}: give a single attack.")
   if attack.samples:
     raise ValueError(f"init_attack {attack.name!r} attacks a randomized model (jr.attacks.eot), "
                      "which brendel_bethge does not support.")
