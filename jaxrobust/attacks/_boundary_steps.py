@@ -202,7 +202,18 @@ def _where_rows(rows: Array, a: Array, b: Array) -> Array:
 def l2_step(x0: Array, x: Array, b: Array, c: Array, r: Array, lower: Array,
             upper: Array) -> Array:
   r"""The step of :math:`\min \|x_0 - x - \delta\|_2` on the plane, in the box and the trust
-  region (see the module docstring): ``[B, D]``."""
+  region (see the module docstring): ``[B, D]``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> x0, x = jnp.array([[0.0, 0.0]]), jnp.array([[0.5, 0.5]])  # on the plane x_1 = 0.5
+    >>> b, c = jnp.array([[0.0, 1.0]]), jnp.array([0.0])  # stay on it
+    >>> l2_step(x0, x, b, c, jnp.array([1.0]), 0.0, 1.0).tolist()  # slide along it to x0's foot
+    [[-0.5, 0.0]]
+    >>> step = l2_step(x0, x, b, c, jnp.array([0.1]), 0.0, 1.0)  # within the trust region
+    >>> [round(float(v), 4) for v in step[0]]
+    [-0.1, 0.0]
+  """
   lo, hi = lower - x, upper - x
   d = x0 - x
   nearest, fits = _reach_plane(b, lo, hi, c, r)
