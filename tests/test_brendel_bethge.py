@@ -31,7 +31,7 @@ from tests.models import Linear, mlp
 
 A = jr.attacks
 CLASSES = 10
-STEPS = 300
+STEPS = 200
 LAYOUT = {("l2", False): (4, 4, 4), ("linf", False): (64,), ("l2", True): (8, 8)}
 
 
