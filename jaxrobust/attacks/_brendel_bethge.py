@@ -49,7 +49,7 @@ implementation departs from Foolbox's:
   problem has many local optima (a start where the direction to :math:`x_0` is normal to the
   boundary, the clipped coordinates aside, does not move), so the answer is only as good as the
   basin of its start. On the digits MLP, BB from FMN's points alone ended where FMN did (median
-  L2 0.4950), from FAB's at 0.4676, from the best of FMN and FAB at 0.4676 and 2-4% lower on the
+  L2 0.4950), from FAB's at 0.4676, from the best of FMN and FAB at 0.4676 and 3-8% lower on the
   CNN and k-WTA models than from either alone. Any minimum-norm attack, or a sequence of them,
   can be given as ``init_attack``.
 * **The trust region** is per example: Foolbox multiplies ``lr`` by the number of elements of the
