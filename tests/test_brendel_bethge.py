@@ -11,6 +11,9 @@ r"""The Brendel-Bethge attack against exact minimal distances, its start, and it
   :math:`v^\top\delta = g`), and BB lands within 0.5% of it on every point.
 * On a small MLP the result is never worse than the start (the same FMN run alone), better on
   most points, and a permuted batch gives the permuted result.
+* Without a start (an inner attack that finds 1 point of 16), BB walks from ``x`` itself and
+  ends at the exact minimum on 15 of 16 linear points; on a model that nothing in the box breaks
+  it returns ``x`` with norm ``inf``, counted as not found at ``eps = inf`` only.
 * A finite eps is an upper bound; bad arguments raise clear errors.
 
 Weights, inputs, eps and targets are jit arguments: one compilation per norm and mode.
@@ -204,3 +207,38 @@ def test_defaults_and_recorded_configuration():
   assert [name.split("-")[0] for name in starts] == ["ddn", "fmn", "fab"], starts
   given = json.loads(A.brendel_bethge("l2", init_attack=(A.ddn(steps=5),)).config)
   assert given["init_attack"][0]["factory"] == "ddn"
+
+
+def _unbreakable(x: jax.Array) -> jax.Array:
+  """Two classes, ``z = (1, mean(x) / 2)``: class 0 wins everywhere in ``[0, 1]``, with a margin
+  whose gradient is never zero (``tests/test_min_norm_found.py``)."""
+  m = jnp.mean(x.reshape(x.shape[0], -1), axis=1, keepdims=True)
+  return jnp.concatenate([jnp.ones_like(m), m / 2], axis=1)
+
+
+def test_without_a_start_it_walks_from_x_and_counts_what_it_cannot_break():
+  """A start that finds nothing (FGM capped at eps 0.01): on the linear problem BB walks from
+  ``x`` to the boundary and down it; on a model no point of the box breaks it returns ``x``,
+  norm ``inf``, counted at ``eps = inf`` only."""
+  nothing = A.min_norm_search(A.fgsm("l2"), search_steps=2, max_eps=0.01)
+  attack = A.brendel_bethge("l2", steps=STEPS, init_attack=nothing)
+  p = linear_problem(shape=(64,), classes=CLASSES, norm="l2", n=16, seed=4)
+  logits_fn = Linear(p.model.w, p.model.b).logits_fn
+  result = jax.jit(lambda x, y: jr.run(attack, logits_fn, x, y, jr.Budget(jnp.inf),
+                                       jax.random.key(0)))(p.x, p.y)
+  size = _check(result, p.x, p.y, p.model.w, p.model.b, "l2")
+  ratio = size / p.distance
+  assert np.mean(np.isfinite(ratio)) >= 0.9 and ratio.min() >= 1 - 1e-4
+  assert np.median(ratio) <= 1.05, np.median(ratio)
+
+  x = jax.random.uniform(jax.random.key(1), (6, 8))
+  y = jnp.array([0, 0, 1, 0, 1, 0], jnp.int32)  # rows 2 and 4 are misclassified already
+  run = jax.jit(lambda eps: jr.run(attack, _unbreakable, x, y, jr.Budget(eps), jax.random.key(0)))
+  correct = np.asarray(y) == 0
+  result = run(jnp.float32(jnp.inf))
+  assert not np.asarray(result.success)[correct].any()
+  assert np.all(np.isinf(np.asarray(result.norm)[correct]))
+  assert int(result.info["counts"]["minimum_norm_not_found"]) == 4
+  bounded = run(jnp.float32(0.5))
+  assert int(bounded.info["counts"]["minimum_norm_not_found"]) == 0
+  np.testing.assert_array_equal(np.asarray(bounded.x_adv)[correct], np.asarray(x)[correct])
