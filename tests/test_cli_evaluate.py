@@ -316,3 +316,19 @@ def test_torch_mistakes_exit_2_with_one_clear_line(workspace, capsys, case, matc
   err = capsys.readouterr().err
   assert code == 2 and err.count("\n") == 1 and match in err, err
   assert "module.eval()" in err or case == "no model"
+
+
+def test_every_attack_name_builds_its_attack_or_names_the_norm():
+  from jaxrobust.cli import evaluate as cli_evaluate  # noqa: PLC0415
+  for norm in ("linf", "l2", "l1"):
+    for name in cli_evaluate.ATTACKS:
+      try:
+        attack = cli_evaluate.build_attacks([name], norm, 3)[name]
+      except cli_evaluate.UserError as error:
+        assert f"--attack {name} with --norm {norm}: " in str(error)
+        continue
+      assert attack.norm == norm, (name, norm)
+  bb = cli_evaluate.build_attacks(["brendel_bethge"], "l2", 7)["brendel_bethge"]
+  assert bb.minimum_norm and bb.num_steps == 7
+  with pytest.raises(cli_evaluate.UserError, match="brendel_bethge with --norm l1"):
+    cli_evaluate.build_attacks(["brendel_bethge"], "l1", None)

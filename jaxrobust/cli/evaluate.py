@@ -50,7 +50,7 @@ from jaxrobust.cli._args import add_traceback_option, int_at_least
 from jaxrobust.cli._errors import UserError, main_command, one_line
 
 ATTACKS = ("pgd", "fgsm", "apgd", "apgd_t", "auto_attack", "square", "fab", "fab_t", "fmn",
-           "deepfool", "cw", "ddn")
+           "deepfool", "cw", "ddn", "brendel_bethge")
 """The attack names ``--attack`` accepts (comma-separated for several)."""
 
 
@@ -239,6 +239,7 @@ def build_attacks(names: Sequence[str], norm: str, steps: int | None) -> dict[st
       "deepfool": lambda: a.deepfool(norm, **with_steps),
       "cw": lambda: _carlini_wagner(norm, with_steps),
       "ddn": lambda: _ddn(norm, with_steps),
+      "brendel_bethge": lambda: a.brendel_bethge(norm, **with_steps),
   }
   out = {}
   for name in names:
