@@ -107,17 +107,54 @@ class _Block(nnx.Module):
     self.up = nnx.Linear(dim, 4 * dim, rngs=rngs)
     self.down = nnx.Linear(4 * dim, dim, rngs=rngs)
 
-  def __call__(self, x: jax.Array) -> jax.Array:
+  def _heads(self, x: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Queries, keys and values ``[B, L, H, D / H]`` of ``x`` ``[B, L, D]``."""
     batch, length, dim = x.shape
-    head_dim = dim // self.heads
     q, k, v = jnp.split(self.qkv(self.norm_attention(x)), 3, axis=-1)
-    q, k, v = (a.reshape(batch, length, self.heads, head_dim) for a in (q, k, v))
-    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(head_dim)
+    return tuple(a.reshape(batch, length, self.heads, dim // self.heads) for a in (q, k, v))
+
+  def _finish(self, x: jax.Array, attended: jax.Array) -> jax.Array:
+    x = x + self.out(attended.reshape(x.shape))
+    return x + self.down(jax.nn.gelu(self.up(self.norm_mlp(x)), approximate=True))
+
+  def __call__(self, x: jax.Array) -> jax.Array:
+    return self.with_keys(x)[0]
+
+  def with_keys(self, x: jax.Array) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
+    """The block's output on ``x`` ``[B, L, D]`` and its keys and values ``[B, L, H, D / H]``."""
+    length = x.shape[1]
+    q, k, v = self._heads(x)
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.shape[-1])
     causal = jnp.tril(jnp.ones((length, length), bool))
     scores = jnp.where(causal, scores, -1e9)
     attended = jnp.einsum("bhqk,bkhd->bqhd", jax.nn.softmax(scores, axis=-1), v)
-    x = x + self.out(attended.reshape(batch, length, dim))
-    return x + self.down(jax.nn.gelu(self.up(self.norm_mlp(x)), approximate=True))
+    return self._finish(x, attended), (k, v)
+
+  def after_prefix(self, x: jax.Array, cache: tuple[jax.Array, jax.Array]) -> jax.Array:
+    """The block's output on ``x`` ``[B, L, D]`` continuing a prefix whose keys and values
+    ``[R, P, H, D / H]`` are ``cache``: ``R = B`` (a prefix per row) or ``R = 1`` (one prefix
+    shared by every row, attended to without copying it ``B`` times). One softmax over the
+    prefix's keys and the causal ones of ``x``."""
+    length = x.shape[1]
+    q, k, v = self._heads(x)
+    prefix_k, prefix_v = cache
+    shared = prefix_k.shape[0] == 1
+    scale = math.sqrt(q.shape[-1])
+    if shared:
+      earlier = jnp.einsum("bqhd,khd->bhqk", q, prefix_k[0]) / scale
+    else:
+      earlier = jnp.einsum("bqhd,bkhd->bhqk", q, prefix_k) / scale
+    own = jnp.einsum("bqhd,bkhd->bhqk", q, k) / scale
+    own = jnp.where(jnp.tril(jnp.ones((length, length), bool)), own, -1e9)
+    weights = jax.nn.softmax(jnp.concatenate([earlier, own], axis=-1), axis=-1)
+    num_prefix = prefix_k.shape[1]
+    to_prefix, to_own = weights[..., :num_prefix], weights[..., num_prefix:]
+    if shared:
+      attended = jnp.einsum("bhqk,khd->bqhd", to_prefix, prefix_v[0])
+    else:
+      attended = jnp.einsum("bhqk,bkhd->bqhd", to_prefix, prefix_v)
+    attended = attended + jnp.einsum("bhqk,bkhd->bqhd", to_own, v)
+    return self._finish(x, attended)
 
 
 class TinyCausalLM(nnx.Module):
@@ -171,6 +208,47 @@ class TinyCausalLM(nnx.Module):
   def __call__(self, tokens: jax.Array) -> jax.Array:
     """``[B, L]`` int token ids -> ``[B, L, V]`` next-token logits."""
     return self.logits_from_embeddings(self.embed(tokens))
+
+  def prefix_cache(self, embeds: jax.Array) -> tuple[tuple[jax.Array, jax.Array], ...]:
+    """The key/value cache of a prefix: per block, its keys and values ``[B, P, H, D / H]`` on
+    the prefix's embeddings ``embeds`` ``[B, P, D]`` (the ``prefix_fn`` of
+    :func:`jaxrobust.text.run_gcg`)."""
+    x = embeds + self.positions[...][None, :embeds.shape[1]]
+    cache = []
+    for block in self.blocks:
+      x, keys = block.with_keys(x)
+      cache.append(keys)
+    return tuple(cache)
+
+  def logits_after_prefix(self, embeds: jax.Array,
+                          cache: tuple[tuple[jax.Array, jax.Array], ...]) -> jax.Array:
+    """``[B, L, D]`` embeddings of the tokens after a prefix of ``P`` tokens whose
+    :meth:`prefix_cache` is ``cache`` (leading axis ``B``, or 1 for a prefix shared by every
+    row) -> ``[B, L, V]`` next-token logits: the last ``L`` rows of
+    :meth:`logits_from_embeddings` on the whole sequence (up to float rounding).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> lm = TinyCausalLM(12, context_length=8, dim=16, heads=2, layers=2, rngs=nnx.Rngs(0))
+      >>> embeds = lm.embedding[jnp.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])]
+      >>> cache = lm.prefix_cache(embeds[:, :3])
+      >>> whole = lm.logits_from_embeddings(embeds)[:, 3:]
+      >>> bool(jnp.allclose(lm.logits_after_prefix(embeds[:, 3:], cache), whole, atol=1e-5))
+      True
+      >>> shared = jax.tree.map(lambda a: a[:1], cache)  # row 0's prefix for both rows
+      >>> row0 = lm.logits_after_prefix(embeds[:1, 3:], shared)
+      >>> bool(jnp.allclose(lm.logits_after_prefix(embeds[:, 3:], shared)[:1], row0, atol=1e-5))
+      True
+    """
+    num_prefix = cache[0][0].shape[1] if cache else 0
+    end = num_prefix + embeds.shape[1]
+    if end > self.context_length:
+      raise ValueError(f"{num_prefix} + {embeds.shape[1]} tokens exceed the context of "
+                       f"{self.context_length}")
+    x = embeds + self.positions[...][None, num_prefix:end]
+    for block, keys in zip(self.blocks, cache):
+      x = block.after_prefix(x, keys)
+    return self.head(self.norm(x))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,7 +16,9 @@ budget of changed positions (``max_swaps``, traced data).
   :class:`jaxrobust.Curve`; :func:`textattack_summary`: TextAttack's summary numbers;
 * :func:`gcg` + :func:`run_gcg`: Greedy Coordinate Gradient (Zou et al. 2023) on causal language
   models given as ``lm_logits_fn(embeds [B, L, D]) -> [B, L, V]``, returning a
-  :class:`GCGResult` (adversarial suffix, target loss, success);
+  :class:`GCGResult` (adversarial suffix, target loss, success); optionally with the prompt's
+  key/value cache computed once (``prefix_fn``), and in resumable segments
+  (:func:`gcg_segment`, :class:`GCGState`, :func:`save_gcg_state`, :func:`load_gcg_state`);
 * :func:`classifier_judge` and :func:`host_judge`: verdicts (success, failure, unscored) on
   generated responses from a JAX classifier or a Python judge called on the host in batches,
   for :class:`jaxrobust.metrics.JudgedRate`.
@@ -48,15 +50,18 @@ References:
 """
 
 from jaxrobust.text._curve import swap_curve
-from jaxrobust.text._judge import classifier_judge, host_judge, parse_verdict
 from jaxrobust.text._gcg import GCG, GCGResult, check_gcg_inputs, gcg, run_gcg
+from jaxrobust.text._gcg_resume import GCGState, gcg_segment, load_gcg_state, save_gcg_state
+from jaxrobust.text._judge import classifier_judge, host_judge, parse_verdict
 from jaxrobust.text._summary import textattack_summary
 from jaxrobust.text._textfooler import check_textfooler_inputs, run_textfooler, textfooler
 from jaxrobust.text._types import (Result, TextAttackSummary, TextFooler, TextFoolerResult,
                                    WordSwap)
 from jaxrobust.text._word_swap import check_inputs, run, word_swap
 
-__all__ = ["GCG", "GCGResult", "Result", "TextAttackSummary", "TextFooler", "TextFoolerResult",
-           "WordSwap", "check_gcg_inputs", "check_inputs", "check_textfooler_inputs",
-           "classifier_judge", "gcg", "host_judge", "parse_verdict", "run", "run_gcg", "run_textfooler", "swap_curve", "textattack_summary", "textfooler",
+__all__ = ["GCG", "GCGResult", "GCGState", "Result", "TextAttackSummary", "TextFooler",
+           "TextFoolerResult", "WordSwap", "check_gcg_inputs", "check_inputs",
+           "check_textfooler_inputs", "classifier_judge", "gcg", "gcg_segment", "host_judge",
+           "load_gcg_state", "parse_verdict", "run", "run_gcg", "run_textfooler",
+           "save_gcg_state", "swap_curve", "textattack_summary", "textfooler",
            "word_swap"]

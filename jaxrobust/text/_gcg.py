@@ -104,12 +104,12 @@ from typing import Any, Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxrobust._batch import as_keys, like_batch, one_hot_mask
-from jaxrobust._validation import check_bool, check_positive_int, is_concrete
+from jaxrobust._validation import check_bool, check_positive_int
+from jaxrobust.text._gcg_checks import call_after_prefix, check_gcg_inputs
 
 Array = jax.Array
 
@@ -211,9 +211,10 @@ class _State(NamedTuple):
 class _Problem(NamedTuple):
   """Everything fixed during a run, with the embeddings of the fixed tokens computed once."""
 
-  lm_logits_fn: Callable[[Array], Array]
+  lm_logits_fn: Callable[..., Array]
   embedding: Array  # [V, D]
   prompt_embeds: Array  # [B, P, D]
+  cache: Any  # None, or prefix_fn(prompt_embeds): a pytree of [B, ...] arrays, computed once
   after_embeds: Array  # [B, A, D]
   target_embeds: Array  # [B, T, D]
   target: Array  # [B, T] int32
@@ -237,6 +238,8 @@ def _target_scores(logits: Array, target: Array, weights: Array) -> tuple[Array,
 def _score_embeds(problem: _Problem, suffix_embeds: Array) -> tuple[Array, Array]:
   """``(loss, success)``, each ``[B, N]``, of ``N`` suffixes per example given as embeddings
   ``[B, N, S, D]``: one forward pass on ``B * N`` sequences."""
+  if problem.cache is not None:
+    return _score_after_prefix(problem, suffix_embeds)
   batch, num = suffix_embeds.shape[:2]
 
   def tile(embeds):  # [B, K, D] -> [B, N, K, D]
@@ -252,6 +255,20 @@ def _score_embeds(problem: _Problem, suffix_embeds: Array) -> tuple[Array, Array
   # its last token.
   predicting = logits[:, length - num_target - 1:length - 1]
   predicting = predicting.reshape((batch, num) + predicting.shape[1:])
+  return _target_scores(predicting, problem.target[:, None], problem.target_weights[:, None])
+
+
+def _score_after_prefix(problem: _Problem, suffix_embeds: Array) -> tuple[Array, Array]:
+  """:func:`_score_embeds` with the prompt's cache: the model sees only ``suffix + after_suffix +
+  target``, ``N`` rows per prompt sharing that prompt's cache (:func:`call_after_prefix`)."""
+  batch, num = suffix_embeds.shape[:2]
+  tile = lambda embeds: jnp.broadcast_to(embeds[:, None], (batch, num) + embeds.shape[1:])
+  pieces = (suffix_embeds, tile(problem.after_embeds), tile(problem.target_embeds))
+  sequence = jnp.concatenate(pieces, axis=2)  # [B, N, L', D]
+  logits = call_after_prefix(problem.lm_logits_fn, sequence, problem.cache)  # [B, N, L', V']
+  length, num_target = sequence.shape[2], problem.target.shape[1]
+  # The suffix is never empty, so the T predicting positions all lie after the prompt.
+  predicting = logits[:, :, length - num_target - 1:length - 1]
   return _target_scores(predicting, problem.target[:, None], problem.target_weights[:, None])
 
 
@@ -360,12 +377,16 @@ def _step(problem: _Problem, attack: GCG, allowed: Array, step_keys: Array, stat
       best_success=jnp.where(better, here_success, state.best_success))
 
 
-def _search(problem: _Problem, attack: GCG, allowed: Array, init: Array, step_keys: Array
-            ) -> _State:
-  """The fixed-length scan of :func:`_step` from the suffix ``init`` ``[B, S]``."""
+def _start(problem: _Problem, init: Array) -> _State:
+  """The state before the first step: ``init`` ``[B, S]``, current and best, scored."""
   loss, success = _score(problem, init[:, None])
   loss = jnp.where(jnp.isnan(loss[:, 0]), jnp.inf, loss[:, 0])
-  state = _State(init, init, loss, success[:, 0])
+  return _State(init, init, loss, success[:, 0])
+
+
+def _advance(problem: _Problem, attack: GCG, allowed: Array, step_keys: Array, state: _State,
+             steps: Array) -> _State:
+  """The scan of :func:`_step` over the step indices ``steps`` ``[n]`` int32 from ``state``."""
 
   def body(state, step):
     if not attack.early_stop:
@@ -380,7 +401,14 @@ def _search(problem: _Problem, attack: GCG, allowed: Array, init: Array, step_ke
     # Every example done: skip the step's passes (a real branch unless the caller vmaps).
     return lax.cond(jnp.all(done), lambda s: s, advance, state), None
 
-  return lax.scan(body, state, jnp.arange(attack.steps, dtype=jnp.int32))[0]
+  return lax.scan(body, state, steps)[0]
+
+
+def _search(problem: _Problem, attack: GCG, allowed: Array, init: Array, step_keys: Array
+            ) -> _State:
+  """The fixed-length scan of :func:`_step` from the suffix ``init`` ``[B, S]``."""
+  return _advance(problem, attack, allowed, step_keys, _start(problem, init),
+                  jnp.arange(attack.steps, dtype=jnp.int32))
 
 
 def _initial_suffix(init_suffix: Any, allowed: Array, init_keys: Array, batch: int,
@@ -396,11 +424,11 @@ def _initial_suffix(init_suffix: Any, allowed: Array, init_keys: Array, batch: i
   return jnp.broadcast_to(init, (batch, length)) if init.ndim == 1 else init
 
 
-def run_gcg(attack: GCG, lm_logits_fn: Callable[[Array], Array], embedding: Array, prompt: Array,
+def run_gcg(attack: GCG, lm_logits_fn: Callable[..., Array], embedding: Array, prompt: Array,
             target: Array, key: Array, *, allowed: Optional[Array] = None,
             init_suffix: Any = None, after_suffix: Optional[Array] = None,
-            target_mask: Optional[Array] = None, context_length: Optional[int] = None
-            ) -> GCGResult:
+            target_mask: Optional[Array] = None, context_length: Optional[int] = None,
+            prefix_fn: Optional[Callable[[Array], Any]] = None) -> GCGResult:
   """Greedy Coordinate Gradient on a causal LM: the suffix after ``prompt`` that makes the model
   most likely to continue with ``target`` (algorithm, conventions and the recipe for a real LLM:
   the module docstring).
@@ -454,11 +482,23 @@ def run_gcg(attack: GCG, lm_logits_fn: Callable[[Array], Array], embedding: Arra
     Zou et al., "Universal and Transferable Adversarial Attacks on Aligned Language Models",
     arXiv:2307.15043, 2023.
   """
+  problem, allowed, init, step_keys = prepare(
+      attack, lm_logits_fn, embedding, prompt, target, key, allowed=allowed,
+      init_suffix=init_suffix, after_suffix=after_suffix, target_mask=target_mask,
+      context_length=context_length, prefix_fn=prefix_fn)
+  state = _search(problem, attack, allowed, init, step_keys)
+  loss, success = _score(problem, state.best[:, None])
+  return GCGResult(state.best, loss[:, 0], success[:, 0])
+
+
+def prepare(attack: GCG, lm_logits_fn: Callable[..., Array], embedding: Array, prompt: Array,
+            target: Array, key: Array, **options: Any) -> tuple[_Problem, Array, Array, Array]:
+  """The checked inputs of :func:`run_gcg` as ``(problem, allowed [V], init [B, S], step_keys
+  [B])``, with the fixed tokens embedded and the prompt's cache computed, once."""
   if not isinstance(attack, GCG):
     raise ValueError(f"attack must come from jr.text.gcg(...), got {type(attack).__name__}.")
-  arrays = check_gcg_inputs(attack, lm_logits_fn, embedding, prompt, target, allowed=allowed,
-                            init_suffix=init_suffix, after_suffix=after_suffix,
-                            target_mask=target_mask, context_length=context_length)
+  init_suffix, prefix_fn = options["init_suffix"], options["prefix_fn"]
+  arrays = check_gcg_inputs(attack, lm_logits_fn, embedding, prompt, target, **options)
   embedding, prompt, target, allowed, after_suffix, weights = arrays
   batch = prompt.shape[0]
   # Per-example arrays built here (or given unsharded) follow the prompt's batch sharding.
@@ -467,127 +507,11 @@ def run_gcg(attack: GCG, lm_logits_fn: Callable[[Array], Array], embedding: Arra
   init_keys, step_keys = jax.vmap(lambda k: tuple(jax.random.split(k)))(keys)
   init = like_batch(_initial_suffix(init_suffix, allowed, init_keys, batch, attack.suffix_length),
                     prompt)
-  problem = _Problem(lm_logits_fn, embedding, _embed(embedding, prompt),
+  prompt_embeds = _embed(embedding, prompt)
+  cache = None if prefix_fn is None else prefix_fn(prompt_embeds)
+  problem = _Problem(lm_logits_fn, embedding, prompt_embeds, cache,
                      _embed(embedding, after_suffix), _embed(embedding, target), target, weights)
-  state = _search(problem, attack, allowed, init, step_keys)
-  loss, success = _score(problem, state.best[:, None])
-  return GCGResult(state.best, loss[:, 0], success[:, 0])
-
-
-def _ids(name: str, ids: Any, batch: Optional[int], high: Optional[int], what: str = "") -> Array:
-  """``ids`` as a ``[B, K]`` int32 array, checked to lie in ``[0, high)`` when concrete (and
-  ``high`` is given)."""
-  array = jnp.asarray(ids)
-  if not jnp.issubdtype(array.dtype, jnp.integer) or array.ndim != 2:
-    raise ValueError(f"{name} must be an int array [B, length] of token ids, got dtype "
-                     f"{array.dtype}, shape {array.shape}.")
-  if batch is not None and array.shape[0] != batch:
-    raise ValueError(f"{name} has {array.shape[0]} rows but prompt has {batch}: one row per "
-                     f"example.")
-  if high is not None and array.size and is_concrete(array):
-    low, top = int(np.min(np.asarray(array))), int(np.max(np.asarray(array)))
-    if low < 0 or top >= high:
-      raise ValueError(f"{name} token ids must lie in [0, {high}) ({what}), got min {low}, "
-                       f"max {top}.")
-  return array.astype(jnp.int32)
-
-
-def _check_allowed(allowed: Any, vocab: int, init_suffix: Any) -> Array:
-  if allowed is None:
-    return jnp.ones((vocab,), jnp.bool_)
-  mask = jnp.asarray(allowed)
-  if mask.dtype != jnp.bool_ or mask.shape != (vocab,):
-    raise ValueError(f"allowed must be a bool array [V] = [{vocab}] (one flag per row of the "
-                     f"embedding table), got dtype {mask.dtype}, shape {mask.shape}.")
-  if is_concrete(mask):
-    flags = np.asarray(mask)
-    if not flags.any():
-      raise ValueError("allowed is all False: the suffix must be able to use some token.")
-    if init_suffix is not None and is_concrete(init_suffix):
-      init = np.asarray(init_suffix)
-      if init.size and np.issubdtype(init.dtype, np.integer) and np.all(init >= 0) \
-          and np.all(init < vocab) and not flags[init].all():
-        raise ValueError(f"init_suffix uses disallowed token ids "
-                         f"{sorted(set(init[~flags[init]].tolist()))}.")
-  return mask
-
-
-def _check_init(init_suffix: Any, batch: int, length: int, vocab: int) -> None:
-  if init_suffix is None:
-    return
-  init = jnp.asarray(init_suffix)
-  shapes = ((), (length,), (batch, length))
-  if not jnp.issubdtype(init.dtype, jnp.integer) or init.shape not in shapes:
-    raise ValueError(f"init_suffix must be None, a token id, or int ids of shape [S] = "
-                     f"[{length}] or [B, S] = [{batch}, {length}], got dtype {init.dtype}, "
-                     f"shape {init.shape}.")
-  if not is_concrete(init):
-    return
-  low, top = int(np.min(np.asarray(init))), int(np.max(np.asarray(init)))
-  if low < 0 or top >= vocab:
-    raise ValueError(f"init_suffix token ids must lie in [0, {vocab}) (rows of the embedding "
-                     f"table), got min {low}, max {top}.")
-
-
-def check_gcg_inputs(attack: GCG, lm_logits_fn: Callable[[Array], Array], embedding: Array,
-                     prompt: Array, target: Array, *, allowed: Optional[Array] = None,
-                     init_suffix: Any = None, after_suffix: Optional[Array] = None,
-                     target_mask: Optional[Array] = None, context_length: Optional[int] = None
-                     ) -> tuple[Array, ...]:
-  """The checks of :func:`run_gcg` (it calls this), usable on the host before a jitted call.
-
-  Returns:
-    ``(embedding, prompt, target, allowed, after_suffix, target_weights)`` as arrays (int32 ids,
-    a ``[V]`` bool mask, ``[B, 0]`` for no ``after_suffix``, float32 ``[B, T]`` weights).
-
-  Raises:
-    ValueError: see :func:`run_gcg`.
-  """
-  embedding = jnp.asarray(embedding)
-  if embedding.ndim != 2 or not jnp.issubdtype(embedding.dtype, jnp.floating):
-    raise ValueError(f"embedding must be a float table [V, D], got dtype {embedding.dtype}, "
-                     f"shape {embedding.shape}.")
-  vocab = embedding.shape[0]
-  if attack.topk > vocab:
-    raise ValueError(f"topk ({attack.topk}) must be at most the vocabulary size V = {vocab}.")
-  rows = "rows of the embedding table"
-  prompt = _ids("prompt", prompt, None, vocab, rows)
-  batch = prompt.shape[0]
-  if batch == 0:
-    raise ValueError("prompt is empty: give at least one example.")
-  after = jnp.zeros((batch, 0), jnp.int32) if after_suffix is None else after_suffix
-  after = _ids("after_suffix", after, batch, vocab, rows)
-  target = _ids("target", target, batch, None)
-  if target.shape[1] == 0:
-    raise ValueError("target is empty ([B, 0]): give at least one target token.")
-  length = prompt.shape[1] + attack.suffix_length + after.shape[1] + target.shape[1]
-  if context_length is not None:
-    context_length = check_positive_int("context_length", context_length)
-    if length > context_length:
-      raise ValueError(
-          f"prompt + suffix + after_suffix + target = {prompt.shape[1]} + {attack.suffix_length}"
-          f" + {after.shape[1]} + {target.shape[1]} = {length} tokens exceeds the model's "
-          f"context_length {context_length}: shorten the prompt, suffix or target.")
-  spec = jax.ShapeDtypeStruct((batch, length, embedding.shape[1]), embedding.dtype)
-  out = jax.eval_shape(lm_logits_fn, spec)
-  if not hasattr(out, "shape") or len(out.shape) != 3 or tuple(out.shape[:2]) != (batch, length):
-    raise ValueError(f"lm_logits_fn must map embeddings [N, L, D] to next-token logits "
-                     f"[N, L, V']; for [{batch}, {length}, {embedding.shape[1]}] it returned "
-                     f"{getattr(out, 'shape', out)}.")
-  target = _ids("target", target, batch, out.shape[2], "the model's output classes")
-  _check_init(init_suffix, batch, attack.suffix_length, vocab)
-  allowed = _check_allowed(allowed, vocab, init_suffix)
-  if target_mask is None:
-    weights = jnp.ones(target.shape, jnp.float32)
-  else:
-    mask = jnp.asarray(target_mask)
-    if mask.dtype != jnp.bool_ or mask.shape != target.shape:
-      raise ValueError(f"target_mask must be bool [B, T] = {list(target.shape)}, got dtype "
-                       f"{mask.dtype}, shape {mask.shape}.")
-    if is_concrete(mask) and not np.asarray(mask).any(axis=1).all():
-      raise ValueError("target_mask has a row with no target token: every example needs one.")
-    weights = mask.astype(jnp.float32)
-  return embedding, prompt, target, allowed, after, weights
+  return problem, allowed, init, step_keys
 
 
 __all__ = ["GCG", "GCGResult", "check_gcg_inputs", "gcg", "run_gcg"]
