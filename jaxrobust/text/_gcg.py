@@ -57,8 +57,28 @@ topk=256, n_replace=1``, which :func:`gcg` keeps):
   special, non-ASCII and non-round-tripping tokens). nanoGCG ranks a disallowed token last
   (gradient ``+inf``), so with ``topk`` above the allowed count it can still sample one; here
   never.
-* Not implemented: nanoGCG's attack buffer (``buffer_size > 0``), mellowmax loss, probe sampling
-  and prefix KV cache (``lm_logits_fn`` sees whole sequences; the prompt is recomputed).
+* nanoGCG's ``use_prefix_cache`` (its default): give ``prefix_fn`` (below). Without it,
+  ``lm_logits_fn`` sees whole sequences and the prompt is recomputed in every pass.
+* Not implemented: nanoGCG's attack buffer (``buffer_size > 0``), mellowmax loss and probe
+  sampling.
+
+**Prefix cache.** The prompt comes first and never changes, so a causal model's keys and values
+on it (the state every later position attends to) are the same in every pass. With
+``prefix_fn`` the model is given in two parts: ``prefix_fn(prompt_embeds [B, P, D]) -> cache``
+(any pytree of ``[B, ...]`` arrays, one row per prompt), computed once per call before the
+search, and ``lm_logits_fn(embeds [N, L', D], cache) -> [N, L', V']`` for the
+``L' = S + A + T`` tokens after the prompt, at positions ``P .. P + L' - 1``. Each prompt's
+``N`` rows (its candidates, or the current suffix for the gradient) are scored in one call whose
+``cache`` is that prompt's alone, with a leading axis of 1: the library ``vmap``-s over prompts
+and never copies a cache ``search_width`` times; the model broadcasts it, by
+``jnp.broadcast_to`` (simplest) or by attending to the shared keys with an ``einsum`` that has
+no row axis (no copies). Chunks of candidates (``chunk_size``) reuse the same cache. Losses
+equal the uncached ones up to float rounding (a different order of the same sums), and so do
+the suffixes unless two candidates' losses tie to within that rounding. The gradient pass sees
+the cache as a constant (no gradient flows to the prompt; none is needed).
+
+The ``jaxrobust.demo`` language model implements both parts
+(``TinyCausalLM.prefix_cache`` and ``TinyCausalLM.logits_after_prefix``).
 
 **Randomness.** Example ``i`` uses key ``keys[i]`` (``fold_in(key, i)`` for a single key, or a
 given ``[B]`` array of keys): its initial suffix from one half of ``split(keys[i])``, step ``t``'s
@@ -84,6 +104,31 @@ your model) replace the embedding lookup by the embeddings given::
   result = jax.jit(functools.partial(jr.text.run_gcg, attack, lm_logits_fn))(
       table, prompt_ids, target_ids, jax.random.key(0), allowed=allowed,
       after_suffix=template_ids, context_length=8192)
+
+With a key/value cache, split the layers' attention into the prompt's part, run once, and the
+rest (a sketch: the attention call with an external cache is model-specific; adapt it)::
+
+  def prefix_fn(prompt_embeds):                                   # [B, P, D] -> cache
+    h = prompt_embeds * jnp.sqrt(prompt_embeds.shape[-1]).astype(prompt_embeds.dtype)
+    positions = jnp.broadcast_to(jnp.arange(h.shape[1]), h.shape[:2])
+    cache = []
+    for layer in model.layers:                                    # keys/values [B, P, K, H]
+      keys, values, h = layer_with_kv(layer, h, positions, causal_mask(h.shape[1]))
+      cache.append((keys, values))
+    return cache
+
+  def lm_logits_fn(embeds, cache):                                # [N, L', D], leading axis 1
+    h = embeds * jnp.sqrt(embeds.shape[-1]).astype(embeds.dtype)
+    start = cache[0][0].shape[1]                                  # P: positions continue
+    positions = jnp.broadcast_to(start + jnp.arange(h.shape[1]), h.shape[:2])
+    for layer, (keys, values) in zip(model.layers, cache):
+      keys, values = (jnp.broadcast_to(a, (h.shape[0],) + a.shape[1:]) for a in (keys, values))
+      h = layer_after_kv(layer, h, positions, keys, values)       # causal among the L' tokens,
+    return model.embedder.decode(model.final_norm(h))             # all P cached ones visible
+
+  result = jax.jit(functools.partial(jr.text.run_gcg, attack, lm_logits_fn,
+                                     prefix_fn=prefix_fn))(table, prompt_ids, target_ids,
+                                                           jax.random.key(0), allowed=allowed)
 
 Token ids come from the model's tokenizer (``prompt_ids`` ``[B, P]``, ``target_ids`` ``[B, T]``;
 rows of one call share ``P`` and ``T``: batch prompts by length, or give ``target_mask`` for
@@ -437,6 +482,9 @@ def run_gcg(attack: GCG, lm_logits_fn: Callable[..., Array], embedding: Array, p
     attack: from :func:`gcg`.
     lm_logits_fn: the causal LM as a function of input embeddings, ``[N, L, D] -> [N, L, V']``
       (next-token logits at every position; rows independent; any ``V' >`` every target id).
+      With ``prefix_fn``: ``(embeds [N, L', D], cache) -> [N, L', V']`` on the tokens after the
+      prompt (positions from ``P`` on), ``cache`` one prompt's (leading axis 1, shared by the
+      ``N`` rows; the module docstring, "Prefix cache").
     embedding: ``[V, D]`` its token-embedding table; suffix tokens range over its ``V`` rows.
     prompt: ``[B, P]`` int token ids before the suffix (``P`` may be 0).
     target: ``[B, T]`` int token ids the model should emit after the suffix (``T >= 1``).
@@ -452,6 +500,8 @@ def run_gcg(attack: GCG, lm_logits_fn: Callable[..., Array], embedding: Array, p
       lengths); every row needs one. ``None``: all.
     context_length: the model's maximum sequence length; ``P + S + A + T`` above it raises. Give
       it: a learned position-embedding lookup past its table is clamped silently by JAX.
+    prefix_fn: ``None`` (the model sees whole sequences), or the prompt's cache
+      ``prompt_embeds [B, P, D] -> cache`` (a pytree of ``[B, ...]`` arrays), computed once.
 
   Returns:
     :class:`GCGResult`: ``suffix [B, S]`` int32, ``loss [B]`` float32 and ``success [B]`` bool,
@@ -461,7 +511,8 @@ def run_gcg(attack: GCG, lm_logits_fn: Callable[..., Array], embedding: Array, p
     ValueError: token ids outside ``[0, V)`` (targets outside ``[0, V')``), an ``allowed`` mask
       of the wrong shape or with no allowed token (or an ``init_suffix`` outside it), ``topk > V``,
       a sequence longer than ``context_length``, mismatched batch sizes, an empty target or
-      ``target_mask`` row, or model outputs not ``[N, L, V']``. Value checks run on concrete
+      ``target_mask`` row, model outputs not ``[N, L, V']``, or a ``prefix_fn`` cache without
+      one row per prompt (each array's leading axis ``B``). Value checks run on concrete
       arrays; under ``jit`` only shapes are checked, so call it once outside ``jit`` (or run
       :func:`check_gcg_inputs`) when the ids are untrusted.
 
@@ -477,6 +528,15 @@ def run_gcg(attack: GCG, lm_logits_fn: Callable[..., Array], embedding: Array, p
     >>> result = attack_fn(table, jnp.array([[0]]), jnp.array([[3]]), jax.random.key(0))
     >>> result.suffix.tolist(), result.success.tolist()
     ([[2]], [True])
+
+    The same model with a prompt cache (here the prompt's last embedding; a bigram model's
+    logits after the prompt do not depend on the prompt, so it goes unused):
+
+    >>> prefix_fn = lambda prompt_embeds: prompt_embeds[:, -1]       # [B, D]
+    >>> cached_lm = lambda embeds, cache: embeds                     # cache [1, D] unused here
+    >>> cached = jax.jit(functools.partial(run_gcg, attack, cached_lm, prefix_fn=prefix_fn))
+    >>> cached(table, jnp.array([[0]]), jnp.array([[3]]), jax.random.key(0)).suffix.tolist()
+    [[2]]
 
   References:
     Zou et al., "Universal and Transferable Adversarial Attacks on Aligned Language Models",

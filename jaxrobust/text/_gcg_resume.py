@@ -114,19 +114,21 @@ def gcg_segment(attack: GCG, lm_logits_fn: Callable[..., Array], embedding: Arra
       (concrete) ``state.step + steps`` above ``attack.steps``.
   """
   steps = check_positive_int("steps", steps)
+  first = jnp.zeros((), jnp.int32)
+  if state is not None:
+    state = _check_state(state, jnp.shape(prompt)[0], getattr(attack, "suffix_length", 0))
+    first = jnp.asarray(state.step, jnp.int32)
+  if is_concrete(first) and int(first) + steps > getattr(attack, "steps", 0):
+    raise ValueError(f"the state has done {int(first)} of the attack's {attack.steps} steps: "
+                     f"at most {attack.steps - int(first)} remain, not {steps}.")
   problem, allowed, init, step_keys = prepare(
       attack, lm_logits_fn, embedding, prompt, target, key, allowed=allowed,
       init_suffix=init_suffix, after_suffix=after_suffix, target_mask=target_mask,
       context_length=context_length, prefix_fn=prefix_fn)
   if state is None:
-    inner, first = _start(problem, init), jnp.zeros((), jnp.int32)
+    inner = _start(problem, init)
   else:
-    state = _check_state(state, init.shape[0], init.shape[1])
-    first = jnp.asarray(state.step, jnp.int32)
     inner = _State(*(like_batch(jnp.asarray(a), init) for a in state[:4]))
-  if is_concrete(first) and int(first) + steps > attack.steps:
-    raise ValueError(f"the state has done {int(first)} of the attack's {attack.steps} steps: "
-                     f"at most {attack.steps - int(first)} remain, not {steps}.")
   indices = first + jnp.arange(steps, dtype=jnp.int32)
   inner = _advance(problem, attack, allowed, step_keys, inner, indices)
   return GCGState(*inner, step=first + steps)
