@@ -27,7 +27,7 @@ best of ``--repeats`` calls after a compiling one. Reported beside each time: th
 
 Usage::
 
-    /tmp/gcg_venv/bin/python benchmarks/bench_gcg_cache.py      # ~10 min wall on 2 shared cores
+    /tmp/gcg_venv/bin/python benchmarks/bench_gcg_cache.py      # 18 min wall on 2 cores at load 10-12
     python benchmarks/bench_gcg_cache.py --steps 3 --prompts 1  # smoke run, jaxrobust only
 """
 

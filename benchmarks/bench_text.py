@@ -25,6 +25,8 @@
     here is how to do it"), initial suffix, steps, search width, top-k, ``n_replace`` and allowed
     tokens; nanoGCG runs one prompt at a time (its API), jaxrobust all of them in one call and one
     at a time. Reported: the loss reached and the time per step.
+    With a prefix cache on both sides (``prefix_fn``, nanoGCG's ``use_prefix_cache``) and a
+    longer prompt: ``benchmarks/bench_gcg_cache.py``.
 
 Both peers are optional: without them only the jaxrobust side runs. They were installed into a
 separate virtual environment layered over the project's (see benchmarks/RESULTS.md, "Text and
