@@ -22,12 +22,13 @@ same arithmetic; ``--nanogcg-as-shipped`` adds one run with both on. Both sides 
 ``search_width`` candidates in one pass (their default) and in chunks of ``--chunk-size``
 (jaxrobust's ``chunk_size``, nanoGCG's ``batch_size``): on a CPU the chunks' working set fits the
 caches. jaxrobust runs one prompt per call (and, chunked, all prompts in one call); time of the
-best of ``--repeats`` calls after a compiling one. Reported beside each time: the model passes of a step (the gradient pass and the
-``search_width`` candidates) and the tokens they run, and the load average.
+best of ``--repeats`` calls after a compiling one. Reported beside each time: the model passes
+of a step (the gradient pass and the ``search_width`` candidates) and the tokens they run, and
+the load average.
 
 Usage::
 
-    /tmp/gcg_venv/bin/python benchmarks/bench_gcg_cache.py      # 18 min wall on 2 cores at load 10-12
+    /tmp/gcg_venv/bin/python benchmarks/bench_gcg_cache.py      # 18 min wall, 2 cores at load 11
     python benchmarks/bench_gcg_cache.py --steps 3 --prompts 1  # smoke run, jaxrobust only
 """
 
@@ -259,7 +260,8 @@ def main(argv=None):
   parser.add_argument("--prompts", type=int, default=4)
   parser.add_argument("--steps", type=int, default=10)
   parser.add_argument("--width", type=int, default=512, help="nanoGCG's default")
-  parser.add_argument("--topk", type=int, default=32, help="nanoGCG's default 256 exceeds the allowed tokens")
+  parser.add_argument("--topk", type=int, default=32,
+                      help="nanoGCG's default 256 exceeds the allowed tokens")
   parser.add_argument("--suffix-length", type=int, default=6)
   parser.add_argument("--long-prompt", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=2)

@@ -172,6 +172,7 @@ def test_inconsistent_cache_and_state_raise_clear_errors(tmp_path):
         r"B = 8\).*\[\(1, 6, 2, 8\)",
         prefix_fn=lambda e: jax.tree.map(lambda a: a[:1], prefix(e)))
   check(r"prefix_fn must return a cache .* shapes \[\(\)\]", prefix_fn=lambda e: jnp.zeros(()))
+  check(r"prefix_fn returned None", prefix_fn=lambda e: None)
   check(r"lm_logits_fn\(embeds, cache\) must map .* for \[1, 6, 16\] it returned \(6, 24\)",
         lm=lambda e, c: lm(e, c)[0])
   check(r"6 \+ 3 \+ 0 \+ 3 = 12 tokens exceeds the model's context_length 11", context_length=11)

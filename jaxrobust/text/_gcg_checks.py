@@ -93,6 +93,9 @@ def _check_model(lm_logits_fn: Callable[..., Array], prefix_fn: Optional[Callabl
                        f"{getattr(out, 'shape', out)}.")
     return out.shape[2]
   cache = jax.eval_shape(prefix_fn, jax.ShapeDtypeStruct((batch, prefix, width), dtype))
+  if cache is None:
+    raise ValueError("prefix_fn returned None: return the prompt's cache (a pytree of [B, ...] "
+                     "arrays), or pass prefix_fn=None for a model of whole sequences.")
   bad = [tuple(leaf.shape) for leaf in jax.tree.leaves(cache)
          if not leaf.shape or leaf.shape[0] != batch]
   if bad:
