@@ -10,6 +10,7 @@ from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, AttackResult, Budget
 from jaxrobust._validation import check_inputs
 from jaxrobust.engine.attack_loop import run_attack
+from jaxrobust.engine.propagations import check_cap
 
 Array = jax.Array
 
@@ -17,7 +18,8 @@ Array = jax.Array
 def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
         budget: Budget | tuple, key: Array, target: Array | None = None, *,
         allow_large_eps: bool = False, unroll: int | bool = 1,
-        chunk_size: int | None = None, early_exit: bool = True) -> AttackResult:
+        chunk_size: int | None = None, early_exit: bool = True,
+        max_propagations: int | Array | None = None) -> AttackResult:
   """Runs ``attack`` on a batch and returns the best adversarial points with honest scores.
 
   The attack's ``init``/``step`` run in a loop and ``finalize`` hands back the best point seen.
@@ -92,5 +94,7 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
                targeted=attack.targeted, minimum_norm=attack.minimum_norm,
                allow_large_eps=allow_large_eps, samples=attack.samples, name=attack.name)
+  check_cap(max_propagations)
   options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, unroll=unroll)
-  return run_attack(attack, logits_fn, x, y, budget, key, target, options=options)[0]
+  return run_attack(attack, logits_fn, x, y, budget, key, target, options=options,
+                    max_propagations=max_propagations)[0]

@@ -17,7 +17,7 @@ adversarial point (:func:`run_members`).
 from __future__ import annotations
 
 import functools
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,7 @@ from jaxrobust._types import Attack, AttackResult, Budget, Suite
 from jaxrobust._validation import logits_shape
 from jaxrobust.metrics import checks as checks_lib
 from jaxrobust.engine import canonical_conv, compaction, early_exit as early_exit_lib
+from jaxrobust.engine import propagations
 from jaxrobust.engine.scoring import clean_diagnosis, score
 
 Array = jax.Array
@@ -42,20 +43,28 @@ def _zero_logits(logits_fn: Callable[..., Array], x: Array) -> Array:
 
 
 def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
-                options: RunOptions) -> Callable[..., Array]:
+                options: RunOptions, *, meter: bool = False) -> Callable[..., Any]:
   """``(x, y, eps, keys, target) -> x_adv``: the attack's ``init``, ``num_steps`` ``step``\\ s
   under one ``lax.scan`` (unrolled by ``options.unroll``), and ``finalize``, on rows that are
-  independent of each other."""
+  independent of each other.
 
-  def rows(x, y, eps, keys, target):
+  With ``meter`` it takes ``limit`` too (``[B]`` int32 steps allowed per row, or ``None``) and
+  returns ``(x_adv, steps)``, the steps each row ran (:mod:`jaxrobust.engine.propagations`)."""
+
+  def rows(x, y, eps, keys, target, limit=None):
     budget = Budget(eps, lower, upper)
+    kernel = propagations.metered_kernel(attack, early_exit_lib.freeze) if meter else attack
 
     def body(state, _):
-      return attack.step(logits_fn, state, x, y, budget, target), None
+      return kernel.step(logits_fn, state, x, y, budget, target), None
 
     state = attack.init(logits_fn, x, y, budget, keys, target)
+    if meter:
+      state = propagations.start(state, x.shape[0], limit)
     state, _ = jax.lax.scan(body, state, None, length=attack.num_steps, unroll=options.unroll)
-    return attack.finalize(logits_fn, state, x, y, budget, target).astype(x.dtype)
+    inner = state.state if meter else state
+    x_adv = attack.finalize(logits_fn, inner, x, y, budget, target).astype(x.dtype)
+    return (x_adv, state.steps) if meter else x_adv
 
   return rows
 
@@ -63,8 +72,8 @@ def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
 def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                budget: Budget, key: Array, target: Array | None = None, *,
                options: RunOptions, clean_correct: Array | None = None,
-               bad_gradient: Array | None = None,
-               active: Array | None = None) -> tuple[AttackResult, Array]:
+               bad_gradient: Array | None = None, active: Array | None = None,
+               max_propagations: Array | None = None) -> tuple[AttackResult, Array]:
   """:func:`jaxrobust.run` without input validation, and ``broken`` (``[B]`` bool).
 
   ``broken`` says the point is not robust: the clean prediction or the prediction on ``x_adv``
@@ -74,14 +83,17 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
   Drivers that have them already pass ``clean_correct`` and ``bad_gradient`` (``[B]`` bool, from
   :func:`jaxrobust.engine.scoring.clean_diagnosis`), saving a forward and a backward pass per
   call. ``active`` (``[B]`` bool) restricts the attack to some rows (the others get
-  ``x_adv = x``).
+  ``x_adv = x``). ``max_propagations`` (``None``, or an int, ``[]`` or ``[B]``, data) caps each
+  row's forward plus backward propagations (:mod:`jaxrobust.engine.propagations`); the counts
+  are ``info["propagations"]`` wherever the attack's cost per step is fixed.
 
   ``options`` (every caller states them: the front doors their users', the training losses the
   dense, differentiable scan) say how it runs: early exit (for attacks that declare ``done``,
   unless ``unroll=True``), compaction, scoring of skipped rows, canonical convolutions
   (:class:`~jaxrobust._options.RunOptions`): they choose the program, not the verdicts.
   """
-  rows = dict(clean_correct=clean_correct, bad_gradient=bad_gradient, active=active)
+  rows = dict(clean_correct=clean_correct, bad_gradient=bad_gradient, active=active,
+              max_propagations=max_propagations)
   run = lambda: _run_attack(attack, logits_fn, x, y, budget, key, target, options=options,
                             **rows)
   if not options.canonical or attack.samples:  # a randomized model takes keys: left as it is
@@ -100,7 +112,8 @@ def _all_infinite(eps) -> bool:
 def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                 budget: Budget, key: Array, target: Array | None = None, *,
                 options: RunOptions, clean_correct: Array | None, bad_gradient: Array | None,
-                active: Array | None) -> tuple[AttackResult, Array]:
+                active: Array | None, max_propagations: Array | None
+                ) -> tuple[AttackResult, Array]:
   budget = Budget(*budget)
   x_input = x
   x = x.astype(work_dtype(x))
@@ -119,31 +132,50 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
   if attack.suite is not None:
     x_adv, info = run_suite(attack.suite, attack.samples, logits_fn, x, y, budget, keys, target,
                             todo, options=options,
-                            active=jnp.ones_like(todo) if active is None else active)
+                            active=jnp.ones_like(todo) if active is None else active,
+                            max_propagations=max_propagations)
   elif attack.drive is not None:  # the protocol suites replaced (jr.Attack.drive)
+    if max_propagations is not None:
+      raise ValueError(f"max_propagations cannot cap {attack.name!r}, which drives its own loop "
+                       "(jr.Attack.drive).")
     x_adv, info = attack.drive(logits_fn, x, y, budget, keys, target, todo, options.chunk_size)
     info = dict(info or {})
   else:
-    rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, options)
+    costs = propagations.measure(attack, logits_fn, x, y, Budget(eps, budget.lower, budget.upper),
+                                 keys, target)
+    meter, limit = costs is not None, None
+    if max_propagations is not None:
+      if not meter:
+        raise ValueError(f"max_propagations needs an attack whose propagations per step are "
+                         f"fixed; {attack.name!r} calls the model a data-dependent number of "
+                         "times (see jaxrobust.engine.propagations).")
+      cap = like_batch(jnp.broadcast_to(jnp.asarray(max_propagations), (batch,)), x)
+      limit, affordable = propagations.step_limit(costs, cap, attack.num_steps)
+      todo = todo & affordable
+    rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, options, meter=meter)
     exits = (options.early_exit and attack.done is not None and attack.num_steps > 0
              and options.unroll is not True)
     if exits and attack.minimum_norm and _all_infinite(budget.eps):
       exits = False  # a minimum-norm search: no row is ever done, so the plain scan
     if exits:
-      until_done = lambda frozen, x, y, eps, keys, target: early_exit_lib.run_until_done(
-          attack, logits_fn, x, y, eps, keys, target, frozen, lower=budget.lower,
-          upper=budget.upper, options=options)
+      until_done = lambda frozen, x, y, eps, keys, target, limit: early_exit_lib.run_until_done(
+          attack, logits_fn, x, y, eps, keys, target, frozen, limit, lower=budget.lower,
+          upper=budget.upper, options=options, meter=meter)
       if options.chunk_size is not None and compaction.batch_axis(todo) is not None:
         # Per device (shard_map): each device re-compacts its own rows every segment.
-        x_adv = compaction.per_device(lambda todo, *rows: until_done(~todo, *rows), todo, x, y,
-                                      eps, keys, target)
+        out = compaction.per_device(lambda todo, *rows: until_done(~todo, *rows), todo, x, y,
+                                    eps, keys, target, limit)
       else:
-        x_adv = until_done(~todo, x, y, eps, keys, target)
+        out = until_done(~todo, x, y, eps, keys, target, limit)
     elif options.chunk_size is None:
-      x_adv = rows(x, y, eps, keys, target)
+      out = rows(x, y, eps, keys, target, limit)
     else:
-      x_adv = compaction.compacted(rows, todo, options.chunk_rows(batch, exits=False), x, y, eps,
-                                   keys, target)
+      out = compaction.compacted(rows, todo, options.chunk_rows(batch, exits=False), x, y, eps,
+                                 keys, target, limit)
+    x_adv = out
+    if meter:
+      x_adv, steps = out
+      info["propagations"] = propagations.spent(costs, steps, todo)
   logits_of_todo = None
   if options.early_exit and not options.score_skipped_rows and not attack.samples:
     chunk = options.chunk_rows(batch)
@@ -179,22 +211,26 @@ def check_members(attacks: Sequence[Attack]) -> None:
 
 def run_suite(suite: Suite, samples: int, logits_fn: Callable[..., Array], x: Array, y: Array,
               budget: Budget, keys: Array, target: Array | None, todo: Array, *,
-              options: RunOptions, active: Array | None = None) -> tuple[Array, dict]:
+              options: RunOptions, active: Array | None = None,
+              max_propagations: Array | None = None) -> tuple[Array, dict]:
   """``(x_adv, info)`` of a suite on the rows ``todo``: its members (chosen for the model's
   class count) by :func:`run_members`, ``info["robust_after"]`` (``[M, B]``) and its checks
   (``info["flags"]``, ``info["counts"]``, :func:`jaxrobust.metrics.checks.as_info`).
 
   ``samples`` is the suite's attack's (``> 0``: a randomized ``logits_fn(x, keys)``); ``active``
-  the rows that are data, not padding (``None``: all), for the checks.
+  the rows that are data, not padding (``None``: all), for the checks. ``info["propagations"]``
+  sums the members' (where every member's is counted); ``max_propagations`` caps that sum.
   """
   if suite.check_input is not None:
     suite.check_input(x)
   members = list(suite.members(logits_shape(logits_fn, x, samples)[-1]))
   check_members(members)
   budget = Budget(*budget)
-  x_adv, robust_after = run_members(members, logits_fn, x, y, budget, keys, target, todo,
-                                    options)
+  x_adv, robust_after, spent = run_members(members, logits_fn, x, y, budget, keys, target, todo,
+                                           options, max_propagations)
   info = {"robust_after": robust_after}
+  if spent is not None:
+    info["propagations"] = spent
   if suite.checks is not None:
     info.update(checks_lib.as_info(suite.checks(logits_fn, x, y, budget, keys, target, todo,
                                                 robust_after, members, active=active)))
@@ -203,9 +239,12 @@ def run_suite(suite: Suite, samples: int, logits_fn: Callable[..., Array], x: Ar
 
 def run_members(members: Sequence[Attack], logits_fn: Callable[..., Array], x: Array, y: Array,
                 budget: Budget, keys: Array, target: Array | None, todo: Array,
-                options: RunOptions) -> tuple[Array, Array]:
-  """``(x_adv, robust_after [M, B])``: the first success per row (``x`` where none), and the
-  rows of ``todo`` still robust after members ``1..m``.
+                options: RunOptions, max_propagations: Array | None = None
+                ) -> tuple[Array, Array, dict | None]:
+  """``(x_adv, robust_after [M, B], spent)``: the first success per row (``x`` where none), the
+  rows of ``todo`` still robust after members ``1..m``, and the propagations the members spent
+  per row (``{"forward", "backward"}``, ``[B]`` each; ``None`` where a member's are not counted).
+  With ``max_propagations`` each member may spend what the earlier ones left of the cap.
 
   Every member gets the same per-example ``keys``, so a member computes on the rows it attacks
   exactly what it computes alone: the suite is never weaker than any member run alone.
@@ -218,11 +257,18 @@ def run_members(members: Sequence[Attack], logits_fn: Callable[..., Array], x: A
   x_adv = x
   robust_after = []
   everyone = jnp.ones_like(todo)
+  zeros = jnp.zeros(todo.shape, jnp.int32)
+  spent = {"forward": zeros, "backward": zeros}
   for member in members:  # static: the members are configuration
+    left = (None if max_propagations is None
+            else max_propagations - spent["forward"] - spent["backward"])
     result, _ = run_attack(member, logits_fn, x, y, budget, keys, target,
-                           options=options, clean_correct=everyone, active=alive)
+                           options=options, clean_correct=everyone, active=alive,
+                           max_propagations=left)
     newly = alive & result.success
     x_adv = jnp.where(expand(newly, x.ndim), result.x_adv, x_adv)
     alive = alive & ~result.success
     robust_after.append(alive)
-  return x_adv, jnp.stack(robust_after)
+    counted = result.info.get("propagations")
+    spent = None if spent is None or counted is None else jax.tree.map(jnp.add, spent, counted)
+  return x_adv, jnp.stack(robust_after), spent

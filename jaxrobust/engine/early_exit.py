@@ -43,7 +43,7 @@ import jax.numpy as jnp
 from jaxrobust._batch import expand
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget
-from jaxrobust.engine import compaction
+from jaxrobust.engine import compaction, propagations
 
 Array = jax.Array
 
@@ -93,8 +93,9 @@ def freeze(keep: Array, old: Any, new: Any) -> Any:
 
 
 def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
-                   eps: Array, keys: Array, target: Array | None, frozen: Array, *,
-                   lower, upper, options: RunOptions) -> Array:
+                   eps: Array, keys: Array, target: Array | None, frozen: Array,
+                   limit: Array | None = None, *, lower, upper, options: RunOptions,
+                   meter: bool = False) -> Any:
   """``x_adv`` of ``attack`` on rows ``[B]``, with early exit (see the module).
 
   Args:
@@ -102,13 +103,15 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
     logits_fn, x, y, eps, keys, target: the rows (``eps`` ``[B]``).
     frozen: ``[B]`` rows not to attack at all (their ``x_adv`` is whatever ``finalize`` makes of
       the initial state; callers replace it).
+    limit: with ``meter``, ``[B]`` int32 the most steps per row, or ``None`` (no cap).
     lower, upper: the box.
     options: the run's options: ``unroll`` steps per iteration of the inner loop (an int; the
       done check runs between them), chunks of :meth:`~jaxrobust._options.RunOptions.chunk_rows`
       rows of ``x`` (inside a ``shard_map``, of this device's rows).
+    meter: count the steps each row runs (:mod:`jaxrobust.engine.propagations`).
 
   Returns:
-    ``x_adv`` ``[B, ...]`` of ``x``'s dtype.
+    ``x_adv`` ``[B, ...]`` of ``x``'s dtype; with ``meter``, ``(x_adv, steps)`` (``[B]`` int32).
   """
   chunk = options.chunk_rows(x.shape[0], exits=True)
   block = max(1, int(options.unroll))
@@ -119,19 +122,27 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   # Smaller chunks for the rows left over cost a second traced shape of the step: worth it only
   # where the run dominates, a batch of at least four chunks (see remainder_rows).
   small = remainder_rows(chunk) if x.shape[0] >= 4 * chunk else chunk
-  rows = (x, y, eps, keys, target, frozen)
-  init = lambda state, x, y, eps, keys, target, frozen: attack.init(
-      logits_fn, x, y, Budget(eps, lower, upper), keys, target)
-  finalize = lambda state, x, y, eps, keys, target, frozen: attack.finalize(
-      logits_fn, state, x, y, Budget(eps, lower, upper), target).astype(x.dtype)
-  left = lambda state: jnp.any(~(frozen | attack.done(state)))
+  rows = (x, y, eps, keys, target, frozen, limit)
+  kernel = propagations.metered_kernel(attack, freeze) if meter else attack
+
+  def init(state, x, y, eps, keys, target, frozen, limit):
+    state = attack.init(logits_fn, x, y, Budget(eps, lower, upper), keys, target)
+    return propagations.start(state, x.shape[0], limit) if meter else state
+
+  def finalize(state, x, y, eps, keys, target, frozen, limit):
+    inner = state.state if meter else state
+    x_adv = attack.finalize(logits_fn, inner, x, y, Budget(eps, lower, upper),
+                            target).astype(x.dtype)
+    return (x_adv, state.steps) if meter else x_adv
+
+  left = lambda state: jnp.any(~(frozen | kernel.done(state)))
 
   def segment(state, count):
     # One traced program for every segment, the last (shorter) one included: ``count`` is data.
-    run = functools.partial(_steps_until_done, attack, logits_fn, lower, upper, count, block)
+    run = functools.partial(_steps_until_done, kernel, logits_fn, lower, upper, count, block)
     if not compact:
       return run(state, *rows)[0]
-    return _compacted_segment(run, state, rows, frozen | attack.done(state), chunk, small)
+    return _compacted_segment(run, state, rows, frozen | kernel.done(state), chunk, small)
 
   def run_all():
     # init and finalize may evaluate the model: on the rows to attack only.
@@ -146,7 +157,9 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   if compact:
     return run_all()
   # Without compaction, still no model evaluation at all when there is nothing to attack.
-  return jax.lax.cond(jnp.any(~frozen), run_all, lambda: jnp.zeros_like(x))
+  nothing = lambda: ((jnp.zeros_like(x), jnp.zeros(x.shape[:1], jnp.int32)) if meter
+                     else jnp.zeros_like(x))
+  return jax.lax.cond(jnp.any(~frozen), run_all, nothing)
 
 
 def compactable(rows: Array, chunk: int) -> bool:
@@ -156,10 +169,10 @@ def compactable(rows: Array, chunk: int) -> bool:
 
 
 def _steps_until_done(attack: Attack, logits_fn, lower, upper, count: Array, block: int, state,
-                      x, y, eps, keys, target, frozen) -> tuple[Any, Array]:
+                      x, y, eps, keys, target, frozen, limit=None) -> tuple[Any, Array]:
   """``(state, steps run)``: up to ``count`` (traced) steps, ``block`` per loop iteration, each
   freezing the rows done before it, leaving the loop once every row is done."""
-  del keys  # the attack's keys are in its state
+  del keys, limit  # the attack's keys (and a metered state's limit) are in its state
   budget = Budget(eps, lower, upper)
   finished = lambda state: frozen | attack.done(state)
 

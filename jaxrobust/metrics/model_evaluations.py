@@ -85,23 +85,43 @@ def count_evaluations(logits_fn: Callable[..., Array]
     # One value per row of x (batched along with x under vmap), so np.size is the row count.
     return x.reshape(x.shape[:1] + (-1,))[:, 0]
 
+  on = lambda kind: lambda x: jax.debug.callback(lambda r: counter._add(kind, r), rows(x))
+  return instrument(logits_fn, forward=on("forward"), gradient=on("gradient")), counter
+
+
+def instrument(logits_fn: Callable[..., Array], *, forward: Callable[[Array], None],
+               gradient: Callable[[Array], None],
+               backward: Callable[[Array], None] | None = None) -> Callable[..., Array]:
+  """``logits_fn`` with hooks that tell its calls apart: the one place that wraps a model in a
+  ``jax.custom_vjp`` to see which calls are differentiated (:func:`count_evaluations` counts
+  rows with it; :mod:`jaxrobust.engine.propagations` measures an attack's cost per example).
+
+  ``forward(x)`` runs (while tracing) in a call that is not differentiated, ``gradient(x)`` in
+  one whose backward pass is taken (its forward half), ``backward(cotangent)`` in each backward
+  pass (a ``jax.vjp`` pullback applied ``K`` times, e.g. under ``vmap``, runs it for each). The
+  values and gradients are exactly ``logits_fn``'s; extra arguments (the keys of a randomized
+  model) get no gradient.
+  """
+
   @jax.custom_vjp
-  def counted(x, *more):
-    jax.debug.callback(lambda r: counter._add("forward", r), rows(x))
+  def hooked(x, *more):
+    forward(x)
     return logits_fn(x, *more)
 
-  def forward(x, *more):
-    jax.debug.callback(lambda r: counter._add("gradient", r), rows(x))
+  def forward_half(x, *more):
+    gradient(x)
     logits, pullback = jax.vjp(lambda x: logits_fn(x, *more), x)
     return logits, (pullback, more)
 
-  def backward(residuals, cotangent):
+  def backward_half(residuals, cotangent):
     pullback, more = residuals
+    if backward is not None:
+      backward(cotangent)
     zeros = tuple(jax.tree.map(_zero_cotangent, m) for m in more)
     return pullback(cotangent) + zeros
 
-  counted.defvjp(forward, backward)
-  return counted, counter
+  hooked.defvjp(forward_half, backward_half)
+  return hooked
 
 
 def _zero_cotangent(value):
