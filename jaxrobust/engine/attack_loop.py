@@ -60,7 +60,7 @@ def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
 
     state = attack.init(logits_fn, x, y, budget, keys, target)
     if meter:
-      state = propagations.start(state, x.shape[0], limit)
+      state = propagations.start(state, x, limit)
     state, _ = jax.lax.scan(body, state, None, length=attack.num_steps, unroll=options.unroll)
     inner = state.state if meter else state
     x_adv = attack.finalize(logits_fn, inner, x, y, budget, target).astype(x.dtype)
@@ -257,7 +257,7 @@ def run_members(members: Sequence[Attack], logits_fn: Callable[..., Array], x: A
   x_adv = x
   robust_after = []
   everyone = jnp.ones_like(todo)
-  zeros = jnp.zeros(todo.shape, jnp.int32)
+  zeros = jnp.zeros_like(todo, jnp.int32)
   spent = {"forward": zeros, "backward": zeros}
   for member in members:  # static: the members are configuration
     left = (None if max_propagations is None

@@ -127,7 +127,7 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
 
   def init(state, x, y, eps, keys, target, frozen, limit):
     state = attack.init(logits_fn, x, y, Budget(eps, lower, upper), keys, target)
-    return propagations.start(state, x.shape[0], limit) if meter else state
+    return propagations.start(state, x, limit) if meter else state
 
   def finalize(state, x, y, eps, keys, target, frozen, limit):
     inner = state.state if meter else state
@@ -157,7 +157,7 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   if compact:
     return run_all()
   # Without compaction, still no model evaluation at all when there is nothing to attack.
-  nothing = lambda: ((jnp.zeros_like(x), jnp.zeros(x.shape[:1], jnp.int32)) if meter
+  nothing = lambda: ((jnp.zeros_like(x), jnp.zeros_like(frozen, jnp.int32)) if meter
                      else jnp.zeros_like(x))
   return jax.lax.cond(jnp.any(~frozen), run_all, nothing)
 

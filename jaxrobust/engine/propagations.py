@@ -56,6 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust import _jaxpr_walk
+from jaxrobust._batch import like_batch
 from jaxrobust._types import Attack, Budget
 from jaxrobust.metrics.model_evaluations import instrument
 
@@ -251,9 +252,9 @@ def exhausted(state: Metered) -> Array | None:
   return None if state.limit is None else state.steps >= state.limit
 
 
-def start(state: Any, batch: int, limit: Array | None) -> Metered:
-  """The :class:`Metered` state of ``init``'s ``state``: no step run yet."""
-  return Metered(state, jnp.zeros((batch,), jnp.int32), limit)
+def start(state: Any, x: Array, limit: Array | None) -> Metered:
+  """The :class:`Metered` state of ``init``'s ``state`` on rows ``x``: no step run yet."""
+  return Metered(state, like_batch(jnp.zeros(x.shape[:1], jnp.int32), x), limit)
 
 
 def metered_kernel(attack: Attack, freeze: Callable[[Array, Any, Any], Any]) -> Attack:

@@ -1,0 +1,200 @@
+"""Per-example propagation accounting and the per-example cap (jaxrobust.engine.propagations).
+
+* By-hand counts: on a linear model, what the algorithms spend per example (derived below from
+  each attack's ``init``/``step``/``finalize``, not read from the output), with and without early
+  exit; a suite's count is the sum of its members', and a point an earlier member broke costs
+  nothing in the later ones.
+* An independent check: on a dense run with every point clean-correct, the counts summed over
+  the batch equal ``jr.metrics.count_evaluations``' host totals less ``jr.run``'s own clean
+  diagnosis (one gradient row per point) and re-scoring (one forward row per point).
+* A row's count is the same in batches of other sizes and orders, under compaction and early
+  exit (per-example keys).
+* The cap: no count exceeds it; a cap that covers the uncapped run changes nothing (bitwise); a
+  small cap never lowers robust accuracy; bad caps are ``ValueError``\\ s.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jaxrobust as jr
+from tests.models import linear_points, random_linear
+
+pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
+
+SHAPE = (16,)
+CLASSES = 10
+BATCH = 12
+MODEL = random_linear(3, 16, CLASSES)
+X, Y, DIST = linear_points(MODEL, 4, BATCH, SHAPE, "linf")
+EPS = float(np.median(DIST))  # about half the points break
+KEYS = jax.random.split(jax.random.key(0), BATCH)  # per example: results do not depend on rows
+
+
+def run(attack, x=X, y=Y, keys=KEYS, eps=EPS, **options):
+  return jr.run(attack, MODEL.logits_fn, jnp.asarray(x), jnp.asarray(y), jr.Budget(eps), keys,
+                **options)
+
+
+def counts(result):
+  p = result.info["propagations"]
+  return np.asarray(p["forward"]), np.asarray(p["backward"])
+
+
+def test_pgd_by_hand():
+  # PGD: init draws a random start (no model call); each step is one gradient at the iterate
+  # (1 forward + 1 backward); finalize scores the last iterate, which no step has (1 forward).
+  n = 7
+  dense = run(jr.attacks.pgd("linf", steps=n), early_exit=False)
+  forward, backward = counts(dense)
+  np.testing.assert_array_equal(backward, n)
+  np.testing.assert_array_equal(forward, n + 1)
+  # Early exit: a point broken by the iterate step s evaluated stops after s steps; its count is
+  # then s gradients + 1 forward, s <= n; unbroken points spend everything.
+  exits = run(jr.attacks.pgd("linf", steps=n))
+  forward, backward = counts(exits)
+  np.testing.assert_array_equal(forward, backward + 1)
+  assert np.all(backward[~np.asarray(exits.success)] == n)
+  assert np.all((backward >= 1) & (backward <= n))
+  assert np.any(backward[np.asarray(exits.success)] < n)  # some stopped early
+  # A point misclassified (or at eps = 0) is not attacked: it costs nothing.
+  y = Y.copy()
+  y[0] = (y[0] + 1) % CLASSES
+  forward, backward = counts(run(jr.attacks.pgd("linf", steps=n), y=y))
+  assert forward[0] == backward[0] == 0
+  assert np.all(counts(run(jr.attacks.pgd("linf", steps=n), eps=0.0))[0] == 0)
+
+
+@pytest.mark.parametrize("factory, init_forward, final_forward", [
+    # APGD-CE: the start is drawn (no call); n gradient steps; finalize scores the last iterate.
+    (lambda n: jr.attacks.apgd("linf", steps=n), 0, 1),
+    # APGD-T (one target, one run): init ranks the targets on the clean logits (1 forward).
+    (lambda n: jr.attacks.apgd("linf", steps=n, loss="dlr", targeted=True, n_target_classes=1), 1, 1),
+    # FMN: starts at x (no call), n gradient steps, finalize scores the last iterate.
+    (lambda n: jr.attacks.fmn("linf", steps=n), 0, 1),
+])
+def test_gradient_attacks_by_hand(factory, init_forward, final_forward):
+  n = 6
+  forward, backward = counts(run(factory(n), early_exit=False))
+  np.testing.assert_array_equal(backward, n)
+  np.testing.assert_array_equal(forward, init_forward + n + final_forward)
+
+
+def test_square_by_hand():
+  # Square: init queries its start (1 forward), each step queries one proposal (1 forward), and
+  # finalize returns the best point queried (no call); no gradient ever.
+  q = 9
+  attack = jr.attacks.square("linf", queries=q)
+  forward, backward = counts(run(attack, early_exit=False))
+  np.testing.assert_array_equal(backward, 0)
+  np.testing.assert_array_equal(forward, 1 + attack.num_steps)
+  exits = run(attack)
+  forward, backward = counts(exits)
+  assert np.all(forward[~np.asarray(exits.success)] == 1 + attack.num_steps)
+  assert np.all(backward == 0)
+
+
+def test_suite_sums_members_and_skips_broken_points():
+  pgd, square = jr.attacks.pgd("linf", steps=5), jr.attacks.square("linf", queries=8)
+  suite = run(jr.attacks.ensemble(pgd, square))
+  first = run(pgd)  # the same keys: member 1 computes exactly what it computes alone
+  forward, backward = counts(suite)
+  forward_1, backward_1 = counts(first)
+  broken_1 = np.asarray(first.success)
+  assert broken_1.any() and (~broken_1).any()
+  # Broken by PGD: PGD's count only, nothing in Square.
+  np.testing.assert_array_equal(forward[broken_1], forward_1[broken_1])
+  np.testing.assert_array_equal(backward, backward_1)
+  # The others: PGD's count and what Square spent on them alone (square is forward-only).
+  alone = run(square, x=X[~broken_1], y=Y[~broken_1], keys=KEYS[~broken_1])
+  np.testing.assert_array_equal(forward[~broken_1],
+                                forward_1[~broken_1] + counts(alone)[0])
+
+
+def test_auto_attack_is_the_sum_of_its_members():
+  attack = jr.attacks.auto_attack("linf", version="standard")
+  result = run(attack)
+  members = attack.suite.members(CLASSES)
+  forward, backward = counts(result)
+  robust = np.asarray(result.info["robust_after"][-1])
+  assert robust.any()  # points no member broke spent every member's full count
+  full = [counts(run(m, early_exit=False)) for m in members]
+  np.testing.assert_array_equal(forward[robust], sum(f for f, _ in full)[robust])
+  np.testing.assert_array_equal(backward[robust], sum(b for _, b in full)[robust])
+  # A point broken by APGD-CE costs only APGD-CE's count.
+  by_first = ~np.asarray(result.info["robust_after"][0])
+  assert by_first.any()
+  alone = counts(run(members[0]))
+  np.testing.assert_array_equal(forward[by_first], alone[0][by_first])
+  np.testing.assert_array_equal(backward[by_first], alone[1][by_first])
+
+
+@pytest.mark.parametrize("attack", [jr.attacks.pgd("linf", steps=5),
+                                    jr.attacks.square("linf", queries=6)])
+def test_sum_matches_count_evaluations(attack):
+  logits_fn, counter = jr.metrics.count_evaluations(MODEL.logits_fn)
+  result = jr.run(attack, logits_fn, jnp.asarray(X), jnp.asarray(Y), jr.Budget(EPS), KEYS,
+                  early_exit=False, chunk_size=None)
+  jax.effects_barrier()
+  forward, backward = counts(result)
+  # jr.run's own work: one gradient row per point (clean verdict and gradient check) and one
+  # forward row per point (re-scoring the returned point); every point is clean-correct.
+  assert counter.gradient == backward.sum() + BATCH
+  assert counter.forward == (forward - backward).sum() + BATCH
+
+
+@pytest.mark.parametrize("attack", [jr.attacks.pgd("linf", steps=6),
+                                    jr.attacks.apgd("linf", steps=6),
+                                    jr.attacks.square("linf", queries=12)])
+def test_independent_of_batch_size_and_order(attack):
+  whole = counts(run(attack, chunk_size=4))
+  order = np.random.default_rng(0).permutation(BATCH)
+  permuted = counts(run(attack, x=X[order], y=Y[order], keys=KEYS[order], chunk_size=3))
+  part = np.arange(5)
+  small = counts(run(attack, x=X[part], y=Y[part], keys=KEYS[part]))
+  for k in range(2):
+    np.testing.assert_array_equal(permuted[k], whole[k][order])
+    np.testing.assert_array_equal(small[k], whole[k][part])
+
+
+@pytest.mark.parametrize("attack", [jr.attacks.pgd("linf", steps=8),
+                                    jr.attacks.square("linf", queries=10)])
+def test_cap(attack):
+  free = run(attack)
+  spent = sum(counts(free))
+  # A cap that covers every uncapped count changes nothing, bitwise.
+  same = run(attack, max_propagations=int(spent.max()))
+  for a, b in zip(jax.tree.leaves(free[:4]), jax.tree.leaves(same[:4])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for cap in (0, 5, 9):
+    capped = run(attack, max_propagations=cap)
+    assert np.all(sum(counts(capped)) <= cap)
+    assert np.asarray(capped.success).mean() <= np.asarray(free.success).mean()
+  # A per-example cap, traced.
+  caps = jnp.arange(BATCH, dtype=jnp.int32) * 2
+  capped = jax.jit(lambda c: run(attack, max_propagations=c))(caps)
+  assert np.all(sum(counts(capped)) <= np.asarray(caps))
+  # Not attacked at all (the cap does not cover init and finalize): x_adv = x.
+  np.testing.assert_array_equal(np.asarray(run(attack, max_propagations=0).x_adv), X)
+
+
+def test_cap_of_a_suite_covers_the_members_together():
+  attack = jr.attacks.ensemble(jr.attacks.pgd("linf", steps=5), jr.attacks.square("linf",
+                                                                                  queries=20))
+  capped = run(attack, max_propagations=16)
+  assert np.all(sum(counts(capped)) <= 16)
+  assert np.any(counts(capped)[1] == 5)  # PGD ran fully (11), Square got what was left
+
+
+def test_bad_caps():
+  for bad in (-1, 1.5, True, jnp.array([1.0])):
+    with pytest.raises(ValueError, match="max_propagations"):
+      run(jr.attacks.pgd("linf", steps=2), max_propagations=bad)
+  # An attack whose calls per step depend on the data cannot be capped.
+  search = jr.attacks.min_norm_search(jr.attacks.pgd("linf", steps=2), search_steps=2)
+  assert "propagations" not in run(search).info
+  with pytest.raises(ValueError, match="data-dependent"):
+    run(search, max_propagations=10)
