@@ -38,6 +38,9 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
     always agree with re-predicting the returned points: untargeted, ``argmax != y``; targeted,
     ``argmax == target``. Non-finite logits never count as a correct prediction (they count as a
     success for an untargeted attack and a failure for a targeted one);
+  * ``info["propagations"]`` holds, per example, the forward and backward propagations the
+    attack spent on it (``{"forward": [B], "backward": [B]}``; a gradient is one of each), and
+    ``max_propagations`` caps their sum per example;
   * ``info["flags"]`` holds reliability checks (``[]`` bool) and ``info["counts"]`` the counts
     behind them: ``non_finite_gradients`` (clean-correct points whose input gradient of the
     cross-entropy is NaN or infinite at the clean input: attacks then use the finite part of the
@@ -75,6 +78,13 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
       :class:`~jaxrobust._options.RunOptions`).
     early_exit: stop attacking a point once it is broken (see
       :class:`~jaxrobust._options.RunOptions`).
+    max_propagations: ``None`` (no cap), or an int or int ``[]``/``[B]`` array (may be traced):
+      per example, the most forward plus backward propagations the attack may spend
+      (AttackBench's budget). A row runs the steps that fit and keeps the best point found
+      within them; a row whose cap does not cover the attack's ``init`` and ``finalize`` is not
+      attacked. ``info["propagations"]`` reports what each row spent (see
+      :mod:`jaxrobust.engine.propagations`). A ``ValueError`` for a negative, float or bool cap,
+      and for an attack whose model calls per step depend on the data.
 
   Returns:
     A :class:`jaxrobust.AttackResult`.

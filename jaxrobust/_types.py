@@ -159,6 +159,12 @@ class AttackResult(NamedTuple):
     info: a dict of extra arrays: ``flags`` (``[]`` bool reliability checks, see
       :func:`jaxrobust.run`) and ``counts`` (the counts behind them) for every attack; ensembles add
       ``robust_after [M, B]``, the per-member breakdown, and AutoAttack its own checks.
+      ``propagations`` (``{"forward": [B], "backward": [B]}`` int32): per example, the forward
+      and backward propagations through the model the attack spent on it,
+      :math:`f_\text{init} + s_i f_\text{step} + f_\text{fin}` for the :math:`s_i` steps row
+      :math:`i` ran (0 for rows not attacked; a gradient is one of each; suites sum their
+      members), independent of batch, order and chunking; absent for attacks whose model calls
+      per step depend on the data (:mod:`jaxrobust.engine.propagations`).
   """
 
   x_adv: Array

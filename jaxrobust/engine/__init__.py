@@ -8,7 +8,9 @@
   :func:`jaxrobust.robustness_curve` and :func:`jaxrobust.evaluate`;
 * :mod:`~jaxrobust.engine.compaction` -- compute skipping with static shapes;
 * :mod:`~jaxrobust.engine.randomized` -- majority votes and expected gradients of randomized
-  models.
+  models;
+* :mod:`~jaxrobust.engine.propagations` -- per-example forward/backward propagation counts and
+  the per-example cap on them.
 
 The engine imports nothing from :mod:`jaxrobust.attacks`; attacks (ensembles, suites, EOT) use
 the engine. Nothing here is public API: use the front doors.
