@@ -105,7 +105,11 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
     ``info["counts"]`` (the counts behind them: ``[K]`` per eps for a fixed-budget attack, ``[]``
     for a minimum-norm one; ``non_finite_gradient_points`` is counted once) and, for ensembles and
     suites, ``info["robust_after"]`` ``[K, M, B]``: robust after members ``1..m`` at eps_k (and at
-    every smaller eps), whose means are the per-member breakdown.
+    every smaller eps), whose means are the per-member breakdown. ``info["propagations"]``
+    (``{"forward", "backward"}``, int32) holds the attack's propagations per example
+    (:func:`jaxrobust.run`): ``[K, B]`` per eps for a fixed-budget attack (0 at an eps where
+    the row was not attacked, e.g. broken at a smaller eps under cross-eps skipping; the sum
+    over eps is the curve's cost per example), ``[B]`` for a minimum-norm one (one run).
 
   Examples:
     >>> import jax, jax.numpy as jnp

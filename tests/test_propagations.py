@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
+from jaxrobust._batch import fold_in
 from tests.models import linear_points, random_linear
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
@@ -192,3 +193,19 @@ def test_bad_caps():
   assert "propagations" not in run(search).info
   with pytest.raises(ValueError, match="data-dependent"):
     run(search, max_propagations=10)
+
+
+def test_curve_counts_per_eps():
+  attack = jr.attacks.pgd("linf", steps=5)
+  epsilons = jnp.array([0.0, EPS, 2 * EPS])
+  curve = jax.jit(lambda x, y: jr.robustness_curve(attack, MODEL.logits_fn, x, y, epsilons,
+                                                   KEYS))(jnp.asarray(X), jnp.asarray(Y))
+  forward, backward = counts(curve)
+  assert forward.shape == backward.shape == (3, BATCH)
+  assert np.all(forward[0] == 0) and np.all(backward[0] == 0)  # eps = 0: nothing to attack
+  # eps_1 is run with the example's key folded with 1: the count jr.run gives with those keys.
+  alone = run(attack, keys=fold_in(KEYS, jnp.uint32(1)))
+  np.testing.assert_array_equal(forward[1], counts(alone)[0])
+  # At eps_2 a row broken at eps_1 is skipped (0); a row still robust is attacked.
+  robust = np.asarray(curve.robust[1])
+  assert np.all(forward[2][~robust] == 0) and np.all(forward[2][robust] > 0)

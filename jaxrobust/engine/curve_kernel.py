@@ -123,14 +123,18 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
   if "robust_after" in per_eps:
     before = correct[None, :] & ~worst_case_over_smaller_eps(broken, epsilons, strict=True)
     info["robust_after"] = per_eps["robust_after"] & before[:, None, :]
+  if "propagations" in per_eps:  # [K, B] each: 0 at eps where a row was not attacked
+    info["propagations"] = per_eps["propagations"]
   return CurveFlags(robust, None, _with_gradient_count(info, correct, bad_gradient, active))
 
 
 def _checks(info: dict) -> dict:
-  """The parts of ``AttackResult.info`` a curve keeps: flags, counts, the member breakdown."""
+  """The parts of ``AttackResult.info`` a curve keeps: flags, counts, the member breakdown, the
+  propagations per example."""
   kept = {"flags": dict(info.get("flags", {})), "counts": dict(info.get("counts", {}))}
-  if "robust_after" in info:
-    kept["robust_after"] = info["robust_after"]
+  for name in ("robust_after", "propagations"):
+    if name in info:
+      kept[name] = info[name]
   return kept
 
 
