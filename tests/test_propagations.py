@@ -131,18 +131,34 @@ def test_auto_attack_is_the_sum_of_its_members():
   np.testing.assert_array_equal(backward[by_first], full[0][1][by_first])
 
 
+def noisy(x, keys):  # a randomized model: input noise, one key per example
+  noise = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(keys)
+  return MODEL.logits_fn(x + 0.01 * noise)
+
+
 @pytest.mark.parametrize("attack", [jr.attacks.pgd("linf", steps=5),
-                                    jr.attacks.square("linf", queries=6)])
+                                    jr.attacks.square("linf", queries=6),
+                                    jr.attacks.eot(jr.attacks.pgd("linf", steps=3), samples=4)])
 def test_sum_matches_count_evaluations(attack):
-  logits_fn, counter = jr.metrics.count_evaluations(MODEL.logits_fn)
+  logits_fn, counter = jr.metrics.count_evaluations(noisy if attack.samples else MODEL.logits_fn)
   result = jr.run(attack, logits_fn, jnp.asarray(X), jnp.asarray(Y), jr.Budget(EPS), KEYS,
                   early_exit=False, chunk_size=None)
   jax.effects_barrier()
   forward, backward = counts(result)
-  # jr.run's own work: one gradient row per point (clean verdict and gradient check) and one
-  # forward row per point (re-scoring the returned point); every point is clean-correct.
-  assert counter.gradient == backward.sum() + BATCH
-  assert counter.forward == (forward - backward).sum() + BATCH
+  # One gradient is one forward and one backward here (no pullback is applied twice).
+  if not attack.samples:
+    # jr.run's own work: one gradient row per point (clean verdict and gradient check) and one
+    # forward row per point (re-scoring the returned point); every point is clean-correct.
+    assert counter.gradient == backward.sum() + BATCH
+    assert counter.forward == (forward - backward).sum() + BATCH
+  else:
+    # EOT, S draws: every step is S gradient rows, finalize S forward rows; jr.run votes over S
+    # draws on the clean and on the returned points (2 S forward rows per point).
+    samples = attack.samples
+    np.testing.assert_array_equal(backward, 3 * samples)
+    np.testing.assert_array_equal(forward, 3 * samples + samples)
+    assert counter.gradient == backward.sum()
+    assert counter.forward == (forward - backward).sum() + 2 * samples * BATCH
 
 
 @pytest.mark.parametrize("attack", [jr.attacks.apgd("linf", steps=6),

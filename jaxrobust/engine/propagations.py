@@ -108,8 +108,9 @@ class Metered(NamedTuple):
   limit: Optional[Array] = None  # [B] int32
 
 
-def _marker(width: int) -> Callable[[Array], None]:
-  def mark(v: Array) -> None:
+def _marker(width: int) -> Callable[..., None]:
+  def mark(*values: Array) -> None:
+    v = values[-1]  # the logits (the cotangent of a backward pass): one marker per iteration
     rows = jax.lax.stop_gradient(v.reshape(v.shape[:1] + (-1,))[:, :1])
     jax.debug.callback(lambda _: None, jnp.broadcast_to((rows * 0).astype(jnp.uint8),
                                                         (v.shape[0], width)))
@@ -171,7 +172,7 @@ def measure(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
   """
   if attack.suite is not None or attack.drive is not None:
     return None
-  noop = lambda _: None
+  noop = lambda *_: None
   marked = instrument(logits_fn, forward=_marker(_FORWARD), gradient=_marker(_GRADIENT),
                       backward=_marker(_BACKWARD))
   unmarked = instrument(logits_fn, forward=noop, gradient=noop)

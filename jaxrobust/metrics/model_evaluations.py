@@ -85,32 +85,40 @@ def count_evaluations(logits_fn: Callable[..., Array]
     # One value per row of x (batched along with x under vmap), so np.size is the row count.
     return x.reshape(x.shape[:1] + (-1,))[:, 0]
 
-  on = lambda kind: lambda x: jax.debug.callback(lambda r: counter._add(kind, r), rows(x))
+  # Rows of the logits, not of x: a count that depends only on x would be hoisted out of a
+  # differentiated lax.map over a randomized model's draws and counted once instead of per draw.
+  on = lambda kind: lambda _, logits: jax.debug.callback(lambda r: counter._add(kind, r),
+                                                         rows(logits))
   return instrument(logits_fn, forward=on("forward"), gradient=on("gradient")), counter
 
 
-def instrument(logits_fn: Callable[..., Array], *, forward: Callable[[Array], None],
-               gradient: Callable[[Array], None],
+def instrument(logits_fn: Callable[..., Array], *, forward: Callable[[Array, Array], None],
+               gradient: Callable[[Array, Array], None],
                backward: Callable[[Array], None] | None = None) -> Callable[..., Array]:
   """``logits_fn`` with hooks that tell its calls apart: the one place that wraps a model in a
   ``jax.custom_vjp`` to see which calls are differentiated (:func:`count_evaluations` counts
   rows with it; :mod:`jaxrobust.engine.propagations` measures an attack's cost per example).
 
-  ``forward(x)`` runs (while tracing) in a call that is not differentiated, ``gradient(x)`` in
-  one whose backward pass is taken (its forward half), ``backward(cotangent)`` in each backward
-  pass (a ``jax.vjp`` pullback applied ``K`` times, e.g. under ``vmap``, runs it for each). The
-  values and gradients are exactly ``logits_fn``'s; extra arguments (the keys of a randomized
-  model) get no gradient.
+  ``forward(x, logits)`` runs (while tracing) in a call that is not differentiated,
+  ``gradient(x, logits)`` in one whose backward pass is taken (its forward half),
+  ``backward(cotangent)`` in each backward pass (a ``jax.vjp`` pullback applied ``K`` times, e.g.
+  under ``vmap``, runs it for each). The values and gradients are exactly ``logits_fn``'s; extra
+  arguments (the keys of a randomized model) get no gradient.
+
+  A hook's operations that depend only on ``x`` may be hoisted out of a loop when JAX
+  differentiates it (a ``lax.map`` over the draws of a randomized model, whose ``x`` is the same
+  in every iteration): a hook that must run once per call depends on ``logits``.
   """
 
   @jax.custom_vjp
   def hooked(x, *more):
-    forward(x)
-    return logits_fn(x, *more)
+    logits = logits_fn(x, *more)
+    forward(x, logits)
+    return logits
 
   def forward_half(x, *more):
-    gradient(x)
     logits, pullback = jax.vjp(lambda x: logits_fn(x, *more), x)
+    gradient(x, logits)
     return logits, (pullback, more)
 
   def backward_half(residuals, cotangent):
