@@ -71,7 +71,8 @@ def test_pgd_by_hand():
     # APGD-CE: the start is drawn (no call); n gradient steps; finalize scores the last iterate.
     (lambda n: jr.attacks.apgd("linf", steps=n), 0, 1),
     # APGD-T (one target, one run): init ranks the targets on the clean logits (1 forward).
-    (lambda n: jr.attacks.apgd("linf", steps=n, loss="dlr", targeted=True, n_target_classes=1), 1, 1),
+    (lambda n: jr.attacks.apgd("linf", steps=n, loss="dlr", targeted=True,
+                               n_target_classes=1), 1, 1),
     # FMN: starts at x (no call), n gradient steps, finalize scores the last iterate.
     (lambda n: jr.attacks.fmn("linf", steps=n), 0, 1),
 ])
