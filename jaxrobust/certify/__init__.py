@@ -34,8 +34,9 @@ and ``min`` (ReLU, clipping), ``reshape``/``transpose``/``broadcast_in_dim``/``s
 ``select_n`` with a constant predicate, ``reduce_sum``/``reduce_max``/``reduce_min``, average and
 max pooling (``reduce_window_sum``/``reduce_window_max``), monotone elementwise functions
 (``tanh``, ``logistic``, ``exp``, ``log``, ``log1p``, ``expm1``, ``sqrt``, ``rsqrt``, ``erf``),
-positive integer powers and float conversions. Anything else raises ``NotImplementedError``
-naming the primitive. Bounds are computed in float32 at least and are sound for the real-number
+positive integer powers and float conversions. Anything else raises one ``NotImplementedError``
+naming every such primitive at once (a ``select_n`` whose predicate depends on the input
+included). Bounds are computed in float32 at least and are sound for the real-number
 computation up to the rounding of the bound arithmetic itself.
 
 Examples:

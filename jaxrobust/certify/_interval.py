@@ -98,6 +98,7 @@ def propagate(graph: Graph, lower: Array, upper: Array,
   Returns:
     ``{node: Interval}`` for every node.
   """
+  prim.check_graph(graph.equations)  # every unsupported primitive named at once
   intervals = {0: Interval(lower, upper)}
   for eqn in graph.equations:
     result = interval_rule(eqn, intervals, lower.dtype)
@@ -157,7 +158,7 @@ def interval_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array) ->
     ``(lo, hi)``, each of ``fn(x)``'s shape, in float32 (or the input's dtype if wider).
 
   Raises:
-    NotImplementedError: naming the first primitive of ``fn`` that no rule handles.
+    NotImplementedError: naming every primitive of ``fn`` that no rule handles.
     ValueError: when ``lower`` and ``upper`` differ in shape.
 
   Examples:

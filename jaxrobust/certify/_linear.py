@@ -251,7 +251,7 @@ def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array, *,
     ``(lo, hi)``, each of ``fn(x)``'s shape, in float32 (or the input's dtype if wider).
 
   Raises:
-    NotImplementedError: naming the first primitive of ``fn`` that no rule handles.
+    NotImplementedError: naming every primitive of ``fn`` that no rule handles.
     ValueError: for boxes of different shapes, or when ``fn``'s output is not ``[B, ...]``.
 
   Examples:

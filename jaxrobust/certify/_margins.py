@@ -66,7 +66,7 @@ def margin_bounds(logits_fn: Callable[[Array], Array], y: Array, lower: Array, u
   Raises:
     ValueError: for an unknown method, labels that are not ``[B]`` ints in ``[0, C)``, logits
       that are not ``[B, C]``, or an ``examples_per_pass`` that is not a positive int.
-    NotImplementedError: naming the first primitive of ``logits_fn`` that no rule handles.
+    NotImplementedError: naming every primitive of ``logits_fn`` that no rule handles.
 
   Examples:
     >>> import jax.numpy as jnp

@@ -54,20 +54,65 @@ def variable_positions(eqn: Equation) -> list:
   return [i for i, op in enumerate(eqn.inputs) if not isinstance(op, Const)]
 
 
-def check_supported(eqn: Equation) -> None:
-  """Raises ``NotImplementedError`` unless some rule handles ``eqn`` exactly as it stands."""
+def why_unsupported(eqn: Equation) -> str | None:
+  """``None`` if some rule handles ``eqn`` exactly as it stands, else why not (``""`` when the
+  primitive has no rule at all)."""
   name, positions = eqn.primitive.name, variable_positions(eqn)
   if name not in SUPPORTED:
-    raise unsupported(eqn)
+    return ""
   if name in ("mul", "dot_general", "conv_general_dilated") and len(positions) != 1:
-    raise unsupported(eqn, "a product of two input-dependent values is not affine")
+    return "a product of two input-dependent values is not affine"
+  if name == "select_n" and 0 in positions:
+    return "a choice whose predicate depends on the input"
   if name == "div" and positions != [0]:
-    raise unsupported(eqn, "only division of an input-dependent value by a constant")
+    return "only division of an input-dependent value by a constant"
   if name == "integer_pow" and eqn.params["y"] < 1:
-    raise unsupported(eqn, "only positive integer powers")
+    return "only positive integer powers"
   if name == "convert_element_type" and not jnp.issubdtype(eqn.params["new_dtype"],
                                                            jnp.floating):
-    raise unsupported(eqn, "only conversions between floating-point types")
+    return "only conversions between floating-point types"
+  return None
+
+
+def check_supported(eqn: Equation) -> None:
+  """Raises ``NotImplementedError`` unless some rule handles ``eqn`` exactly as it stands."""
+  why = why_unsupported(eqn)
+  if why is not None:
+    raise unsupported(eqn, why)
+
+
+def check_graph(equations) -> None:
+  """Raises one ``NotImplementedError`` naming *every* primitive of ``equations`` that no rule
+  handles (each once, in order of first use, with how many equations use it), so a model
+  lowered from another framework (a PyTorch module through torchax, where one layer may become
+  several primitives) shows at once everything that stands in the way.
+
+  Examples:
+    >>> import jax, jax.numpy as jnp
+    >>> from jaxrobust.certify._jaxpr import trace
+    >>> graph = trace(lambda x: jax.nn.leaky_relu(jnp.sin(x)), jnp.zeros((1, 2)))
+    >>> try:
+    ...   check_graph(graph.equations)
+    ... except NotImplementedError as error:
+    ...   print(str(error)[:100])
+    primitives 'sin', 'ge', 'select_n' (a choice whose predicate depends on the input) are not supported
+  """
+  found: dict[str, list] = {}
+  for eqn in equations:
+    why = why_unsupported(eqn)
+    if why is not None:
+      found.setdefault(eqn.primitive.name, []).append(why)
+  if not found:
+    return
+  if len(found) == 1 and len(next(iter(found.values()))) == 1:
+    (name, (why,)), = found.items()
+    detail = f" ({why})" if why else ""
+    raise NotImplementedError(f"primitive '{name}' is not supported{detail}: {_HINT}")
+  names = ", ".join(f"'{name}'" + (f" ({whys[0]})" if whys[0] else "") for name, whys in
+                    found.items())
+  count = sum(len(whys) for whys in found.values())
+  raise NotImplementedError(f"primitives {names} are not supported (in {count} equations of the "
+                            f"bounded function): {_HINT}")
 
 
 def is_affine(eqn: Equation, dtype) -> bool:
