@@ -489,7 +489,8 @@ def diagnose(logits_fn: Callable[..., jax.Array], x: Any) -> Diagnosis:
                     f"{type(logits_fn).__name__}")
   spec = _input_spec(x)
   model = _model.model_of(logits_fn)
-  return diagnose_traced(jax.make_jaxpr(model.apply)(model.params, spec))
+  return diagnose_traced(jax.make_jaxpr(lambda arguments, v: model.with_arguments(arguments)(v))(
+      model.arguments, spec))
 
 
 def diagnose_traced(closed: Any, num_inputs: int = 1) -> Diagnosis:

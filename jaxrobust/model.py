@@ -164,6 +164,18 @@ class Model:
     return self._replace(params=params)
 
   @property
+  def arguments(self) -> Any:
+    """Every array the model reads, as the pytree a compiled program takes it: :attr:`params`
+    here; a model that also reads arrays it does not train (a
+    :class:`jaxrobust.interop.TorchModel`'s buffers) gives both. :func:`jaxrobust.evaluate`
+    passes these to its compiled step, so none of them is a constant of the program."""
+    return self.params
+
+  def with_arguments(self, arguments: Any) -> Model:
+    """The same model on other :attr:`arguments` (of the same structure)."""
+    return self.with_params(arguments)
+
+  @property
   def identity(self) -> tuple:
     """``(kind, spec, compute_dtype)``: equal for two models that differ at most in their
     parameters."""

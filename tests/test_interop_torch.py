@@ -89,7 +89,9 @@ def setup():
 def test_logits_match_the_module_on_nhwc_inputs(setup):
   net, model, weights, x, y, logits = setup
   assert isinstance(model, jr.model.Model) and model_of(model) is model
-  assert {"bn.running_mean", "bn.running_var", "conv.weight", "fc.bias"} <= set(model.params)
+  assert set(model.params) == {"conv.weight", "conv.bias", "bn.weight", "bn.bias", "fc.weight",
+                                "fc.bias"}  # the trainable floats; the rest are buffers
+  assert set(model.buffers) == {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"}
   np.testing.assert_allclose(np.asarray(model(x)), logits, atol=2e-5, rtol=1e-5)
   params, apply = model  # unpacks as (params, apply)
   np.testing.assert_allclose(np.asarray(apply(params, x)), logits, atol=2e-5, rtol=1e-5)
@@ -104,8 +106,11 @@ def test_logits_match_the_module_on_nhwc_inputs(setup):
 
 def test_parameters_are_arguments_never_constants(setup):
   _, model, _, x, *_ = setup
-  closed = jax.make_jaxpr(lambda p, v: model.apply(p, v))(model.params, x)
+  # The model as an argument: its parameters and buffers are both arguments.
+  closed = jax.make_jaxpr(lambda m, p, v: m.apply(p, v))(model, model.params, x)
   assert captured_constants(closed) == []
+  closed = jax.make_jaxpr(lambda a, v: model.with_arguments(a)(v))(model.arguments, x)
+  assert captured_constants(closed) == [] and len(closed.jaxpr.invars) == 10  # 6 + 3 + x
   with warnings.catch_warnings():
     warnings.simplefilter("error", jr.model.CapturedConstantsWarning)
     jax.jit(lambda m, v: m(v))(model, x).block_until_ready()

@@ -114,10 +114,10 @@ def attack_digest(attack: Attack) -> str:
 
 def model_fingerprint(model: Model, trace: _Trace) -> dict[str, str]:
   """What identifies the model in a checkpoint: the traced program and the values of every array
-  it reads, arguments (the parameters of a ``partial`` or an ``nnx.Module``) and captured
-  constants (those of a closure) alike."""
+  it reads, arguments (the parameters of a ``partial`` or an ``nnx.Module``, a PyTorch module's
+  buffers) and captured constants (those of a closure) alike."""
   digest = hashlib.sha256()
-  for value in [*jax.tree.leaves(model.params), *trace.constants]:
+  for value in [*jax.tree.leaves(model.arguments), *trace.constants]:
     hash_array(digest, value)
   return {"program": trace.program, "arrays": digest.hexdigest()}
 

@@ -201,10 +201,10 @@ def _trace_model(model: Model, x: jax.ShapeDtypeStruct,
   while they are the very same (immutable) arrays, and the jaxpr's text catches changed Python
   constants and architectures.
   """
-  def forward(params, *inputs):
-    return model.with_params(params)(*inputs)  # the Model: its compute dtype's casts included
+  def forward(arguments, *inputs):
+    return model.with_arguments(arguments)(*inputs)  # the Model: its compute dtype's casts too
 
-  closed = jax.make_jaxpr(forward)(model.params, x, *(() if keys is None else (keys,)))
+  closed = jax.make_jaxpr(forward)(model.arguments, x, *(() if keys is None else (keys,)))
   text = _ADDRESS.sub("", str(closed.jaxpr))  # function reprs may carry memory addresses
   return _Trace(program=hashlib.sha256(text.encode()).hexdigest(),
                 constants=tuple(captured_constants(closed)), jaxpr=closed)
@@ -247,7 +247,7 @@ def _jitted_step(model: Model, trace: _Trace, attacks, key_impl, keep_per_exampl
   """The ``jax.jit``-ed step, reused only where it computes what a fresh one would.
 
   A compiled step depends on its arguments (data, eps, key and the model's arrays in
-  ``model.params``) and on what was baked in when it was traced: the program (``trace.program``)
+  ``model.arguments``) and on what was baked in when it was traced: the program (``trace.program``)
   and the arrays the model captured (``trace.constants``). It is reused only when the model's
   identity, program and captured arrays are the same (a ``jax.Array`` cannot change in place), so
   a model whose weights were replaced (a rebound global, a new attribute value, a new ``partial``
@@ -263,7 +263,7 @@ def _jitted_step(model: Model, trace: _Trace, attacks, key_impl, keep_per_exampl
     cache_key, cached = None, None
   if cached is not None:
     return cached[0]
-  step_fn = _build_step(lambda params: model.with_params(params), attacks,
+  step_fn = _build_step(lambda arguments: model.with_arguments(arguments), attacks,
                         key_impl=key_impl, keep_per_example=keep_per_example, options=options,
                         axis_name=axis if use_shard_map else None, certifiers=certifiers)
   if use_shard_map:  # data parallel: the model's arrays are replicated on every device

@@ -265,7 +265,7 @@ def _evaluate_batch(step_fn, model, plan: host.Plan, batch: host.HostBatch, cons
   """Runs the compiled step on one padded batch, merges its sums into ``state`` and returns the
   number of examples it evaluated (over all processes)."""
   t0 = time.perf_counter()
-  out = step_fn(model.params, *(host.put(plan, a, True) for a in batch[:4]), *constants)
+  out = step_fn(model.arguments, *(host.put(plan, a, True) for a in batch[:4]), *constants)
   sums, per = jax.tree.map(host.to_host, out)
   dt = time.perf_counter() - t0
   n = int(sums.worst_case.n)

@@ -5,8 +5,12 @@ torchax (google/torchax) runs a module's ATen operations as JAX operations: ``to
 dict ``name -> jax.Array`` and a pure function ``(params, args) -> outputs`` whose every operation
 is a JAX one, so it traces under ``jax.jit``, ``grad``, ``vmap``, ``lax.scan`` and a sharded mesh
 like any JAX function. :func:`from_torch` wraps it as a :class:`TorchModel`, a
-:class:`jaxrobust.model.Model` whose parameters are that dict: every front door takes it
-directly, and it passes the parameters to compiled programs as arguments.
+:class:`jaxrobust.model.Model` that splits that dict in two: ``params``, the floating-point
+``nn.Parameter`` s with ``requires_grad`` (what ``jax.grad`` differentiates and an optimizer
+updates; never an integer leaf, so the ``jr.training`` losses fine-tune it), and ``buffers``, the
+rest (running statistics, BatchNorm's integer ``num_batches_tracked``, frozen parameters). Every
+front door takes it directly, and it passes both to compiled programs as arguments
+(:attr:`~jaxrobust.model.Model.arguments`), never as constants.
 
 Layout. jaxrobust's images are NHWC (Square and AutoAttack read the last axis as the channels);
 PyTorch's are NCHW. With ``layout="nhwc"`` (the default) the model takes NHWC images and
@@ -87,47 +91,84 @@ def import_torch() -> tuple[Any, Any]:
 @dataclasses.dataclass(frozen=True, eq=False)
 class TorchModel(Model):
   """A converted PyTorch module: a :class:`jaxrobust.model.Model` whose ``params`` are the
-  module's parameters and buffers (a dict ``name -> jax.Array``) and whose ``spec`` is the pure
-  apply ``(params, x) -> logits``.
+  module's trainable parameters (a dict ``name -> jax.Array`` of the floating-point
+  ``nn.Parameter`` s with ``requires_grad``, what a PyTorch optimizer is given) and whose
+  ``buffers`` are everything else the module reads (BatchNorm's running statistics and its integer
+  ``num_batches_tracked``, frozen parameters); ``spec`` is the pure apply
+  ``(params, buffers, x) -> logits``.
 
   ``model(x)`` is the module on ``x`` (NHWC images with ``layout="nhwc"``), ``model.apply(params,
-  x)`` the module on other parameters of the same structure, and ``params, apply = model``
-  unpacks it. A pytree whose only leaves are the parameters: pass ``model`` (or ``params``) as an
-  argument of ``jax.jit``.
+  x)`` the module on other parameters of the same structure (and this model's buffers), and
+  ``params, apply = model`` unpacks it. Since ``params`` holds only floating-point arrays,
+  ``jax.grad`` over it works as for any JAX model (fine-tuning with ``jr.training`` and optax);
+  the buffers are never differentiated nor updated by an optimizer, as in PyTorch. A pytree whose
+  leaves are the parameters and the buffers: pass ``model`` as an argument of ``jax.jit`` (then
+  ``model.with_params(p)`` or ``model.apply(p, x)`` inside reads the buffers as arguments too;
+  a model closed over by the jitted function has its buffers compiled in as constants).
 
   Attributes:
+    buffers: the module's other arrays, a dict ``name -> jax.Array`` (an argument of compiled
+      programs like ``params``; see :attr:`arguments`).
     check_error: the largest absolute logit difference from the PyTorch module on the example
       input, measured by :func:`from_torch`.
+
+  Examples:
+    >>> import numpy as np, torch, jax, jaxrobust as jr
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4),
+    ...                           torch.nn.Linear(4, 2)).eval()
+    >>> model = jr.interop.from_torch(net, np.ones((2, 3), np.float32))
+    >>> sorted(model.params), sorted(model.buffers)[-1]
+    (['0.bias', '0.weight', '1.bias', '1.weight', '2.bias', '2.weight'], '1.running_var')
+    >>> grads = jax.grad(lambda p: model.apply(p, np.ones((2, 3), np.float32)).sum())(model.params)
+    >>> grads["2.bias"].tolist()
+    [2.0, 2.0]
   """
 
+  buffers: Any = None  # a dict name -> jax.Array: what the module reads and does not train
   check_error: float | None = None
 
   def as_callable(self) -> Any:
-    """``functools.partial(apply, params)``: the logits function on :attr:`params`."""
-    return functools.partial(self.spec, self.params)
+    """``functools.partial(apply, params, buffers)``: the logits function on :attr:`params`."""
+    return functools.partial(self.spec, self.params, self.buffers)
+
+  @property
+  def arguments(self) -> Any:
+    """``(params, buffers)``: every array the module reads (see :attr:`Model.arguments`)."""
+    return (self.params, self.buffers)
+
+  def with_arguments(self, arguments: Any) -> TorchModel:
+    params, buffers = arguments
+    return self._replace(params=params, buffers=buffers)
+
+  def compute_in(self, dtype: Any) -> TorchModel:
+    """As :meth:`Model.compute_in`, the floating-point buffers (running statistics) cast too."""
+    cast = lambda v: v.astype(dtype) if jnp.issubdtype(v.dtype, jnp.floating) else v
+    return super().compute_in(dtype)._replace(buffers=jax.tree.map(cast, self.buffers))
 
   def __iter__(self) -> Any:
     return iter((self.params, self.apply))
 
 
 jax.tree_util.register_pytree_node(
-    TorchModel, lambda m: ((m.params,), (m.kind, m.spec, m.compute_dtype, m.check_error)),
-    lambda aux, children: TorchModel(children[0], *aux))
+    TorchModel, lambda m: ((m.params, m.buffers), (m.kind, m.spec, m.compute_dtype,
+                                                    m.check_error)),
+    lambda aux, children: TorchModel(children[0], *aux[:3], buffers=children[1],
+                                     check_error=aux[3]))
 
 
 _NO_LOWERING = re.compile(r"Operator with name (\S+) has no lowering")
 
 
-def _apply(jax_fn: Any, layout: str, not_found: type, params: Any, x: Any) -> Any:
-  """The module on ``x`` (NHWC images transposed to NCHW) with ``params``; PyTorch's implicit
-  broadcasting and type promotion allowed inside (the module's semantics, whatever the caller's
-  JAX promotion settings)."""
+def _apply(jax_fn: Any, layout: str, not_found: type, params: Any, buffers: Any, x: Any) -> Any:
+  """The module on ``x`` (NHWC images transposed to NCHW) with ``params`` and ``buffers``;
+  PyTorch's implicit broadcasting and type promotion allowed inside (the module's semantics,
+  whatever the caller's JAX promotion settings)."""
   x = jnp.asarray(x)
   if layout == "nhwc" and x.ndim == 4:
     x = jnp.transpose(x, (0, 3, 1, 2))
   with jax.numpy_rank_promotion("allow"), jax.numpy_dtype_promotion("standard"):
     try:
-      return jax_fn(params, (x,))
+      return jax_fn({**params, **buffers}, (x,))
     except not_found as error:
       found = _NO_LOWERING.search(str(error))
       operation = found.group(1) if found else str(error)
@@ -168,6 +209,16 @@ def _reference(torch: Any, module: Any, example: Any) -> np.ndarray:
   return out.detach().cpu().numpy()
 
 
+def _split(module: Any, states: dict) -> tuple[dict, dict]:
+  """``states`` (torchax's ``name -> jax.Array`` of parameters and buffers) as ``(params,
+  buffers)``: the floating-point parameters with ``requires_grad`` (what ``jax.grad`` may
+  differentiate and an optimizer update), and the rest, integer buffers included."""
+  trainable = {name for name, p in module.named_parameters()
+               if p.requires_grad and p.is_floating_point()}
+  params = {name: v for name, v in states.items() if name in trainable}
+  return params, {name: v for name, v in states.items() if name not in trainable}
+
+
 def from_torch(module: Any, example_input: Any, *, layout: str = "nhwc", atol: float = 1e-4,
                rtol: float = 1e-4) -> TorchModel:
   r"""``module`` (a ``torch.nn.Module`` in eval mode) as a jaxrobust model, through torchax.
@@ -182,11 +233,12 @@ def from_torch(module: Any, example_input: Any, *, layout: str = "nhwc", atol: f
       logit of the example (float32 arithmetic in two libraries differs in the last bits).
 
   Returns:
-    A :class:`TorchModel`: ``model(x)`` gives the logits, ``model.params`` the parameters and
-    buffers (a dict of ``jax.Array``), ``model.apply(params, x)`` the pure apply; it unpacks as
-    ``params, apply = model``. Pass it wherever a ``logits_fn`` is accepted (``jr.run``, curves,
-    AutoAttack, ``jr.evaluate``, ``jr.training``); inside ``jax.jit``, pass ``model`` or
-    ``params`` as an argument.
+    A :class:`TorchModel`: ``model(x)`` gives the logits, ``model.params`` the trainable
+    parameters and ``model.buffers`` the rest (dicts of ``jax.Array``), ``model.apply(params, x)``
+    the apply on other parameters; it unpacks as ``params, apply = model``. Pass it wherever a ``logits_fn`` is accepted (``jr.run``, curves,
+    AutoAttack, ``jr.evaluate``, ``jr.training``); inside ``jax.jit``, pass ``model`` as an
+    argument (parameters and buffers travel with it; ``model.with_params(p)`` inside for new
+    parameters).
 
   Raises:
     ImportError: PyTorch or torchax is not installed (``pip install 'jaxrobust[torch]'``).
@@ -208,12 +260,13 @@ def from_torch(module: Any, example_input: Any, *, layout: str = "nhwc", atol: f
   expected = _reference(torch, module, example)
   from torchax.tensor import OperatorNotFound  # noqa: PLC0415 - the optional extra
 
-  params, jax_fn = torchax.extract_jax(module)
+  states, jax_fn = torchax.extract_jax(module)
+  params, buffers = _split(module, states)
   apply = functools.partial(_apply, jax_fn, layout, OperatorNotFound)
   x = jnp.asarray(example.numpy())
   if layout == "nhwc" and x.ndim == 4:
     x = jnp.transpose(x, (0, 2, 3, 1))
-  got = np.asarray(apply(params, x), np.float64)
+  got = np.asarray(apply(params, buffers, x), np.float64)
   reference = expected.astype(np.float64)
   if got.shape != reference.shape:
     raise ValueError(f"the converted model returned logits of shape {got.shape}, the module "
@@ -225,4 +278,4 @@ def from_torch(module: Any, example_input: Any, *, layout: str = "nhwc", atol: f
                      f"up to {error:.3g} (allowed: atol={atol:g} + rtol={rtol:g} * |logit|); "
                      "check example_input's layout (the module's own, NCHW for images) and that "
                      "the module is deterministic in eval mode")
-  return TorchModel(params, "torch", apply, None, check_error=error)
+  return TorchModel(params, "torch", apply, None, buffers=buffers, check_error=error)
