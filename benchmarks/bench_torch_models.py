@@ -406,11 +406,10 @@ def parse_args(argv):
   p.add_argument("--quick", action="store_true",
                  help="n=100, eps 0.1 0.2, PGD-10, APGD-20, WRN batch 8 x 5 steps, 2 repeats")
   p.add_argument("--out", type=pathlib.Path, default=None)
-  args = p.parse_args(argv)
-  if args.quick:
-    args.n, args.eps, args.steps, args.apgd_steps = 100, [0.1, 0.2], 10, 20
-    args.wrn_batch, args.wrn_steps, args.repeats, args.chunk_size = 8, 5, 2, 32
-  return args
+  if p.parse_known_args(argv)[0].quick:  # smaller defaults; options given explicitly still win
+    p.set_defaults(n=100, eps=[0.1, 0.2], steps=10, apgd_steps=20, wrn_batch=8, wrn_steps=5,
+                   repeats=2, chunk_size=32)
+  return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
