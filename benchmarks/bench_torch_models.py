@@ -244,7 +244,7 @@ def digits(args, kind: str) -> dict[str, Any]:
   else:
     aa_rows.append(reference_row(aa_module, module, problem, args.reference_bs))
     aa_rows[-1]["load"] = f"{aa_rows[-1]['load'][0]:.2f}..{aa_rows[-1]['load'][1]:.2f}"
-  runners = [jaxrobust_runner(f"jaxrobust interop", jr.attacks.auto_attack("linf", version=v),
+  runners = [jaxrobust_runner("jaxrobust interop", jr.attacks.auto_attack("linf", version=v),
                               apply, model.arguments, problem, args.chunk_size, warmup=False)
              for v in args.versions]
   for runner in runners:
@@ -375,7 +375,8 @@ def wrn(args) -> dict[str, Any]:
   print(f"  XLA cost analysis, interop / Flax FLOPs: {flop_ratios} "
         f"({ {k: f'{v:.3g}' for k, v in flops.items()} })")
   out["flops"] = {f"{a} {b}": v for (a, b), v in flops.items()}
-  out["goals"] = {"interop_over_flax_flops": flop_ratios, "interop_over_flax_pgd": ratio, "interop_over_flax_gradients": raw_ratio,
+  out["goals"] = {"interop_over_flax_flops": flop_ratios, "interop_over_flax_pgd": ratio,
+                  "interop_over_flax_gradients": raw_ratio,
                   "interop_over_torchattacks_pgd": torch_ratio, "per_step_met": ratio <= 1.10}
   print(f"  goal: interop / Flax per PGD step {ratio:.3f} (<= 1.10: "
         f"{'met' if ratio <= 1.10 else 'MISSED'}); raw gradients {raw_ratio:.3f}; interop / "

@@ -235,10 +235,10 @@ def from_torch(module: Any, example_input: Any, *, layout: str = "nhwc", atol: f
   Returns:
     A :class:`TorchModel`: ``model(x)`` gives the logits, ``model.params`` the trainable
     parameters and ``model.buffers`` the rest (dicts of ``jax.Array``), ``model.apply(params, x)``
-    the apply on other parameters; it unpacks as ``params, apply = model``. Pass it wherever a ``logits_fn`` is accepted (``jr.run``, curves,
-    AutoAttack, ``jr.evaluate``, ``jr.training``); inside ``jax.jit``, pass ``model`` as an
-    argument (parameters and buffers travel with it; ``model.with_params(p)`` inside for new
-    parameters).
+    the apply on other parameters; it unpacks as ``params, apply = model``. Pass it wherever a
+    ``logits_fn`` is accepted (``jr.run``, curves, AutoAttack, ``jr.evaluate``, ``jr.training``,
+    ``jr.certify``); inside ``jax.jit``, pass ``model`` as an argument (parameters and buffers
+    travel with it; ``model.with_params(p)`` inside for new parameters).
 
   Raises:
     ImportError: PyTorch or torchax is not installed (``pip install 'jaxrobust[torch]'``).
