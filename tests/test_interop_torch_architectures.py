@@ -96,9 +96,10 @@ def _torch_margin_gradient(module, x_module_layout: np.ndarray):
 
 
 def _jax_margin_gradient(model, x: np.ndarray):
-  margin = lambda params, v: (lambda z: (z[:, 0] - z[:, 1]).sum())(model.apply(params, v))
-  logits = jax.jit(model.apply)(model.params, jnp.asarray(x))
-  grad = jax.jit(jax.grad(margin, argnums=1))(model.params, jnp.asarray(x))
+  """The same by ``jax.grad``, the model (parameters and buffers) an argument of the program."""
+  margin = lambda m, v: (lambda z: (z[:, 0] - z[:, 1]).sum())(m(v))
+  logits = jax.jit(lambda m, v: m(v))(model, jnp.asarray(x))
+  grad = jax.jit(jax.grad(margin, argnums=1))(model, jnp.asarray(x))
   return np.asarray(logits), np.asarray(grad)
 
 
@@ -152,11 +153,11 @@ def test_pgd_through_the_residual_network_finds_only_true_adversarial_points():
   attack = jr.attacks.pgd("linf", steps=10)
 
   @jax.jit
-  def attack_fn(params, x, y, eps, key):
-    return jr.run(attack, lambda v: model.apply(params, v), x, y, jr.Budget(eps), key)
+  def attack_fn(model, x, y, eps, key):  # parameters and buffers are arguments, never constants
+    return jr.run(attack, model, x, y, jr.Budget(eps), key)
 
-  result = attack_fn(model.params, x, y, 0.15, jax.random.key(0))
-  again = attack_fn(model.params, x, y, 0.15, jax.random.key(0))
+  result = attack_fn(model, x, y, 0.15, jax.random.key(0))
+  again = attack_fn(model, x, y, 0.15, jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(result.x_adv), np.asarray(again.x_adv))
   x_adv = np.asarray(result.x_adv)
   assert np.all(np.abs(x_adv - x) <= 0.15 + 1e-6) and x_adv.min() >= 0 and x_adv.max() <= 1
