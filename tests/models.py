@@ -167,8 +167,11 @@ def min_norm_early_exit_runs(attack, logits_fn, x, y, distance):
     assert np.all(size[found] <= budgets[name].astype(np.float32)[found]), name
   assert np.asarray(results["far", True].success).all()
   for name, unbounded in (("inf", np.ones(n, bool)), ("mixed", group == 0)):
+    # Equal up to float32 rounding: x_adv holds coordinates near x (|x| <= 1, spacing ~6e-8),
+    # so a norm of 2e-3 is only known to a few 1e-8 whichever program computed it.
     np.testing.assert_allclose(np.asarray(results[name, True].norm)[unbounded],
-                               np.asarray(results[name, False].norm)[unbounded], rtol=1e-5)
+                               np.asarray(results[name, False].norm)[unbounded], rtol=1e-5,
+                               atol=1e-6)
   full = attack.num_steps * n  # a gradient per step and point
   assert rows["inf", True] >= full and rows["inf", False] >= full, rows
   assert rows["far", False] >= full, rows

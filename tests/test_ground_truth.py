@@ -104,6 +104,7 @@ NOT_FIXED_BUDGET = {
     "deepfool": "minimum norm (tests/test_ground_truth_min_norm.py)",
     "carlini_wagner_l2": "minimum norm (tests/test_ground_truth_min_norm.py)",
     "ddn": "minimum norm (tests/test_ddn.py)",
+    "brendel_bethge": "minimum norm (tests/test_brendel_bethge.py)",
     "fmn": "minimum norm (tests/test_ground_truth_min_norm.py)",
     "fab": "minimum norm (tests/test_ground_truth_min_norm.py)",
     "eot": "attacks a randomized logits_fn(x, keys); a linear model has no randomness to average",

@@ -223,6 +223,7 @@ def test_every_factory_records_its_full_configuration():
       "fab": jr.attacks.fab(), "fmn": jr.attacks.fmn("l2"), "deepfool": jr.attacks.deepfool(),
       "carlini_wagner_l2": jr.attacks.carlini_wagner_l2(steps=3),
       "ddn": jr.attacks.ddn(steps=3),
+      "brendel_bethge": jr.attacks.brendel_bethge("linf", steps=4),
       "min_norm_search": jr.attacks.min_norm_search(jr.attacks.pgd("l2", steps=5), rtol=0.05),
       "auto_attack": jr.attacks.auto_attack("l2", version="plus"),
       "eot": jr.attacks.eot(jr.attacks.pgd(), samples=4),
@@ -233,6 +234,8 @@ def test_every_factory_records_its_full_configuration():
     config = json.loads(attack.config)
     assert config["factory"] == factory
   assert json.loads(configs["pgd"].config)["steps"] == 7
+  bb = json.loads(configs["brendel_bethge"].config)
+  assert bb["norm"] == "linf" and bb["steps"] == 4
   assert json.loads(configs["apgd"].config) == {
       "factory": "apgd", "norm": "l1", "loss": None, "targeted": True, "n_target_classes": 9,
       "steps": 100, "restarts": 1, "rho": 0.75, "momentum": 0.75, "targets": "logits",

@@ -56,7 +56,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust import _jaxpr_walk
-from jaxrobust._batch import like_batch
+from jaxrobust._batch import rows_like
 from jaxrobust._types import Attack, Budget
 from jaxrobust.metrics.model_evaluations import instrument
 
@@ -255,7 +255,9 @@ def exhausted(state: Metered) -> Array | None:
 
 def start(state: Any, x: Array, limit: Array | None) -> Metered:
   """The :class:`Metered` state of ``init``'s ``state`` on rows ``x``: no step run yet."""
-  return Metered(state, like_batch(jnp.zeros(x.shape[:1], jnp.int32), x), limit)
+  # From a slice of x: the counter carries x's batch sharding, and under shard_map x's varying
+  # manual axes (a loop carry must keep its type).
+  return Metered(state, rows_like(x, 0, jnp.int32), limit)
 
 
 def metered_kernel(attack: Attack, freeze: Callable[[Array, Any, Any], Any]) -> Attack:

@@ -46,6 +46,7 @@ import numpy as np
 from jax import lax
 
 from jaxrobust._validation import is_concrete
+from jaxrobust.metrics.conventions import array_namespace
 
 Array = jax.Array
 ArrayLike = jax.typing.ArrayLike
@@ -312,7 +313,7 @@ def hoeffding_half_width(confidence: ArrayLike, square_weights, dtype=np.float32
     return jnp.sqrt(jnp.log(2.0 / alpha_of(confidence)) * square_weights.astype(jnp.float32) / 2.0)
   c = np.asarray(confidence, np.float64)
   check_confidence(c)
-  xp = jnp if isinstance(square_weights, jax.Array) else np
+  xp = array_namespace(square_weights)
   log_term = xp.asarray(np.log(2.0 / (1.0 - c)), dtype)
   return xp.sqrt(log_term * square_weights.astype(dtype) / 2.0)
 
