@@ -171,3 +171,21 @@ def test_pgd_through_the_residual_network_finds_only_true_adversarial_points():
   margins = np.sort(np.asarray(result.logits), axis=1)
   clear = margins[:, -1] - margins[:, -2] > 1e-4
   np.testing.assert_array_equal((torch_pred != y)[clear], success[clear])
+
+
+def test_converted_model_under_vmap_and_scan_equals_the_batched_call():
+  torch.manual_seed(6)
+  net = TinyResNet()
+  _randomise_batch_norm(net)
+  net.eval()
+  x = np.random.default_rng(6).uniform(0, 1, (6, 8, 8, 3)).astype(np.float32)
+  model = jr.interop.from_torch(net, np.ascontiguousarray(x[:2].transpose(0, 3, 1, 2)))
+  batched = np.asarray(jax.jit(lambda m, v: m(v))(model, x))
+  per_example = jax.jit(lambda m, v: jax.vmap(lambda row: m(row[None])[0])(v))(model, x)
+  np.testing.assert_allclose(np.asarray(per_example), batched, atol=2e-5, rtol=1e-5)
+
+  def scanned(m, v):  # three batches of two through lax.scan
+    return jax.lax.scan(lambda c, b: (c, m(b)), 0, v.reshape(3, 2, *v.shape[1:]))[1]
+
+  np.testing.assert_allclose(np.asarray(jax.jit(scanned)(model, x)).reshape(6, -1), batched,
+                             atol=2e-5, rtol=1e-5)
