@@ -54,7 +54,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from bench_text import demo_models, import_peers, load_average, word_level_tokenizer  # noqa: E402
+from bench_text import (demo_models, import_peers, load_average, torch_layer_norm,  # noqa: E402
+                        torch_linear, word_level_tokenizer)
 from jaxrobust import text as jr_text  # noqa: E402
 from jaxrobust.demo import text_data, text_demo, text_models  # noqa: E402
 
@@ -127,18 +128,7 @@ def torch_cached_language_model(model):
   ``(keys, values)`` ``[N, H, P, D/H]``; a cache of one row is broadcast over the inputs' rows)."""
   import torch
 
-  def linear(layer):
-    kernel = np.asarray(layer.kernel[...])
-    out = torch.nn.Linear(*kernel.shape)
-    out.weight.data, out.bias.data = torch.tensor(kernel.T.copy()), torch.tensor(
-      np.asarray(layer.bias[...]))
-    return out
-
-  def norm(layer):
-    out = torch.nn.LayerNorm(layer.scale[...].shape[0], eps=layer.epsilon)
-    out.weight.data = torch.tensor(np.asarray(layer.scale[...]))
-    out.bias.data = torch.tensor(np.asarray(layer.bias[...]))
-    return out
+  linear, norm = torch_linear, torch_layer_norm
 
   class Block(torch.nn.Module):
 

@@ -114,23 +114,34 @@ def torch_text_cnn(model):
   return TorchTextCNN().eval()
 
 
+def torch_linear(layer):
+  """A ``torch.nn.Linear`` with the weights of the Flax ``nnx.Linear`` ``layer``."""
+  import torch
+
+  kernel = np.asarray(layer.kernel[...])
+  out = torch.nn.Linear(*kernel.shape)
+  out.weight.data = torch.tensor(kernel.T.copy())
+  out.bias.data = torch.tensor(np.asarray(layer.bias[...]))
+  return out
+
+
+def torch_layer_norm(layer):
+  """A ``torch.nn.LayerNorm`` with the scale, bias and epsilon of the Flax ``nnx.LayerNorm``."""
+  import torch
+
+  out = torch.nn.LayerNorm(layer.scale[...].shape[0], eps=layer.epsilon)
+  out.weight.data = torch.tensor(np.asarray(layer.scale[...]))
+  out.bias.data = torch.tensor(np.asarray(layer.bias[...]))
+  return out
+
+
 def torch_language_model(model):
   """The TinyCausalLM in PyTorch, same weights, behind the part of the Hugging Face causal-LM
   interface nanoGCG uses (``get_input_embeddings``, ``dtype``, ``device``,
   ``model(inputs_embeds=...).logits``; no KV cache: run nanoGCG with ``use_prefix_cache=False``)."""
   import torch
 
-  def linear(layer):
-    out = torch.nn.Linear(*np.asarray(layer.kernel[...]).shape)
-    out.weight.data = torch.tensor(np.asarray(layer.kernel[...]).T.copy())
-    out.bias.data = torch.tensor(np.asarray(layer.bias[...]))
-    return out
-
-  def norm(layer):
-    out = torch.nn.LayerNorm(layer.scale[...].shape[0], eps=layer.epsilon)
-    out.weight.data = torch.tensor(np.asarray(layer.scale[...]))
-    out.bias.data = torch.tensor(np.asarray(layer.bias[...]))
-    return out
+  linear, norm = torch_linear, torch_layer_norm
 
   class Block(torch.nn.Module):
 
