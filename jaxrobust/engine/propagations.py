@@ -148,12 +148,14 @@ def _rows(jaxpr: Any) -> np.ndarray:
   return total
 
 
-def _cost(fn: Callable[..., Any], args: tuple, batch: int) -> Cost:
-  rows = _rows(jax.make_jaxpr(fn)(*args))
+def _cost(fn: Callable[..., Any], args: tuple, batch: int) -> tuple[Cost, Any]:
+  """``fn``'s per-row :class:`Cost` on ``args`` and the shapes of its outputs (one trace)."""
+  closed, shapes = jax.make_jaxpr(fn, return_shape=True)(*args)
+  rows = _rows(closed)
   if np.any(rows % batch):
     raise _Varies("rows")
   forward, gradient, backward = (int(r) // batch for r in rows)
-  return Cost(forward + gradient, backward)
+  return Cost(forward + gradient, backward), shapes
 
 
 def measure(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
@@ -172,22 +174,19 @@ def measure(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
   """
   if attack.suite is not None or attack.drive is not None:
     return None
-  noop = lambda *_: None
   marked = instrument(logits_fn, forward=_marker(_FORWARD), gradient=_marker(_GRADIENT),
                       backward=_marker(_BACKWARD))
-  unmarked = instrument(logits_fn, forward=noop, gradient=noop)
   budget = Budget(*budget)
   batch = x.shape[0]
-  init = lambda f, x, y, budget, keys, target: attack.init(f, x, y, budget, keys, target)
-  step = lambda f, s, x, y, budget, target: attack.step(f, s, x, y, budget, target)
-  finalize = lambda f, s, x, y, budget, target: attack.finalize(f, s, x, y, budget, target)
   try:
-    state = jax.eval_shape(lambda *a: init(unmarked, *a), x, y, budget, keys, target)
-    return Costs(_cost(lambda *a: init(marked, *a), (x, y, budget, keys, target), batch),
-                 _cost(lambda *a: step(marked, *a), (state, x, y, budget, target), batch),
-                 _cost(lambda *a: finalize(marked, *a), (state, x, y, budget, target), batch))
+    # init's trace also gives the state's shapes, on which step and finalize are traced.
+    init, state = _cost(lambda *a: attack.init(marked, *a), (x, y, budget, keys, target), batch)
+    step, _ = _cost(lambda *a: attack.step(marked, *a), (state, x, y, budget, target), batch)
+    finalize, _ = _cost(lambda *a: attack.finalize(marked, *a), (state, x, y, budget, target),
+                        batch)
   except _Varies:
     return None
+  return Costs(init, step, finalize)
 
 
 def check_cap(max_propagations: Any) -> None:
