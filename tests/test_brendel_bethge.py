@@ -77,9 +77,10 @@ def _check(result, x, y, model_w, model_b, norm, target=None):
 def test_walks_from_a_weak_start_to_the_exact_minimum(norm, targeted):
   p = linear_problem(shape=LAYOUT[norm, targeted], classes=CLASSES, norm=norm, n=24, seed=3)
   w, b = jnp.asarray(p.model.w, jnp.float32), jnp.asarray(p.model.b, jnp.float32)
-  start = jax.jit(lambda x, y, t: jr.run(_weak_start(norm, targeted), Linear(w, b).logits_fn, x,
-                                         y, jr.Budget(jnp.inf), jax.random.key(0),
-                                         t if targeted else None))(p.x, p.y, p.target)
+  start = jax.jit(lambda w, b, x, y, t: jr.run(_weak_start(norm, targeted),
+                                               Linear(w, b).logits_fn, x, y, jr.Budget(jnp.inf),
+                                               jax.random.key(0), t if targeted else None))(
+      w, b, p.x, p.y, p.target)
   result = _jitted(norm, targeted)(w, b, p.x, p.y, jnp.float32(jnp.inf), p.target)
   size = _check(result, p.x, p.y, p.model.w, p.model.b, norm, p.target if targeted else None)
   assert np.all(np.isfinite(size))
@@ -223,9 +224,9 @@ def test_without_a_start_it_walks_from_x_and_counts_what_it_cannot_break():
   nothing = A.min_norm_search(A.fgsm("l2"), search_steps=2, max_eps=0.01)
   attack = A.brendel_bethge("l2", steps=STEPS, init_attack=nothing)
   p = linear_problem(shape=(64,), classes=CLASSES, norm="l2", n=16, seed=4)
-  logits_fn = Linear(p.model.w, p.model.b).logits_fn
-  result = jax.jit(lambda x, y: jr.run(attack, logits_fn, x, y, jr.Budget(jnp.inf),
-                                       jax.random.key(0)))(p.x, p.y)
+  result = jax.jit(lambda w, b, x, y: jr.run(attack, Linear(w, b).logits_fn, x, y,
+                                             jr.Budget(jnp.inf), jax.random.key(0)))(
+      p.model.w, p.model.b, p.x, p.y)
   size = _check(result, p.x, p.y, p.model.w, p.model.b, "l2")
   ratio = size / p.distance
   assert np.mean(np.isfinite(ratio)) >= 0.9 and ratio.min() >= 1 - 1e-4
@@ -233,12 +234,13 @@ def test_without_a_start_it_walks_from_x_and_counts_what_it_cannot_break():
 
   x = jax.random.uniform(jax.random.key(1), (6, 8))
   y = jnp.array([0, 0, 1, 0, 1, 0], jnp.int32)  # rows 2 and 4 are misclassified already
-  run = jax.jit(lambda eps: jr.run(attack, _unbreakable, x, y, jr.Budget(eps), jax.random.key(0)))
+  run = jax.jit(lambda x, y, eps: jr.run(attack, _unbreakable, x, y, jr.Budget(eps),
+                                         jax.random.key(0)))
   correct = np.asarray(y) == 0
-  result = run(jnp.float32(jnp.inf))
+  result = run(x, y, jnp.float32(jnp.inf))
   assert not np.asarray(result.success)[correct].any()
   assert np.all(np.isinf(np.asarray(result.norm)[correct]))
   assert int(result.info["counts"]["minimum_norm_not_found"]) == 4
-  bounded = run(jnp.float32(0.5))
+  bounded = run(x, y, jnp.float32(0.5))
   assert int(bounded.info["counts"]["minimum_norm_not_found"]) == 0
   np.testing.assert_array_equal(np.asarray(bounded.x_adv)[correct], np.asarray(x)[correct])

@@ -22,7 +22,7 @@ import pytest
 
 import jaxrobust as jr
 from jaxrobust._batch import fold_in
-from tests.models import linear_points, random_linear
+from tests.models import Linear, linear_points, random_linear
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -36,9 +36,11 @@ KEYS = jax.random.split(jax.random.key(0), BATCH)  # per example: results do not
 
 
 def run(attack, x=X, y=Y, keys=KEYS, eps=EPS, **options):
-  # One compiled program per run (faster to build than running operation by operation).
-  return jax.jit(lambda x, y, keys: jr.run(attack, MODEL.logits_fn, x, y, jr.Budget(eps), keys,
-                                           **options))(jnp.asarray(x), jnp.asarray(y), keys)
+  # One compiled program per run (faster to build than running operation by operation), the
+  # weights, data and eps its arguments.
+  return jax.jit(lambda w, b, x, y, keys, eps: jr.run(attack, Linear(w, b).logits_fn, x, y,
+                                                      jr.Budget(eps), keys, **options))(
+      MODEL.w, MODEL.b, jnp.asarray(x), jnp.asarray(y), keys, eps)
 
 
 def counts(result):
@@ -215,8 +217,9 @@ def test_bad_caps():
 def test_curve_counts_per_eps():
   attack = jr.attacks.pgd("linf", steps=5)
   epsilons = jnp.array([0.0, EPS, 2 * EPS])
-  curve = jax.jit(lambda x, y: jr.robustness_curve(attack, MODEL.logits_fn, x, y, epsilons,
-                                                   KEYS))(jnp.asarray(X), jnp.asarray(Y))
+  curve = jax.jit(lambda w, b, x, y, epsilons, keys: jr.robustness_curve(
+      attack, Linear(w, b).logits_fn, x, y, epsilons, keys))(MODEL.w, MODEL.b, jnp.asarray(X),
+                                                             jnp.asarray(Y), epsilons, KEYS)
   forward, backward = counts(curve)
   assert forward.shape == backward.shape == (3, BATCH)
   assert np.all(forward[0] == 0) and np.all(backward[0] == 0)  # eps = 0: nothing to attack
