@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 
 import jax
@@ -40,10 +41,14 @@ def test_closed_form_ground_truth(linear, norm):
   assert len(near) == 64
   x, y, dist = x[near], y[near], dist[near]
   attack = jr.attacks.auto_attack(norm)
-  run = jax.jit(lambda scale: jr.run(attack, linear.logits_fn, jnp.asarray(x), jnp.asarray(y),
-                                     jr.Budget(scale * jnp.asarray(dist, jnp.float32)),
-                                     jax.random.key(0), chunk_size=16))
-  below, above = run(0.97), run(1.05)
+  # The weights, the data and eps are arguments: compiled in as constants, XLA would fold the
+  # clean forward pass into the program (and take longer to compile it).
+  run = jax.jit(lambda w, b, x, y, eps, key: jr.run(attack, Linear(w, b).logits_fn, x, y,
+                                                    jr.Budget(eps), key, chunk_size=16))
+  args = (jnp.asarray(linear.w, jnp.float32), jnp.asarray(linear.b, jnp.float32), x, y)
+  dist = jnp.asarray(dist, jnp.float32)
+  below, above = run(*args, 0.97 * dist, jax.random.key(0)), run(*args, 1.05 * dist,
+                                                                 jax.random.key(0))
   assert not bool(jnp.any(below.success))
   assert float(jnp.mean(above.success)) >= 0.99
   # Every member after the first runs on the points still robust: the breakdown is cumulative.
@@ -51,12 +56,17 @@ def test_closed_form_ground_truth(linear, norm):
   assert after.shape == (4 if norm != "l1" else 3, 64) and after.all()
 
 
-def _flags(logits_fn, x, y, eps, **kwargs):
-  attack = jr.attacks.auto_attack("linf", steps=kwargs.pop("steps", 10),
-                                  queries=kwargs.pop("queries", 300), **kwargs)
-  result = jax.jit(lambda: jr.run(attack, logits_fn, x, y, jr.Budget(eps), jax.random.key(1),
-                                  chunk_size=16))()
+def _flags(model, w, x, y, eps):
+  """AutoAttack's flags for ``model(w, x)``, the weights and the data passed as arguments."""
+  attack = jr.attacks.auto_attack("linf", steps=10, queries=300)
+  result = jax.jit(lambda w, x, y, eps, key: jr.run(attack, functools.partial(model, w), x, y,
+                                                    jr.Budget(eps), key, chunk_size=16))(
+      w, x, y, jnp.float32(eps), jax.random.key(1))
   return {k: bool(v) for k, v in result.info["flags"].items()}, result
+
+
+def _linear(w, v):
+  return v.reshape(v.shape[0], -1) @ w
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +74,13 @@ def masked_problem():
   rng = np.random.default_rng(3)
   w = jnp.asarray(rng.normal(size=(DIM, CLASSES)), jnp.float32)
   x = jnp.asarray(rng.uniform(0.3, 0.7, size=(32,) + SHAPE), jnp.float32)
-  plain = lambda v: v.reshape(v.shape[0], -1) @ w
-  y = jnp.argmax(plain(x), axis=1).astype(jnp.int32)
-  return w, x, y, plain
+  y = jnp.argmax(_linear(w, x), axis=1).astype(jnp.int32)
+  return w, x, y
 
 
 def test_no_flags_on_a_plain_model(masked_problem):
-  _, x, y, plain = masked_problem
-  flags, _ = _flags(plain, x, y, 0.1)
+  w, x, y = masked_problem
+  flags, _ = _flags(_linear, w, x, y, 0.1)
   assert not any(flags.values()), flags
 
 
@@ -79,14 +88,14 @@ def test_no_flags_on_a_plain_model(masked_problem):
 def test_gradient_masking_is_flagged_and_square_exposes_it(masked_problem, kind):
   """On NHWC images and on flat features ``[B, D]`` (where Square, and so AutoAttack, used to
   raise "square needs images")."""
-  w, x, y, _ = masked_problem
+  w, x, y = masked_problem
   if kind == "rounded":
     x = x.reshape(x.shape[0], -1)  # tabular features: Square's windows are runs of features
-    masked = lambda v: (jnp.round(v * 8) / 8).reshape(v.shape[0], -1) @ w
+    masked = lambda w, v: _linear(w, jnp.round(v * 8) / 8)
   else:
-    masked = lambda v: jax.lax.stop_gradient(v).reshape(v.shape[0], -1) @ w
-  y = jnp.argmax(masked(x), axis=1).astype(jnp.int32)
-  flags, result = _flags(masked, x, y, 0.1)
+    masked = lambda w, v: _linear(w, jax.lax.stop_gradient(v))
+  y = jnp.argmax(masked(w, x), axis=1).astype(jnp.int32)
+  flags, result = _flags(masked, w, x, y, 0.1)
   assert flags["zero_gradients"]
   assert flags["square_beats_white_box"]
   after = np.asarray(result.info["robust_after"]).mean(axis=1)
@@ -98,7 +107,7 @@ def test_float64_sequences_under_x64(masked_problem):
   """float64 inputs of shape [B, T, C] (AutoAttack used to fail on both: a float32 loss in
   APGD's float64 carry, and Square refusing non-images). The model is float64 too, so the
   closed-form distance is exact for it: nothing below 0.97 d*, everything at 1.5 d*."""
-  w, x, _, _ = masked_problem
+  w, x, _ = masked_problem
   model = Linear(np.asarray(w, np.float64), np.zeros(CLASSES))
   flat = np.asarray(x, np.float64).reshape(len(x), -1)
   y = np.argmax(flat @ model.w, axis=1).astype(np.int32)
@@ -119,14 +128,14 @@ def test_float64_sequences_under_x64(masked_problem):
 
 
 def test_saturated_logits_zero_gradients(masked_problem):
-  w, x, y, _ = masked_problem
-  flags, _ = _flags(lambda v: 1e4 * (v.reshape(v.shape[0], -1) @ w), x, y, 0.01)
+  w, x, y = masked_problem
+  flags, _ = _flags(lambda w, v: 1e4 * _linear(w, v), w, x, y, 0.01)
   assert flags["zero_gradients"]
 
 
 def test_probability_outputs_flagged(masked_problem):
-  w, x, y, _ = masked_problem
-  flags, _ = _flags(lambda v: jax.nn.softmax(v.reshape(v.shape[0], -1) @ w), x, y, 0.05)
+  w, x, y = masked_problem
+  flags, _ = _flags(lambda w, v: jax.nn.softmax(_linear(w, v)), w, x, y, 0.05)
   assert flags["probability_outputs"]
 
 
@@ -185,38 +194,40 @@ def test_non_finite_logits_count_real_rows_only():
 
 
 def test_noisy_outputs_flagged(masked_problem):
-  w, x, y, plain = masked_problem
+  w, x, y = masked_problem
   rng = np.random.default_rng(0)
 
-  def noisy(v):
+  def noisy(w, v):
     shape = jax.ShapeDtypeStruct((v.shape[0], CLASSES), jnp.float32)
     noise = io_callback(lambda: rng.normal(size=shape.shape).astype(np.float32), shape)
-    return plain(v) + 0.01 * noise
+    return _linear(w, v) + 0.01 * noise
 
-  flags, _ = _flags(noisy, x, y, 0.05)
+  flags, _ = _flags(noisy, w, x, y, 0.05)
   assert flags["randomized"]
 
 
 def test_too_few_classes_for_targets_runs_with_fewer(masked_problem):
-  w, x, _, _ = masked_problem
-  small = lambda v: v.reshape(v.shape[0], -1) @ w[:, :5]
-  y = jnp.argmax(small(x), axis=1).astype(jnp.int32)
-  flags, result = _flags(small, x, y, 0.1)
+  w, x, _ = masked_problem
+  w = w[:, :5]
+  y = jnp.argmax(_linear(w, x), axis=1).astype(jnp.int32)
+  flags, result = _flags(_linear, w, x, y, 0.1)
   assert flags["too_few_classes_for_targets"]
   assert result.success.shape == (32,)
 
 
 def test_rand_version_on_randomized_model(masked_problem):
-  w, x, y, plain = masked_problem
+  w, x, y = masked_problem
 
-  def noisy(v, keys):
+  def noisy(w, v, keys):
     noise = jax.vmap(lambda k: jax.random.normal(k, v.shape[1:]))(keys)
-    return plain(v + 0.01 * noise)
+    return _linear(w, v + 0.01 * noise)
 
   attack = jr.attacks.auto_attack("linf", "rand", steps=5, samples=4)
-  result = jax.jit(lambda: jr.run(attack, noisy, x, y, jr.Budget(0.1), jax.random.key(0)))()
-  pgd = jax.jit(lambda: jr.run(jr.attacks.pgd(steps=10), plain, x, y, jr.Budget(0.1),
-                               jax.random.key(0)))()
+  key = jax.random.key(0)
+  result = jax.jit(lambda w, x, y, key: jr.run(attack, functools.partial(noisy, w), x, y,
+                                               jr.Budget(0.1), key))(w, x, y, key)
+  pgd = jax.jit(lambda w, x, y, key: jr.run(jr.attacks.pgd(steps=10), functools.partial(_linear, w),
+                                            x, y, jr.Budget(0.1), key))(w, x, y, key)
   # Noise of 0.01 barely changes the model: the suite is about as strong as PGD on the mean model.
   assert float(jnp.mean(result.success)) >= float(jnp.mean(pgd.success)) - 0.1
   assert result.info["robust_after"].shape == (2, 32)
@@ -235,7 +246,7 @@ def test_bad_options(kwargs, match):
 
 
 def test_too_few_classes_for_dlr(masked_problem):
-  w, x, _, _ = masked_problem
+  w, x, _ = masked_problem
   three = lambda v: v.reshape(v.shape[0], -1) @ w[:, :3]
   y = jnp.argmax(three(x), axis=1).astype(jnp.int32)
   with pytest.raises(ValueError, match="targeted DLR"):
