@@ -220,7 +220,7 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
             "deepfool": lambda: a.deepfool("l2"), "mns(apgd)": lambda: mns(a.apgd("l2")),
             "bb": lambda: a.brendel_bethge("l2")}
   return {"fmn": lambda: a.fmn("l1"), "fab": lambda: a.fab("l1"),
-          "mns(apgd)": lambda: mns(a.apgd("l1"))}
+          "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1")}
 
 
 def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y) -> dict:

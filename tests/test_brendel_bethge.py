@@ -35,7 +35,9 @@ from tests.models import Linear, mlp
 A = jr.attacks
 CLASSES = 10
 STEPS = 200
-LAYOUT = {("l2", False): (4, 4, 4), ("linf", False): (64,), ("l2", True): (8, 8)}
+LAYOUT = {("l2", False): (4, 4, 4), ("linf", False): (64,), ("l2", True): (8, 8),
+          ("l1", False): (8, 8, 1)}
+ORD = {"l2": 2, "linf": np.inf, "l1": 1}
 
 
 def _weak_start(norm: str, targeted: bool) -> jr.Attack:
@@ -63,7 +65,7 @@ def _check(result, x, y, model_w, model_b, norm, target=None):
   x_adv = np.asarray(result.x_adv, np.float64)
   assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
   delta = (x_adv - np.asarray(x, np.float64)).reshape(len(x), -1)
-  size = np.linalg.norm(delta, ord={"l2": 2, "linf": np.inf}[norm], axis=1)
+  size = np.linalg.norm(delta, ord=ORD[norm], axis=1)
   success = np.asarray(result.success)
   np.testing.assert_allclose(np.asarray(result.norm)[success], size[success], rtol=1e-5)
   # The model's own verdict (BB's points lie on the boundary, where only the float32 model that
@@ -87,6 +89,8 @@ def test_walks_from_a_weak_start_to_the_exact_minimum(norm, targeted):
   ratio = size / p.distance
   assert ratio.min() >= 1 - 1e-4, ratio.min()
   assert np.median(ratio) <= 1.001, np.median(ratio)
+  # Never worse than the start (its points are scored), which it improves on almost everywhere.
+  assert np.all(size <= np.asarray(start.norm) * (1 + 1e-6))
   weak = np.median(np.asarray(start.norm) / p.distance)
   assert weak >= 1.01, weak  # the start alone is far from the minimum: BB did the walking
   # A finite eps is an upper bound: a point is returned exactly where its norm fits.
@@ -110,6 +114,13 @@ def _box_distance(v: np.ndarray, x: np.ndarray, gap: np.ndarray, norm: str) -> n
       low, high = np.where(ok, low, mid), np.where(ok, mid, high)
     return high
 
+  if norm == "l1":
+    # A fractional knapsack: the coordinates of largest |v_i| move to their face first.
+    room = np.abs(v) * np.where(v > 0, hi, -lo)  # the most v . delta each coordinate gives
+    order = np.argsort(-np.abs(v))
+    before = np.cumsum(room[:, order], axis=1) - room[:, order]
+    taken = np.clip(gap[:, None] - before, 0.0, room[:, order])
+    return np.sum(taken / np.abs(v[order]), axis=1)
   if norm == "l2":
     # The shortest step to the plane in the box is clip(t v); v . clip(t v) grows with t.
     t = bisect(lambda t: np.sum(v * np.clip(t[:, None] * v, lo, hi), 1) >= gap, 1e6)
@@ -119,7 +130,7 @@ def _box_distance(v: np.ndarray, x: np.ndarray, gap: np.ndarray, norm: str) -> n
   return bisect(lambda e: best(e) >= gap, 1.0)
 
 
-@pytest.mark.parametrize("norm", ["l2", "linf"])
+@pytest.mark.parametrize("norm", ["l2", "linf", "l1"])
 def test_exact_minimum_where_the_box_binds(norm):
   """Class 1 against class 0 (``z_1 - z_0 = v . x + c``; the other eight classes sit at -1000),
   at points whose coordinates mostly lie near the face that ``v`` pushes them to, so that the
@@ -134,7 +145,7 @@ def test_exact_minimum_where_the_box_binds(norm):
   c = np.float32(-np.median(x @ v + 0.4 * reach))
   gap = -(x @ v + c)  # z_0 - z_1 at x: what v . delta must reach
   exact = _box_distance(v, x, gap, norm)
-  box_free = gap / np.linalg.norm(v, ord={"l2": 2, "linf": 1}[norm])
+  box_free = gap / np.linalg.norm(v, ord={"l2": 2, "linf": 1, "l1": np.inf}[norm])
   # Reachable inside the box, and the box binds: the box-free optimum is 5% shorter or more.
   keep = np.flatnonzero((gap > 0.05) & (gap < 0.8 * reach) & (exact > 1.05 * box_free))[:24]
   assert len(keep) == 24, len(keep)
@@ -179,7 +190,7 @@ def test_never_worse_than_its_start_and_independent_of_the_batch_order():
 
 def test_bad_arguments_are_refused_clearly():
   with pytest.raises(ValueError, match="norms"):
-    A.brendel_bethge("l1")
+    A.brendel_bethge("l0")
   with pytest.raises(ValueError, match="minimum-norm"):
     A.brendel_bethge("l2", init_attack=A.pgd("l2"))
   with pytest.raises(ValueError, match="targeted"):

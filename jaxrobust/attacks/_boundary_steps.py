@@ -44,6 +44,33 @@ kinks where every coordinate is clipped (there :math:`h` takes its extremes
   That is monotone in :math:`\epsilon`, so a bisection on :math:`\epsilon` finds the smallest
   reachable Linf distance, and the step is :math:`\delta_\epsilon` there (the paper's appendix:
   the Linf problem is a search over :math:`\epsilon` of L2 problems in a shrunken box).
+* **L1** (:func:`l1_step`): with :math:`d = x_0 - x`, the Lagrangian
+  :math:`\|d - \delta\|_1 + \lambda(b^\top\delta - c) + \mu(\|\delta\|_2^2 - r^2)` is separable;
+  for :math:`\mu > 0` each coordinate minimises
+  :math:`|d_i - \delta_i| + \lambda b_i \delta_i + \mu\delta_i^2` over :math:`[lo_i, hi_i]`, a
+  strictly convex function of one variable whose minimiser is the point of the interval
+  :math:`[w_i - t, w_i + t]` nearest :math:`d_i`, clipped to the box, with
+  :math:`w_i = -\beta b_i`, :math:`\beta = \lambda / (2\mu)` and :math:`t = 1 / (2\mu)`:
+
+  .. math:: \delta_i(\beta, t) = \operatorname{clip}_{[lo_i, hi_i]}
+     \big(\operatorname{clip}_{[w_i - t,\, w_i + t]}(d_i)\big)
+
+  (the soft threshold of the L1 term, shifted to :math:`d`). For a fixed :math:`t`,
+  :math:`b^\top\delta` is piecewise linear and non-increasing in :math:`\beta`: the same plane
+  search as above. :math:`t \to 0` gives the nearest point of the plane (inside the region, as
+  :math:`\delta(0, \beta)`); :math:`t \to \infty` (:math:`\mu \to 0`) the linear programme
+  without the trust region, solved exactly as a fractional knapsack (:func:`linear_programme`:
+  from :math:`\delta = d`, the coordinates of largest :math:`|b_i|`, the cheapest per unit of
+  :math:`b^\top\delta`, move to the face in turn, the last one part-way). If that solution fits
+  in the region it is the step. Otherwise, with :math:`\beta` re-solved for each :math:`t`,
+  :math:`\|\delta(t)\|_2^2` is the derivative in :math:`\mu` of the concave partial dual, so it
+  grows with :math:`t`, and a search on :math:`\log_2 t` over
+  :math:`[-30, 0] + \log_2 t_{\max}` (:math:`t_{\max} = 64\,\max_i(hi_i - lo_i)`) finds the
+  :math:`t` at which :math:`\|\delta(t)\|_2 = r`: the optimum (:math:`\mu > 0`, the region
+  binds; where :math:`\|\delta(t_{\max})\|_2 < r`, near-ties in :math:`|b_i|`, the farthest
+  point within :math:`r` on the segment from :math:`\delta(t_{\max})` to the linear programme's
+  solution, both feasible, which can only lower the convex objective). Foolbox 3.3's ``L1Optimizer`` maximises the same dual over :math:`(\lambda, \mu)` with
+  a box-constrained BFGS and then moves one coordinate to meet the plane exactly.
 
 Every search has a fixed number of iterations (per row, masked; nothing loops over examples). The
 1-D root searches alternate a bisection with a linear interpolation between the bracket's ends
@@ -57,6 +84,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
@@ -69,6 +97,13 @@ PLANE_ITERATIONS = 24
 OUTER_ITERATIONS = 16
 """Iterations of the search on the L2 trust-region multiplier :math:`\\alpha` (twice as many for
 the step length towards an unreachable plane)."""
+L1_REACH = 64.0
+"""The largest soft threshold :math:`t_{\\max}` of the L1 step, in box widths (beyond it the
+segment to the linear programme's solution)."""
+L1_SPAN = 30
+"""The L1 step searches :math:`\\log_2 t` in :math:`[-30, 0] + \\log_2 t_{\\max}`."""
+L1_ITERATIONS = 20
+"""Iterations of the search on :math:`\\log_2 t` (alternately a bisection and an interpolation)."""
 EPS_ITERATIONS = 24
 """Bisections on the Linf distance :math:`\\epsilon` (a relative precision of :math:`2^{-24}` of
 the box's reach)."""
@@ -252,3 +287,108 @@ def linf_step(x0: Array, x: Array, b: Array, c: Array, r: Array, lower: Array,
   _, eps, _ = _root(reachable, zero, widest, reachable(zero), one, 0.5 * one, EPS_ITERATIONS)
   nearest = solve_plane(jnp.zeros_like(b), b, *shrunk(eps), c)
   return _where_rows(fits, nearest, towards_plane(b, lo, hi, c, r))
+
+
+def solve_plane_l1(d: Array, b: Array, lo: Array, hi: Array, c: Array, t: Array) -> Array:
+  r"""``clip(clip(d, w - t, w + t), lo, hi)`` with :math:`w = -\beta b` on the plane
+  :math:`b^\top\delta = c` (its nearest end where ``c`` lies outside the box's range): the
+  minimiser of :math:`\|d - \delta\|_1 + \mu\|\delta\|_2^2` on the plane in the box, for
+  :math:`t = 1 / (2\mu)` (``[B]``): ``[B, D]``.
+
+  :math:`h(\beta) = b^\top\delta` is non-increasing, with slope :math:`-\sum b_i^2` over the
+  coordinates that neither sit at :math:`d_i` nor at the box; beyond the kinks where
+  :math:`w_i \pm t` meets :math:`lo_i` or :math:`hi_i` every coordinate is at the box.
+  """
+  t = _col(t)
+  nonzero = b != 0
+  safe = jnp.where(nonzero, b, 1.0)
+  kinks = [(side + sign * t) / safe for side in (-lo, -hi) for sign in (-1.0, 1.0)]
+  low = jnp.min(jnp.where(nonzero, functools.reduce(jnp.minimum, kinks), jnp.inf), axis=1)
+  high = jnp.max(jnp.where(nonzero, functools.reduce(jnp.maximum, kinks), -jnp.inf), axis=1)
+  low = jnp.where(jnp.isfinite(low), low, 0.0)
+  high = jnp.where(jnp.isfinite(high), high, 0.0)
+  c_min, c_max = plane_range(b, lo, hi)
+  goal = jnp.clip(c, c_min, c_max)
+  weight = _squared(b)
+  start = -goal / jnp.where(weight > 0, weight, 1.0)  # the plane point of t = 0 without the box
+
+  def point(beta):
+    w = -_col(beta) * b
+    return jnp.clip(d, w - t, w + t), w
+
+  def offset(beta):
+    near, w = point(beta)
+    free = (d != near) & (near > lo) & (near < hi)
+    return (jnp.sum(b * jnp.clip(near, lo, hi), axis=1),
+            -jnp.sum(jnp.where(free, b * b, 0.0), axis=1))
+
+  beta = _newton_root(offset, low, high, start, goal, False, PLANE_ITERATIONS)
+  return jnp.clip(point(beta)[0], lo, hi)
+
+
+def linear_programme(d: Array, b: Array, lo: Array, hi: Array, c: Array) -> Array:
+  r"""The exact solution of :math:`\min \|d - \delta\|_1` s.t. :math:`b^\top\delta = c` in the
+  box (``c`` clipped to the box's range): ``[B, D]``.
+
+  A fractional knapsack: from :math:`\delta = d` the residual :math:`c - b^\top d` is made up by
+  moving coordinates towards the face that changes :math:`b^\top\delta` in its direction, at a
+  cost of :math:`1 / |b_i|` per unit; the cheapest go first, so the coordinates are taken in
+  decreasing :math:`|b_i|`, each up to its face, the last one part-way.
+  """
+  c_min, c_max = plane_range(b, lo, hi)
+  residual = jnp.clip(c, c_min, c_max) - jnp.sum(b * d, axis=1)
+  up = _col(residual) >= 0
+  gain = jnp.where(up, 1.0, -1.0) * b  # what one unit along +1 adds to |residual|
+  face = jnp.where(gain > 0, hi, lo)
+  capacity = jnp.abs(b * (face - d))  # |residual| the coordinate can make up
+  order = jnp.argsort(-jnp.abs(b), axis=1, stable=True)
+  sorted_capacity = jnp.take_along_axis(capacity, order, axis=1)
+  before = jnp.cumsum(sorted_capacity, axis=1) - sorted_capacity
+  taken = jnp.clip(_col(jnp.abs(residual)) - before, 0.0, sorted_capacity)
+  fraction = jnp.where(sorted_capacity > 0, taken / jnp.where(sorted_capacity > 0,
+                                                                sorted_capacity, 1.0), 0.0)
+  fraction = jnp.take_along_axis(fraction, jnp.argsort(order, axis=1), axis=1)
+  return d + fraction * (face - d)
+
+
+def l1_step(x0: Array, x: Array, b: Array, c: Array, r: Array, lower: Array,
+            upper: Array) -> Array:
+  r"""The step of :math:`\min \|x_0 - x - \delta\|_1` on the plane, in the box and the trust
+  region (see the module docstring): ``[B, D]``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> x0, x = jnp.array([[0.0, 0.0, 0.0]]), jnp.array([[0.5, 0.5, 0.5]])
+    >>> b, c = jnp.array([[1.0, 2.0, 0.5]]), jnp.array([0.0])  # stay on the plane
+    >>> step = l1_step(x0, x, b, c, jnp.array([10.0]), 0.0, 1.0)  # the region does not bind:
+    >>> [round(float(v), 4) for v in step[0]]  # x0 on two coordinates, the largest b_i pays
+    [-0.5, 0.375, -0.5]
+    >>> step = l1_step(x0, x, b, c, jnp.array([0.1]), 0.0, 1.0)  # ||step||_2 = 0.1
+    >>> round(float(jnp.linalg.norm(step)), 4), round(float(step[0] @ b[0]), 4)
+    (0.1, 0.0)
+  """
+  lo, hi = lower - x, upper - x
+  d = x0 - x
+  _, fits = _reach_plane(b, lo, hi, c, r)
+  top = L1_REACH * jnp.max(jnp.broadcast_to(hi - lo, d.shape), axis=1)
+  far = linear_programme(d, b, lo, hi, c)  # t = inf: no trust region
+  inside = _squared(far) <= r * r
+
+  def shrink():
+    # ||delta(t)|| grows with t; t -> 0 is the nearest plane point (inside: fits), t_max outside.
+    length = lambda s: _squared(solve_plane_l1(d, b, lo, hi, c, top * jnp.exp2(s)))
+    low, high = jnp.full_like(c, -float(L1_SPAN)), jnp.zeros_like(c)
+    widest = solve_plane_l1(d, b, lo, hi, c, top)
+    s, _, _ = _root(length, low, high, length(low), _squared(widest), r * r, L1_ITERATIONS)
+    searched = solve_plane_l1(d, b, lo, hi, c, top * jnp.exp2(s))
+    # Beyond t_max (near-ties in |b_i|): the farthest point within r on the segment from
+    # delta(t_max) to the linear programme's solution (both on the plane, in the box).
+    gap = far - widest
+    along, span = jnp.sum(widest * gap, axis=1), _squared(gap)
+    root = jnp.sqrt(jnp.maximum(along * along - span * (_squared(widest) - r * r), 0.0))
+    theta = jnp.clip((root - along) / jnp.where(span > 0, span, 1.0), 0.0, 1.0)
+    return _where_rows(_squared(widest) < r * r, widest + _col(theta) * gap, searched)
+
+  bounded = jax.lax.cond(jnp.any(fits & ~inside), shrink, lambda: far)
+  step = _where_rows(inside, far, bounded)
+  return _where_rows(fits, step, towards_plane(b, lo, hi, c, r))

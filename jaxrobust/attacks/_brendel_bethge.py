@@ -90,7 +90,7 @@ from jaxrobust.engine import attack_loop
 
 Array = jax.Array
 
-NORMS = ("l2", "linf")
+NORMS = ("l2", "linf", "l1")
 _TAG = 0xB8  # folded into the per-example keys for the inner attack's run
 # The inner attack runs as one dense scan inside ``init``: no canonical convolutions (the outer
 # run makes them canonical).
@@ -136,7 +136,7 @@ def _on_path(norm: str, x: Array, start: Array, tau: Array) -> Array:
   """The point at ``tau`` in ``[0, 1]`` of the path from ``x`` (0) to ``start`` (1), whose norm
   grows linearly in ``tau``."""
   delta = start - x
-  if norm == "l2":
+  if norm in ("l2", "l1"):
     return x + expand(tau, x.ndim) * delta
   reach = expand(tau * projections.norm(delta, "linf"), x.ndim)
   return x + jnp.clip(delta, -reach, reach)
@@ -197,7 +197,8 @@ def _step(config: _Config, logits_fn, state: BBState, x, y, budget: Budget,
   size = math.prod(x.shape[1:])
   region = config.lr * jnp.power(jnp.asarray(config.lr_decay, x.dtype), decays) * size * (
       upper - lower)
-  solve = _boundary_steps.l2_step if config.norm == "l2" else _boundary_steps.linf_step
+  solve = {"l2": _boundary_steps.l2_step, "linf": _boundary_steps.linf_step,
+           "l1": _boundary_steps.l1_step}[config.norm]
   flat = lambda a: a.reshape(a.shape[0], -1)
   delta = solve(flat(x), flat(state.x_adv), flat(normal), goal,
                 jnp.broadcast_to(region, goal.shape), lower, upper)
