@@ -1,12 +1,12 @@
 r"""The Brendel-Bethge attack (BB; Brendel et al., NeurIPS 2019): a minimum-norm attack that walks
-along the decision boundary towards the clean point, under L2 and Linf.
+along the decision boundary towards the clean point, under L2, Linf and L1.
 
 BB starts from an adversarial point and never leaves the boundary's neighbourhood. Per example:
 
 1. **Start.** Inner minimum-norm attacks (``init_attack``; by default DDN (L2 only), FMN and FAB
    in the same norm, at their defaults) are run without a bound; the smallest of their points,
    re-checked by the model, is the start :math:`x_s`. A bisection of ``binary_search_steps`` steps on the path from the clean
-   point :math:`x_0` to :math:`x_s` (L2: the segment :math:`x_0 + \tau (x_s - x_0)`; Linf: the
+   point :math:`x_0` to :math:`x_s` (L2 and L1: the segment :math:`x_0 + \tau (x_s - x_0)`; Linf: the
    perturbation clipped to :math:`\pm\tau \|x_s - x_0\|_\infty`, whose Linf norm is
    :math:`\tau \|x_s - x_0\|_\infty`) moves it to the boundary: the smallest :math:`\tau` found
    adversarial. Every adversarial point on the way is scored, so the result is never worse than
@@ -29,7 +29,11 @@ BB starts from an adversarial point and never leaves the boundary's neighbourhoo
       l \le x_k + \delta \le u,\ \|\delta\|_2 \le r_k,
 
    exactly (L2: nested 1-D searches on the Lagrange multipliers; Linf: a bisection on the Linf
-   distance of L2 problems in a shrunken box; see :mod:`jaxrobust.attacks._boundary_steps`), or,
+   distance of L2 problems in a shrunken box; L1: the linear programme without the trust region,
+   a fractional knapsack over the coordinates in decreasing :math:`|b_i|`, and where that step is
+   longer than :math:`r_k` a search on the soft threshold :math:`t = 1/(2\mu)` of the
+   regularised problem :math:`\|x_0 - x_k - \delta\|_1 + \mu\|\delta\|_2^2` on the plane; see
+   :mod:`jaxrobust.attacks._boundary_steps`), or,
    where the plane cannot be reached inside the box and the trust region, takes the largest step
    towards it. Then :math:`x_{k+1} = \operatorname{clip}(x_k + \delta)`.
 3. **Trust region.** :math:`r_k = \eta_k\, D\,(u - l)` with :math:`D` the number of input
@@ -40,7 +44,7 @@ Every iterate is scored (the last one by ``finalize``) and the adversarial one o
 returned, as for every minimum-norm attack of the library (:class:`MinNormBest`).
 
 Defaults are those of the paper and of Foolbox 3.3's ``L2BrendelBethgeAttack`` /
-``LinfinityBrendelBethgeAttack`` (``steps=1000``, ``lr=1e-3``, ``lr_decay=0.5``,
+``LinfinityBrendelBethgeAttack`` / ``L1BrendelBethgeAttack`` (``steps=1000``, ``lr=1e-3``, ``lr_decay=0.5``,
 ``lr_num_decay=20``, ``momentum=0.8``, ``overshoot=1.1``, ``binary_search_steps=10``). Where this
 implementation departs from Foolbox's:
 
@@ -57,7 +61,13 @@ implementation departs from Foolbox's:
   is one example's (Foolbox's radius at batch size :math:`B` is this one's at ``lr * B``).
 * **The L2 step** is the exact solution of the trust-region problem; Foolbox's active-set solver
   fixes a coordinate at the box once it leaves it and never frees it again. The Linf step is the
-  same search as Foolbox's (on :math:`\epsilon`, with an L2 problem inside).
+  same search as Foolbox's (on :math:`\epsilon`, with an L2 problem inside). The L1 step solves
+  the same dual as Foolbox's (multipliers :math:`\lambda` of the plane and :math:`\mu` of the
+  trust region), by nested 1-D searches instead of a box-constrained BFGS, and needs no
+  touch-up: the plane search meets the plane.
+* **The L1 path.** Foolbox bisects on a soft-thresholded path (the coordinates of
+  :math:`x_s - x_0` above a falling threshold); here on the segment, whose L1 norm grows linearly
+  in :math:`\tau`, as for L2.
 * **The search on the path** scores every adversarial midpoint (Foolbox keeps only the last).
 
 The search never looks at ``budget.eps``: the start is the unbounded inner attack's, and a finite
@@ -259,10 +269,10 @@ def brendel_bethge(norm: str = "l2", *, steps: int = 1000, lr: float = 1e-3,
                    overshoot: float = 1.1, binary_search_steps: int = 10,
                    init_attack: Union[Attack, Sequence[Attack], None] = None,
                    targeted: bool = False) -> Attack:
-  r"""Brendel-Bethge: refine an adversarial start along the decision boundary (L2 or Linf).
+  r"""Brendel-Bethge: refine an adversarial start along the decision boundary (L2, Linf or L1).
 
-  A minimum-norm attack (``minimum_norm=True``). ``init_attack`` (default: ``fmn(norm)``) runs
-  first, without a bound, inside ``init``; a bisection of ``binary_search_steps`` forward passes
+  A minimum-norm attack (``minimum_norm=True``). ``init_attack`` (default: FMN and FAB in the
+  attack's norm, and DDN for L2; see :func:`default_init_attack`) runs first, without a bound, inside ``init``; a bisection of ``binary_search_steps`` forward passes
   on the path from ``x`` to its point moves the start onto the boundary. Each of ``steps``
   iterations then takes one forward and one backward pass at the iterate :math:`x_k`, averages
   the gradient of the logit difference :math:`\ell = z_y - \max_{j \ne y} z_j` into the boundary
@@ -292,7 +302,7 @@ def brendel_bethge(norm: str = "l2", *, steps: int = 1000, lr: float = 1e-3,
   trust-region solve per step (a few hundred elementwise passes over the input, no model call).
 
   Args:
-    norm: ``"l2"`` or ``"linf"``.
+    norm: ``"l2"``, ``"linf"`` or ``"l1"``.
     steps: iterations (>= 1) along the boundary.
     lr: the initial trust region :math:`\eta > 0`, as a fraction of :math:`D\,(u - l)`.
     lr_decay: the factor :math:`\gamma \in (0, 1]` applied ``lr_num_decay`` times.
@@ -301,7 +311,8 @@ def brendel_bethge(norm: str = "l2", *, steps: int = 1000, lr: float = 1e-3,
     overshoot: :math:`\omega \in [1, 2)`, how far beyond the linearised boundary a step aims.
     binary_search_steps: bisections (>= 0) on the path from ``x`` to the inner attack's point.
     init_attack: the minimum-norm attack that finds the start (run at ``eps = inf``), targeted
-      as this attack is; ``None``: ``jr.attacks.fmn(norm, targeted=targeted)``.
+      as this attack is, or a sequence of them (the smallest point of theirs is the start);
+      ``None``: :func:`default_init_attack` (``fmn`` and ``fab`` in ``norm``, and ``ddn`` for L2).
     targeted: drive the prediction to ``target`` (pass ``target=`` to :func:`jaxrobust.run`).
 
   Returns:
@@ -324,6 +335,11 @@ def brendel_bethge(norm: str = "l2", *, steps: int = 1000, lr: float = 1e-3,
     (True, 0.1414)
     >>> bool(run(0.14).success[0])  # no point within 0.14 is adversarial
     False
+    >>> l1 = jr.attacks.brendel_bethge("l1", steps=20)  # L1: one coordinate moves by 0.2
+    >>> result = jax.jit(lambda x, y: jr.run(l1, logits_fn, x, y, jr.Budget(jnp.inf),
+    ...                                      jax.random.key(0)))(x, y)
+    >>> bool(result.success[0]), round(float(result.norm[0]), 4)
+    (True, 0.2)
 
   References:
     Brendel, Rauber, Kümmerer, Ustyuzhaninov & Bethge, "Accurate, reliable and fast robustness
