@@ -39,6 +39,8 @@ REGISTRY = {
     "ddn-targeted": lambda: jr.attacks.ddn(steps=10, init_epsilon=0.25, targeted=True),
     "brendel_bethge-l2": lambda: jr.attacks.brendel_bethge(
         "l2", steps=10, init_attack=jr.attacks.fmn("l2", steps=5)),
+    "brendel_bethge-l1": lambda: jr.attacks.brendel_bethge(
+        "l1", steps=10, init_attack=jr.attacks.fmn("l1", steps=5)),
     "brendel_bethge-linf-targeted": lambda: jr.attacks.brendel_bethge(
         "linf", steps=10, init_attack=jr.attacks.fmn("linf", steps=5, targeted=True),
         targeted=True),
