@@ -91,9 +91,11 @@ from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_bool, check_number, check_positive_int
 from jaxrobust.attacks import _boundary_steps
+from jaxrobust.attacks._apgd import apgd
 from jaxrobust.attacks._ddn import ddn
 from jaxrobust.attacks._fab import fab
 from jaxrobust.attacks._fmn import fmn
+from jaxrobust.attacks._min_norm_search import min_norm_search
 from jaxrobust.attacks._common import (MinNormBest, loss_grad_logits, score_last_iterate,
                                        unpack_budget)
 from jaxrobust.engine import attack_loop
@@ -232,10 +234,18 @@ def _done(state: BBState) -> Array:
 
 
 def default_init_attack(norm: str, targeted: bool = False) -> tuple[Attack, ...]:
-  """The starts tried when ``init_attack`` is ``None``: FMN and FAB in the attack's norm, and for
-  L2 DDN as well, each at its defaults (the smallest adversarial point of theirs is the start)."""
+  """The starts tried when ``init_attack`` is ``None``: FMN and FAB in the attack's norm, for L2
+  DDN as well, for L1 ``min_norm_search(apgd("l1"))`` as well (targeted: APGD towards
+  ``target=`` with the cross-entropy), each at its defaults (the smallest adversarial point of
+  theirs is the start)."""
   starts = (fmn(norm, targeted=targeted), fab(norm, targeted=targeted, n_target_classes=None))
-  return ((ddn(targeted=targeted),) if norm == "l2" else ()) + starts
+  if norm == "l2":
+    return (ddn(targeted=targeted),) + starts
+  if norm == "l1":
+    inner = (apgd("l1", targeted=True, n_target_classes=None, loss="ce") if targeted
+             else apgd("l1"))
+    return starts + (min_norm_search(inner),)
+  return starts
 
 
 def _check_init_attacks(init_attack, targeted: bool) -> tuple[Attack, ...]:
