@@ -217,6 +217,10 @@ def test_defaults_and_recorded_configuration():
   assert (config["lr"], config["momentum"], config["overshoot"]) == (1e-3, 0.8, 1.1)
   starts = [a.name for a in jr.attacks._brendel_bethge.default_init_attack("l2")]
   assert [name.split("-")[0] for name in starts] == ["ddn", "fmn", "fab"], starts
+  for targeted in (False, True):
+    starts = [a.name for a in jr.attacks._brendel_bethge.default_init_attack("l1", targeted)]
+    assert [name.split("-")[0] for name in starts] == ["fmn", "fab", "min"], starts
+    assert "apgd-ce-l1" in starts[2] and ("-targeted" in starts[2]) == targeted, starts
   given = json.loads(A.brendel_bethge("l2", init_attack=(A.ddn(steps=5),)).config)
   assert given["init_attack"][0]["factory"] == "ddn"
 
