@@ -56,8 +56,8 @@ implementation departs from Foolbox's:
   L2 0.4950), from FAB's at 0.4676, from the best of FMN and FAB at 0.4676 and 3-8% lower on the
   CNN and k-WTA models than from either alone. In L1, adding ``min_norm_search(apgd("l1"))`` to
   FMN and FAB raised BB's optimality (``benchmarks/bench_optimality.py``, n=100) on the k-WTA MLP
-  from 0.878 to 0.968 and on the PGD-AT CNN from 0.921 to 0.998 (median L1 1.352 to 1.108 and
-  1.230 to 1.203). Any minimum-norm attack, or a sequence of them, can be given as
+  from 0.880 to 0.969 and on the PGD-AT CNN from 0.921 to 0.998 (median L1 1.352 to 1.108 and
+  1.230 to 1.203; ``benchmarks/RESULTS.md``, "Brendel-Bethge L1"). Any minimum-norm attack, or a sequence of them, can be given as
   ``init_attack``.
 * **The trust region** is per example: Foolbox multiplies ``lr`` by the number of elements of the
   whole batch (``prod(x.shape)``), so its trust region grows with the batch size; here :math:`D`
