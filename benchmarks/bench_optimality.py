@@ -29,9 +29,9 @@ Attacks, each at its defaults unless noted, without a budget:
 * jaxrobust, each ``jax.jit``-ed with the weights, inputs, labels and key as arguments (the
   compile time, from ``lower().compile()``, reported apart): Linf ``fmn``, ``fab``,
   ``min_norm_search(apgd)``, ``min_norm_search(pgd)``, ``deepfool``, ``brendel_bethge`` (row
-  ``bb``, 1000 steps from its default FMN start); L2 ``ddn``, ``fmn``, ``carlini_wagner_l2``,
+  ``bb``, 1000 steps from its default start); L2 ``ddn``, ``fmn``, ``carlini_wagner_l2``,
   ``fab``, ``deepfool``, ``min_norm_search(apgd)``, ``brendel_bethge``; L1 ``fmn``, ``fab``,
-  ``min_norm_search(apgd)``;
+  ``min_norm_search(apgd)``, ``brendel_bethge``;
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1; started from the best
   point the other Foolbox attacks found; only with ``--bb``);
