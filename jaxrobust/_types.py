@@ -100,6 +100,11 @@ class Attack(NamedTuple):
       for ensembles and AutoAttack a :class:`Suite`, whose members the engine runs one after
       another on the rows the earlier ones left robust (``init`` then runs the suite in one go,
       for a user's own scan; ``num_steps`` is 0).
+    meter: optional :class:`Meter`, for a kernel whose ``step`` calls the model a number of
+      times that depends on the data (:func:`jaxrobust.attacks.min_norm_search`): it counts its
+      steps' propagations per row itself, and takes a per-row allowance for them
+      (:mod:`jaxrobust.engine.propagations`). ``None``: the engine measures one step's cost
+      while tracing and counts the steps.
   """
 
   init: Callable[..., Any]
@@ -115,6 +120,25 @@ class Attack(NamedTuple):
   config: Optional[str] = None
   done: Optional[Callable[[Any], Array]] = None
   suite: Optional["Suite"] = None
+  meter: Optional["Meter"] = None
+
+
+class Meter(NamedTuple):
+  """How a kernel that counts its own steps' propagations reports and caps them
+  (:attr:`Attack.meter`; :mod:`jaxrobust.engine.propagations`).
+
+  Attributes:
+    spent: ``state -> (forward [B], backward [B])`` int32, the propagations the steps run so far
+      spent on each row, or ``None`` where the attack cannot count them (no counts are then
+      reported). ``init`` and ``finalize`` must call the model a fixed number of times: the
+      engine measures and adds them.
+    cap: ``(state, allowance [B] int32) -> state``, the state right after ``init`` with at most
+      ``allowance`` propagations left for the steps of each row (frozen with the row's state):
+      a row's steps then never spend more, and its ``spent`` stays ``<= allowance``.
+  """
+
+  spent: Callable[[Any], Any]
+  cap: Callable[[Any, Array], Any]
 
 
 class Suite(NamedTuple):

@@ -65,10 +65,10 @@ import jax.numpy as jnp
 from jaxrobust import projections
 from jaxrobust._batch import fold_in, is_success, like_batch, rows_like
 from jaxrobust._options import RunOptions
-from jaxrobust._types import Attack, Budget
+from jaxrobust._types import Attack, Budget, Meter
 from jaxrobust._validation import check_number, check_positive_int
 from jaxrobust.attacks._common import MinNormBest, unpack_budget
-from jaxrobust.engine import attack_loop, early_exit
+from jaxrobust.engine import attack_loop, early_exit, propagations
 
 Array = jax.Array
 
@@ -94,6 +94,11 @@ class SearchState(NamedTuple):
   keys: Array  # [B] typed keys, tagged: inner run k uses fold_in(keys, k).
   k: Array  # [] int32: search steps done.
   limit: Array  # [B] work dtype: the budget's eps, for ``done`` (inf: no bound).
+  # [B] int32: the propagations the search steps spent per row (None: the wrapped attack's
+  # cost per step cannot be measured, so neither can the search's).
+  forward: Array | None = None
+  backward: Array | None = None
+  allowance: Array | None = None  # [B] int32 propagations the steps may spend (None: no cap)
 
 
 class _Config(NamedTuple):
@@ -107,20 +112,33 @@ class _Config(NamedTuple):
   max_eps: float
 
 
-def _inner_runner(inner: Attack) -> Callable[..., Array]:
-  """``(logits_fn, x, y, eps, keys, target, frozen, lower, upper) -> x_adv``: one full run of
-  ``inner`` on the rows not ``frozen`` (the others' output is unspecified), with early exit
-  when it declares ``done``, else one dense scan (skipped when every row is frozen)."""
+def _inner_runner(inner: Attack) -> Callable[..., tuple[Array, Array]]:
+  """``(logits_fn, x, y, eps, keys, target, frozen, limit, lower, upper) -> (x_adv, steps)``:
+  one full run of ``inner`` on the rows not ``frozen`` (the others' output is unspecified), at
+  most ``limit`` steps per row (``[B]`` int32, or ``None``), and the steps each row ran (0 on
+  frozen rows), with early exit when it declares ``done``, else one dense scan (skipped when
+  every row is frozen)."""
   if inner.done is not None and inner.num_steps > 0:
-    def run(logits_fn, x, y, eps, keys, target, frozen, lower, upper):
-      return early_exit.run_until_done(inner, logits_fn, x, y, eps, keys, target, frozen,
-                                       lower=lower, upper=upper, options=_INNER_OPTIONS)
+    def run(logits_fn, x, y, eps, keys, target, frozen, limit, lower, upper):
+      x_adv, steps = early_exit.run_until_done(inner, logits_fn, x, y, eps, keys, target, frozen,
+                                               limit, lower=lower, upper=upper,
+                                               options=_INNER_OPTIONS, meter=True)
+      return x_adv, jnp.where(frozen, 0, steps)
   else:
-    def run(logits_fn, x, y, eps, keys, target, frozen, lower, upper):
-      rows = attack_loop.attack_rows(inner, logits_fn, lower, upper, _INNER_OPTIONS)
-      return jax.lax.cond(jnp.any(~frozen), lambda: rows(x, y, eps, keys, target),
-                          lambda: x)
+    def run(logits_fn, x, y, eps, keys, target, frozen, limit, lower, upper):
+      rows = attack_loop.attack_rows(inner, logits_fn, lower, upper, _INNER_OPTIONS, meter=True)
+      x_adv, steps = jax.lax.cond(jnp.any(~frozen), lambda: rows(x, y, eps, keys, target, limit),
+                                  lambda: (x, jnp.zeros_like(frozen, jnp.int32)))
+      return x_adv, jnp.where(frozen, 0, steps)
   return run
+
+
+def _inner_costs(config: _Config, logits_fn, x, y, eps, keys, target, lower,
+                 upper) -> propagations.Costs | None:
+  """What one run of the wrapped attack spends per row (measured while tracing, never run), or
+  ``None`` where its calls per step depend on the data."""
+  return propagations.measure(config.inner, logits_fn, x, y, Budget(eps, lower, upper), keys,
+                              target)
 
 
 def _searching(config: _Config, state: SearchState) -> Array:
@@ -139,7 +157,6 @@ def _next_eps(config: _Config, lo: Array, hi: Array, cap: Array) -> Array:
 
 
 def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> SearchState:
-  del logits_fn, y, target
   x, limit, lower, upper = unpack_budget(x, budget)
   limit = like_batch(limit, x)
   reach = projections.norm(jnp.maximum(x - lower, upper - x), config.inner.norm)
@@ -148,35 +165,80 @@ def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -
     first = jnp.asarray(INIT_EPS[config.inner.norm], x.dtype) * (upper - lower)
   else:
     first = jnp.asarray(config.init_eps, x.dtype)
+  eps = jnp.minimum(first, cap)
+  keys = fold_in(keys, _TAG)
+  counted = _inner_costs(config, logits_fn, x, y, eps, keys, target, lower, upper) is not None
+  zeros = rows_like(x, 0, jnp.int32) if counted else None
   return SearchState(lo=rows_like(x, 0.0, x.dtype), best=MinNormBest.empty(x),
-                     eps=jnp.minimum(first, cap), cap=cap, keys=fold_in(keys, _TAG),
-                     k=jnp.zeros((), jnp.int32), limit=limit)
+                     eps=eps, cap=cap, keys=keys, k=jnp.zeros((), jnp.int32), limit=limit,
+                     forward=zeros, backward=zeros)
 
 
-def _search_step(config: _Config, logits_fn, state: SearchState, x, y, lower, upper,
-                 target) -> SearchState:
+def _afford(costs: propagations.Costs | None, state: SearchState,
+            num_steps: int) -> tuple[Array | None, Array | None]:
+  """``(affordable, limit)`` under the state's allowance: the rows whose allowance left covers a
+  run's ``init`` and ``finalize`` and the check of its point, and the wrapped attack's steps
+  each may run (``(None, None)`` without a cap)."""
+  if state.allowance is None or costs is None:
+    return None, None
+  left = state.allowance - state.forward - state.backward - (costs.fixed.total + 1)
+  per_step = costs.step.total
+  steps = left // per_step if per_step else jnp.full_like(left, num_steps)
+  return left >= 0, jnp.clip(steps, 0, num_steps).astype(jnp.int32)
+
+
+def _search_step(config: _Config, logits_fn, state: SearchState, searching: Array, limit,
+                 costs: propagations.Costs | None, x, y, lower, upper, target) -> SearchState:
   """One full inner run at each searching example's eps, then the interval's update."""
-  searching = _searching(config, state)
-  x_run = config.run(logits_fn, x, y, state.eps, fold_in(state.keys, state.k), target,
-                     ~searching, lower, upper)
+  x_run, steps = config.run(logits_fn, x, y, state.eps, fold_in(state.keys, state.k), target,
+                            ~searching, limit, lower, upper)
   x_run = jnp.clip(x_run.astype(x.dtype), lower, upper)
   size = projections.norm(x_run - x, config.inner.norm)
   # A non-finite point (or norm) is a failure: it can never become the answer.
   success = searching & is_success(logits_fn(x_run), y, target) & jnp.isfinite(size)
   best = state.best.update(x_run, size, success)
-  lo = jnp.where(searching & ~success, jnp.maximum(state.lo, state.eps), state.lo)
+  failed = searching & ~success
+  if limit is not None:  # a run the cap cut short proves nothing about its eps
+    failed = failed & ~((steps >= limit) & (limit < config.inner.num_steps))
+  lo = jnp.where(failed, jnp.maximum(state.lo, state.eps), state.lo)
   eps = jnp.where(searching, _next_eps(config, lo, best.norm, state.cap), state.eps)
-  return state._replace(lo=lo, best=best, eps=eps, k=state.k + 1)
+  state = state._replace(lo=lo, best=best, eps=eps, k=state.k + 1)
+  if state.forward is None:
+    return state
+  # Per searching row: the run's init, steps and finalize, and one forward for the check.
+  count = lambda fixed, per, extra: jnp.where(searching, fixed + steps * per + extra, 0)
+  return state._replace(
+      forward=state.forward + count(costs.fixed.forward, costs.step.forward, 1),
+      backward=state.backward + count(costs.fixed.backward, costs.step.backward, 0))
 
 
 def _step(config: _Config, logits_fn, state: SearchState, x, y, budget: Budget,
           target=None) -> SearchState:
   x, _, lower, upper = unpack_budget(x, budget)
+  costs = None
+  if state.forward is not None:
+    costs = _inner_costs(config, logits_fn, x, y, state.eps, fold_in(state.keys, state.k),
+                         target, lower, upper)
+  searching = _searching(config, state)
+  affordable, limit = _afford(costs, state, config.inner.num_steps)
+  if affordable is not None:  # a row whose allowance cannot pay for a run stops searching
+    searching = searching & affordable
   # Once no example is searching, a step costs nothing (the count still advances).
   return jax.lax.cond(
-      jnp.any(_searching(config, state)),
-      lambda state: _search_step(config, logits_fn, state, x, y, lower, upper, target),
+      jnp.any(searching),
+      lambda state: _search_step(config, logits_fn, state, searching, limit, costs, x, y, lower,
+                                 upper, target),
       lambda state: state._replace(k=state.k + 1), state)
+
+
+def _spent(state: SearchState) -> tuple[Array, Array] | None:
+  """The propagations the search steps spent per row (:class:`jaxrobust._types.Meter`)."""
+  return None if state.forward is None else (state.forward, state.backward)
+
+
+def _cap(state: SearchState, allowance: Array) -> SearchState:
+  """The state with ``allowance`` propagations per row for the search steps."""
+  return state._replace(allowance=allowance.astype(jnp.int32))
 
 
 def _finalize(config: _Config, logits_fn, state: SearchState, x, y, budget: Budget,
@@ -295,4 +357,5 @@ def min_norm_search(attack: Attack, *, search_steps: int = 20, init_eps: float |
   return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
                 finalize=functools.partial(_finalize, config), num_steps=search_steps,
                 norm=attack.norm, targeted=attack.targeted, minimum_norm=True,
-                name=f"min-norm-search-{search_steps}({attack.name})", done=_done)
+                name=f"min-norm-search-{search_steps}({attack.name})", done=_done,
+                meter=Meter(spent=_spent, cap=_cap))

@@ -48,8 +48,10 @@ def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
   under one ``lax.scan`` (unrolled by ``options.unroll``), and ``finalize``, on rows that are
   independent of each other.
 
-  With ``meter`` it takes ``limit`` too (``[B]`` int32 steps allowed per row, or ``None``) and
-  returns ``(x_adv, steps)``, the steps each row ran (:mod:`jaxrobust.engine.propagations`)."""
+  With ``meter`` it takes ``limit`` too (``[B]`` int32 steps allowed per row, or ``None``; for an
+  attack with a :class:`~jaxrobust._types.Meter`, propagations allowed for its steps) and
+  returns ``(x_adv, tally)``, the steps each row ran or what they spent
+  (:func:`jaxrobust.engine.propagations.tally`)."""
 
   def rows(x, y, eps, keys, target, limit=None):
     budget = Budget(eps, lower, upper)
@@ -60,11 +62,11 @@ def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
 
     state = attack.init(logits_fn, x, y, budget, keys, target)
     if meter:
-      state = propagations.start(state, x, limit)
+      state = propagations.start(state, x, limit, attack)
     state, _ = jax.lax.scan(body, state, None, length=attack.num_steps, unroll=options.unroll)
     inner = state.state if meter else state
     x_adv = attack.finalize(logits_fn, inner, x, y, budget, target).astype(x.dtype)
-    return (x_adv, state.steps) if meter else x_adv
+    return (x_adv, propagations.tally(attack, state)) if meter else x_adv
 
   return rows
 
@@ -150,7 +152,7 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
                          f"fixed; {attack.name!r} calls the model a data-dependent number of "
                          "times (see jaxrobust.engine.propagations).")
       cap = like_batch(jnp.broadcast_to(jnp.asarray(max_propagations), (batch,)), x)
-      limit, affordable = propagations.step_limit(costs, cap, attack.num_steps)
+      limit, affordable = propagations.limits(attack, costs, cap)
       todo = todo & affordable
     rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, options, meter=meter)
     exits = (options.early_exit and attack.done is not None and attack.num_steps > 0
@@ -174,8 +176,8 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
                                  keys, target, limit)
     x_adv = out
     if meter:
-      x_adv, steps = out
-      info["propagations"] = propagations.spent(costs, steps, todo)
+      x_adv, tally = out
+      info["propagations"] = propagations.spent(costs, tally, todo)
   logits_of_todo = None
   if options.early_exit and not options.score_skipped_rows and not attack.samples:
     chunk = options.chunk_rows(batch)

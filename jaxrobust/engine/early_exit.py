@@ -103,7 +103,8 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
     logits_fn, x, y, eps, keys, target: the rows (``eps`` ``[B]``).
     frozen: ``[B]`` rows not to attack at all (their ``x_adv`` is whatever ``finalize`` makes of
       the initial state; callers replace it).
-    limit: with ``meter``, ``[B]`` int32 the most steps per row, or ``None`` (no cap).
+    limit: with ``meter``, ``[B]`` int32 the most steps per row (for an attack with a
+      :class:`~jaxrobust._types.Meter`, the propagations its steps may spend), or ``None``.
     lower, upper: the box.
     options: the run's options: ``unroll`` steps per iteration of the inner loop (an int; the
       done check runs between them), chunks of :meth:`~jaxrobust._options.RunOptions.chunk_rows`
@@ -111,7 +112,9 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
     meter: count the steps each row runs (:mod:`jaxrobust.engine.propagations`).
 
   Returns:
-    ``x_adv`` ``[B, ...]`` of ``x``'s dtype; with ``meter``, ``(x_adv, steps)`` (``[B]`` int32).
+    ``x_adv`` ``[B, ...]`` of ``x``'s dtype; with ``meter``, ``(x_adv, tally)``: the steps each
+    row ran (``[B]`` int32) or what they spent
+    (:func:`jaxrobust.engine.propagations.tally`).
   """
   chunk = options.chunk_rows(x.shape[0], exits=True)
   block = max(1, int(options.unroll))
@@ -127,13 +130,13 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
 
   def init(state, x, y, eps, keys, target, frozen, limit):
     state = attack.init(logits_fn, x, y, Budget(eps, lower, upper), keys, target)
-    return propagations.start(state, x, limit) if meter else state
+    return propagations.start(state, x, limit, attack) if meter else state
 
   def finalize(state, x, y, eps, keys, target, frozen, limit):
     inner = state.state if meter else state
     x_adv = attack.finalize(logits_fn, inner, x, y, Budget(eps, lower, upper),
                             target).astype(x.dtype)
-    return (x_adv, state.steps) if meter else x_adv
+    return (x_adv, propagations.tally(attack, state)) if meter else x_adv
 
   left = lambda state: jnp.any(~(frozen | kernel.done(state)))
 
@@ -157,7 +160,7 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   if compact:
     return run_all()
   # Without compaction, still no model evaluation at all when there is nothing to attack.
-  nothing = lambda: ((jnp.zeros_like(x), jnp.zeros_like(frozen, jnp.int32)) if meter
+  nothing = lambda: ((jnp.zeros_like(x), propagations.no_tally(attack, frozen)) if meter
                      else jnp.zeros_like(x))
   return jax.lax.cond(jnp.any(~frozen), run_all, nothing)
 

@@ -181,7 +181,12 @@ def measure(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
   try:
     # init's trace also gives the state's shapes, on which step and finalize are traced.
     init, state = _cost(lambda *a: attack.init(marked, *a), (x, y, budget, keys, target), batch)
-    step, _ = _cost(lambda *a: attack.step(marked, *a), (state, x, y, budget, target), batch)
+    if attack.meter is not None:  # it counts its steps itself (spent): only init and finalize
+      if attack.meter.spent(state) is None:  # (on the state's shapes) it cannot count them
+        return None
+      step = Cost(0, 0)
+    else:
+      step, _ = _cost(lambda *a: attack.step(marked, *a), (state, x, y, budget, target), batch)
     finalize, _ = _cost(lambda *a: attack.finalize(marked, *a), (state, x, y, budget, target),
                         batch)
   except _Varies:
@@ -239,10 +244,35 @@ def step_limit(costs: Costs, cap: Array, num_steps: int) -> tuple[Array, Array]:
   return jnp.clip(steps, 0, num_steps).astype(jnp.int32), left >= 0
 
 
-def spent(costs: Costs, steps: Array, todo: Array) -> dict:
-  """``{"forward": [B], "backward": [B]}`` int32: the propagations of rows that ran ``steps``
-  (rows outside ``todo``: 0)."""
-  count = lambda fixed, per: jnp.where(todo, fixed + steps.astype(jnp.int32) * per, 0)
+def limits(attack: Attack, costs: Costs, cap: Array) -> tuple[Array, Array]:
+  """``(limit, affordable)`` per row under ``cap`` (``[B]``): for a kernel the engine meters, the
+  steps allowed (:func:`step_limit`); for one with a :class:`~jaxrobust._types.Meter`, the
+  propagations left for its steps once ``init`` and ``finalize`` are paid (``>= 0``).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> import jaxrobust as jr
+    >>> costs = Costs(Cost(0, 0), Cost(0, 0), Cost(1, 0))
+    >>> search = jr.attacks.min_norm_search(jr.attacks.pgd(steps=3))  # it counts itself
+    >>> limit, ok = limits(search, costs, jnp.array([0, 1, 30]))
+    >>> limit.tolist(), ok.tolist()
+    ([0, 0, 29], [False, True, True])
+  """
+  if attack.meter is None:
+    return step_limit(costs, cap, attack.num_steps)
+  left = jnp.asarray(cap).astype(jnp.int32) - costs.fixed.total
+  return jnp.maximum(left, 0), left >= 0
+
+
+def spent(costs: Costs, tally: Array, todo: Array) -> dict:
+  """``{"forward": [B], "backward": [B]}`` int32: the propagations of rows whose run reported
+  ``tally`` (:func:`tally`: the steps, or ``[B, 2]`` what a self-counting attack's steps spent;
+  rows outside ``todo``: 0)."""
+  if tally.ndim == 2:  # an attack with a Meter: its own (forward, backward) of the steps
+    count = lambda fixed, column: jnp.where(todo, fixed + tally[:, column].astype(jnp.int32), 0)
+    return {"forward": count(costs.fixed.forward, 0).astype(jnp.int32),
+            "backward": count(costs.fixed.backward, 1).astype(jnp.int32)}
+  count = lambda fixed, per: jnp.where(todo, fixed + tally.astype(jnp.int32) * per, 0)
   return {"forward": count(costs.fixed.forward, costs.step.forward).astype(jnp.int32),
           "backward": count(costs.fixed.backward, costs.step.backward).astype(jnp.int32)}
 
@@ -252,11 +282,34 @@ def exhausted(state: Metered) -> Array | None:
   return None if state.limit is None else state.steps >= state.limit
 
 
-def start(state: Any, x: Array, limit: Array | None) -> Metered:
-  """The :class:`Metered` state of ``init``'s ``state`` on rows ``x``: no step run yet."""
+def start(state: Any, x: Array, limit: Array | None, attack: Attack | None = None) -> Metered:
+  """The :class:`Metered` state of ``init``'s ``state`` on rows ``x``: no step run yet.
+
+  For an ``attack`` with a :class:`~jaxrobust._types.Meter`, ``limit`` is the propagations
+  allowed for its steps (:func:`limits`), handed to the attack's own state (``meter.cap``).
+  """
+  if attack is not None and attack.meter is not None:
+    if limit is not None:
+      state = attack.meter.cap(state, limit)
+    limit = None  # the attack stops itself
   # From a slice of x: the counter carries x's batch sharding, and under shard_map x's varying
   # manual axes (a loop carry must keep its type).
   return Metered(state, rows_like(x, 0, jnp.int32), limit)
+
+
+def tally(attack: Attack, metered: Metered) -> Array:
+  """What a metered run reports per row (:func:`spent` reads it): the steps run (``[B]``), or,
+  for an attack with a :class:`~jaxrobust._types.Meter`, the ``[B, 2]`` (forward, backward) its
+  steps spent."""
+  if attack.meter is None:
+    return metered.steps
+  return jnp.stack([jnp.asarray(c, jnp.int32) for c in attack.meter.spent(metered.state)], -1)
+
+
+def no_tally(attack: Attack, rows: Array) -> Array:
+  """:func:`tally` of rows (``[B]``, any dtype) that ran no step."""
+  zeros = jnp.zeros_like(rows, jnp.int32)
+  return zeros if attack.meter is None else jnp.stack([zeros, zeros], -1)
 
 
 def metered_kernel(attack: Attack, freeze: Callable[[Array, Any, Any], Any]) -> Attack:
