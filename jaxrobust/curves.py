@@ -20,6 +20,7 @@ from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget, Curve
 from jaxrobust._validation import check_eps, check_inputs
 from jaxrobust.engine.curve_kernel import robust_flags
+from jaxrobust.engine.propagations import check_cap
 from jaxrobust.engine.scoring import clean_diagnosis
 
 Array = jax.Array
@@ -63,7 +64,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
                      upper: float | Array = 1.0, eps_batch_size: int | None = None, *,
                      target: Array | None = None, allow_large_eps: bool = False,
                      unroll: int | bool = 1, chunk_size: int | None = None,
-                     early_exit: bool = True) -> Curve:
+                     early_exit: bool = True, max_propagations: int | Array | None = None) -> Curve:
   """Robust accuracy of ``logits_fn`` against ``attack`` at every budget in ``epsilons``.
 
   The whole curve is one program under ``jax.jit``; ``epsilons`` is data, so new values never
@@ -98,6 +99,13 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
       :class:`~jaxrobust._options.RunOptions`).
     early_exit: stop attacking points once broken and skip across eps (see
       :class:`~jaxrobust._options.RunOptions`).
+    max_propagations: ``None`` (no cap), or an int or int ``[]``/``[B]`` array (data: a new
+      value never recompiles): :func:`jaxrobust.run`'s cap on forward plus backward
+      propagations per example, given to **each run**: per example and per eps for a
+      fixed-budget attack (the flags at eps_k are those of :func:`jaxrobust.run` at every
+      eps_j <= eps_k under the cap, worst case taken; cross-eps skipping only spares the runs of
+      rows already broken, so it changes no flag; a row's whole curve costs at most ``K`` caps),
+      per example for a minimum-norm attack (its one run).
 
   Returns:
     A :class:`jaxrobust.Curve` whose ``info`` holds the attack's reliability checks over the grid:
@@ -131,6 +139,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
                targeted=attack.targeted, minimum_norm=attack.minimum_norm,
                samples=attack.samples, front_door="jr.robustness_curve")
+  check_cap(max_propagations)
   check_eps(epsilons, None, attack.norm, lower=lower, upper=upper,
             input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
             allow_large_eps=allow_large_eps, name="epsilons")
@@ -138,7 +147,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   correct, bad_gradient = clean_diagnosis(attack.samples, logits_fn, x, y, keys)
   flags = robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
                        correct=correct, bad_gradient=bad_gradient, target=target,
-                       options=options)
+                       options=options, max_propagations=max_propagations)
   return _curve(epsilons, correct, flags.robust, flags.info)
 
 

@@ -11,6 +11,11 @@
   exit (per-example keys).
 * The cap: no count exceeds it; a cap that covers the uncapped run changes nothing (bitwise); a
   small cap never lowers robust accuracy; bad caps are ``ValueError``\\ s.
+* ``min_norm_search`` counts what each row's search steps ran (by hand where every inner run
+  fails, so runs all its steps) and takes a cap the same way.
+* A curve under a cap is ``jr.run`` under that cap at every eps (flags and counts, per example
+  and per eps), dense or skipping across eps; ``jr.evaluate`` under a cap is that curve, and a
+  new cap reuses its compiled step.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import pytest
 
 import jaxrobust as jr
 from jaxrobust._batch import fold_in
+from jaxrobust.evaluation import device_step as evaluate_lib
 from tests.models import Linear, linear_points, random_linear
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
@@ -165,7 +171,9 @@ def test_sum_matches_count_evaluations(attack):
 
 
 @pytest.mark.parametrize("attack", [jr.attacks.apgd("linf", steps=6),
-                                    jr.attacks.square("linf", queries=12)])
+                                    jr.attacks.square("linf", queries=12),
+                                    jr.attacks.min_norm_search(jr.attacks.pgd("linf", steps=3),
+                                                               search_steps=4)])
 def test_independent_of_batch_size_and_order(attack):
   whole = counts(run(attack, chunk_size=4))
   part = np.random.default_rng(0).permutation(BATCH)[:7]  # fewer rows, in another order
@@ -207,11 +215,18 @@ def test_bad_caps():
   for bad in (-1, 1.5, True, jnp.array([1.0])):
     with pytest.raises(ValueError, match="max_propagations"):
       run(jr.attacks.pgd("linf", steps=2), max_propagations=bad)
-  # An attack whose calls per step depend on the data cannot be capped.
-  search = jr.attacks.min_norm_search(jr.attacks.pgd("linf", steps=2), search_steps=2)
-  assert "propagations" not in run(search).info
-  with pytest.raises(ValueError, match="data-dependent"):
-    run(search, max_propagations=10)
+  # An attack whose calls per step depend on the data and that does not count them itself
+  # reports no counts and cannot be capped; nor can min_norm_search around it.
+  looping = jr.Attack(init=lambda f, x, y, budget, keys, target: x,
+                      step=lambda f, state, x, y, budget, target: jax.lax.while_loop(
+                          lambda c: c[0] < 2, lambda c: (c[0] + 1, c[1] + 0 * f(c[1])[:, :1]),
+                          (0, state))[1],
+                      finalize=lambda f, state, x, y, budget, target: x, num_steps=1,
+                      norm="linf", name="looping")
+  for attack in (looping, jr.attacks.min_norm_search(looping, search_steps=1)):
+    assert "propagations" not in run(attack).info
+    with pytest.raises(ValueError, match="data-dependent"):
+      run(attack, max_propagations=10)
 
 
 def test_curve_counts_per_eps():
@@ -229,3 +244,119 @@ def test_curve_counts_per_eps():
   # At eps_2 a row broken at eps_1 is skipped (0); a row still robust is attacked.
   robust = np.asarray(curve.robust[1])
   assert np.all(forward[2][~robust] == 0) and np.all(forward[2][robust] > 0)
+
+
+SEARCH_STEPS, INNER_STEPS = 3, 3
+# An inner PGD at eps 1e-4, 2e-4, 4e-4 (growth from init_eps), all far below every point's
+# distance to the boundary: every run fails, so every run runs all its steps.
+FAILING_SEARCH = jr.attacks.min_norm_search(jr.attacks.pgd("linf", steps=INNER_STEPS),
+                                            search_steps=SEARCH_STEPS, init_eps=1e-4)
+SEARCH = jr.attacks.min_norm_search(jr.attacks.pgd("linf", steps=INNER_STEPS), search_steps=6)
+
+
+def run_capped(attack, caps, **options):
+  """jr.run under each cap of ``caps`` (one compiled program, the cap its argument)."""
+  capped = jax.jit(lambda w, b, x, y, keys, eps, cap: jr.run(
+      attack, Linear(w, b).logits_fn, x, y, jr.Budget(eps), keys, max_propagations=cap,
+      **options))
+  return [capped(MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), KEYS, jnp.inf,
+                 jnp.asarray(cap, jnp.int32)) for cap in caps]
+
+
+def test_min_norm_search_by_hand():
+  assert DIST.min() > 4e-4
+  # Each search step: one full PGD run (its T gradients and its last score) and one forward
+  # checking the point found; init and finalize call no model.
+  free = run(FAILING_SEARCH, eps=jnp.inf)
+  assert not np.asarray(free.success).any()
+  forward, backward = counts(free)
+  np.testing.assert_array_equal(forward, SEARCH_STEPS * (INNER_STEPS + 2))
+  np.testing.assert_array_equal(backward, SEARCH_STEPS * INNER_STEPS)
+  # Capped (a search step costs 2 T + 2 = 8): at 19, two steps (16) and a third with 3 left,
+  # whose run affords no PGD step (its score and the check: 2); at 15, a second step with 7
+  # left, 2 PGD steps (2 + 4), and no third (1 left < 2); at 1 no step at all.
+  at_19, at_15, at_1 = (counts(r) for r in run_capped(FAILING_SEARCH, (19, 15, 1)))
+  np.testing.assert_array_equal(at_19[0], 2 * (INNER_STEPS + 2) + 2)
+  np.testing.assert_array_equal(at_19[1], 2 * INNER_STEPS)
+  np.testing.assert_array_equal(at_15[0], (INNER_STEPS + 2) + 2 + 2)
+  np.testing.assert_array_equal(at_15[1], INNER_STEPS + 2)
+  np.testing.assert_array_equal(at_1[0] + at_1[1], 0)
+
+
+def test_min_norm_search_cap():
+  # Inner runs stop early (early exit) at a data-dependent step: counts vary by row.
+  free = run(SEARCH, eps=jnp.inf)
+  forward, backward = counts(free)
+  runs = forward - backward  # each run spends 2 forwards without a backward
+  assert np.all(runs % 2 == 0) and np.all(runs > 0) and np.all(backward <= 6 * INNER_STEPS)
+  assert len(set((forward + backward).tolist())) > 1
+  spent = forward + backward
+  caps = (int(spent.max()), 9, 0, np.arange(BATCH) * 3)
+  same, *capped = run_capped(SEARCH, caps)
+  # A cap that covers the uncapped counts changes nothing, bitwise.
+  for a, b in zip(jax.tree.leaves(free[:4]), jax.tree.leaves(same[:4])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for cap, result in zip(caps[1:], capped):
+    assert np.all(sum(counts(result)) <= cap)
+    assert np.asarray(result.success).sum() <= np.asarray(free.success).sum()
+    # With PGD a run the cap cuts short leaves less than another run's score and check (2), so
+    # the capped search runs a prefix of the uncapped one's runs: its answer is never smaller.
+    assert np.all(np.asarray(result.norm) >= np.asarray(free.norm))
+  np.testing.assert_array_equal(np.asarray(capped[1].x_adv), X)  # cap 0: not attacked
+
+
+def test_curve_under_a_cap_is_run_under_it_at_every_eps(early_exit=True):
+  attack = jr.attacks.pgd("linf", steps=6)
+  epsilons = jnp.array([EPS, 0.0, 0.5 * EPS, 2 * EPS])
+  cap = jnp.int32(5)  # 2 PGD steps and the last score
+  curve = jax.jit(lambda w, b, x, y, epsilons, keys, cap: jr.robustness_curve(
+      attack, Linear(w, b).logits_fn, x, y, epsilons, keys, early_exit=early_exit,
+      max_propagations=cap))(MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), epsilons, KEYS,
+                             cap)
+  at = jax.jit(lambda w, b, x, y, keys, eps, cap: jr.run(
+      attack, Linear(w, b).logits_fn, x, y, jr.Budget(eps), keys, early_exit=early_exit,
+      max_propagations=cap))
+  alone = [at(MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), fold_in(KEYS, jnp.uint32(k)),
+              eps, cap) for k, eps in enumerate(epsilons)]
+  broken = np.stack([np.asarray(r.success) for r in alone])  # every point is clean-correct
+  eps = np.asarray(epsilons)
+  worst = np.stack([broken[eps <= e].any(0) for e in eps])
+  np.testing.assert_array_equal(np.asarray(curve.robust), ~worst)
+  free = run(attack, early_exit=early_exit)  # the cap bites: fewer points broken at EPS
+  assert broken[0].sum() < np.asarray(free.success).sum()
+  forward, backward = counts(curve)
+  assert np.all(forward + backward <= int(cap))
+  for k in range(len(eps)):
+    expected = [c for c in counts(alone[k])]
+    if early_exit:  # cross-eps skipping: a row broken at a smaller eps is not run again
+      skipped = broken[eps < eps[k]].any(0)
+      expected = [np.where(skipped, 0, c) for c in expected]
+    np.testing.assert_array_equal(forward[k], expected[0])
+    np.testing.assert_array_equal(backward[k], expected[1])
+
+
+def test_evaluate_under_a_cap_is_the_curve():
+  attack = jr.attacks.pgd("linf", steps=6)
+  epsilons = np.array([0.5 * EPS, EPS, 2 * EPS], np.float32)
+  key = jax.random.key(3)
+  model = Linear(jnp.asarray(MODEL.w), jnp.asarray(MODEL.b))
+  evaluate = lambda cap: jr.evaluate(model.logits_fn, (X, Y), attacks={"pgd": attack},
+                                     epsilons=epsilons, key=key, batch_size=BATCH,
+                                     progress=False, keep_per_example=True,
+                                     max_propagations=cap, diagnose=False)
+  report = evaluate(5)
+  assert report.provenance["evaluate"]["max_propagations"] == 5
+  keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(BATCH, dtype=jnp.uint32))
+  curve = jax.jit(lambda w, b, x, y, epsilons, keys, cap: jr.robustness_curve(
+      attack, Linear(w, b).logits_fn, x, y, epsilons, keys, max_propagations=cap))(
+          MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), jnp.asarray(epsilons), keys,
+          jnp.int32(5))
+  np.testing.assert_array_equal(report.per_example["robust"][0], np.asarray(curve.robust))
+  # The cap is data: another value reuses the compiled step.
+  steps = len(evaluate_lib._STEP_CACHE)
+  step = next(reversed(evaluate_lib._STEP_CACHE.values()))[0]
+  programs = step._cache_size()
+  evaluate(7)
+  assert len(evaluate_lib._STEP_CACHE) == steps and step._cache_size() == programs
+  with pytest.raises(ValueError, match="max_propagations"):
+    evaluate(-1)

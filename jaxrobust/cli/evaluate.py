@@ -128,6 +128,9 @@ def add_parser(commands: Any) -> None:
                  help="checkpoint file: written after every batch, resumed from if present")
   p.add_argument("--devices", type=int_at_least(1), default=None,
                  help="shard every batch over this many devices (on CPU they are simulated)")
+  p.add_argument("--max-propagations", type=int_at_least(0), default=None, metavar="N",
+                 help="cap every attack's forward plus backward propagations per example and "
+                      "per eps at N (AttackBench's budget; default: no cap)")
   p.add_argument("--seed", type=int, default=0, help="seed of the attacks' randomness (default 0)")
   p.add_argument("--quiet", action="store_true", help="no progress bar")
   add_traceback_option(p)
@@ -326,7 +329,8 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     report = jr.evaluate(model, (x, y), attacks=attacks, epsilons=epsilons,
                          key=jax.random.key(args.seed), batch_size=min(args.batch_size, len(x)),
                          mesh=mesh, checkpoint=args.checkpoint, progress=not args.quiet,
-                         lower=args.lower, upper=args.upper, keep_per_example=True)
+                         lower=args.lower, upper=args.upper, keep_per_example=True,
+                         max_propagations=args.max_propagations)
   except ValueError as error:  # bad eps, labels out of range, a checkpoint of another run
     raise UserError(one_line(error).removeprefix("ValueError: ")) from error
   provenance = dict(report.provenance, command=["jaxrobust", *argv],

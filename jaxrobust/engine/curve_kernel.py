@@ -68,7 +68,8 @@ def worst_case_over_smaller_eps(broken: Array, epsilons: Array, *, strict: bool 
 def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                  epsilons: Array, keys: Array, *, lower, upper, correct: Array,
                  bad_gradient: Array | None = None, active: Array | None = None,
-                 target: Array | None = None, options: RunOptions) -> CurveFlags:
+                 target: Array | None = None, options: RunOptions,
+                 max_propagations: Array | None = None) -> CurveFlags:
   """Per-example robust flags ``[K, B]`` of ``attack`` over ``epsilons`` (see the module).
 
   Args:
@@ -85,6 +86,10 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
     target: ``[B]`` targets of a targeted attack (robust still means "prediction is ``y``").
     options: the schedule (see the module) and how each run goes; every run scores only the
       rows it attacked (``score_skipped_rows=False``).
+    max_propagations: ``None``, or an int ``[]``/``[B]`` (data): the cap of
+      :func:`jaxrobust.run` on each run, so per example and per eps for a fixed-budget attack
+      (each eps's run is the run :func:`jaxrobust.run` makes at that eps under the cap; a row
+      skipped across eps spends nothing there), per example for a minimum-norm one (one run).
 
   Returns:
     A :class:`CurveFlags`.
@@ -97,7 +102,7 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
     # At eps = inf no row is ever done (the answer keeps shrinking): the plain scan.
     result, _ = run_attack(attack, logits_fn, x, y, budget, keys, target,
                            options=runs.replace(early_exit=False), clean_correct=correct,
-                           active=active)
+                           active=active, max_propagations=max_propagations)
     eps_star = result.norm.astype(jnp.float32)
     robust = correct[None, :] & (eps_star[None, :] > epsilons[:, None])
     return CurveFlags(robust, eps_star, _with_gradient_count(
@@ -106,7 +111,8 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
   def run_at(index, eps, rows):
     budget = Budget(rows_like(x, 0.0, jnp.float32) + eps, lower, upper)
     result, broken = run_attack(attack, logits_fn, x, y, budget, fold_in(keys, index), target,
-                                options=runs, clean_correct=correct, active=rows)
+                                options=runs, clean_correct=correct, active=rows,
+                                max_propagations=max_propagations)
     return broken, _checks(result.info)
 
   indexed = (jnp.arange(epsilons.shape[0], dtype=jnp.uint32), epsilons)

@@ -73,12 +73,14 @@ def _has_contents(cell: Any) -> bool:
 def fingerprint(attacks: Mapping[str, Attack], epsilons: np.ndarray, key_data: np.ndarray,
                  key_impl: Any, batch_size: int, lower: float, upper: float,
                  keep_per_example: bool, options: RunOptions, process: tuple[int, int],
-                 certifiers: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                 certifiers: Mapping[str, Any] | None = None,
+                 max_propagations: int | None = None) -> dict[str, Any]:
   """What must match for a checkpoint to be resumed: everything that changes the result.
 
   Of the run's options it holds ``eps_batch_size`` and ``unroll`` (as it always has: the same
   keys and values, so earlier checkpoints still resume), not ``chunk_size`` and ``early_exit``,
-  which change the work and not the verdicts.
+  which change the work and not the verdicts. A cap on propagations (``max_propagations``)
+  changes the verdicts: it is recorded when given (and absent without one, as before).
   """
   described = [[name, a.name, a.norm, a.num_steps, a.minimum_norm, a.samples, attack_digest(a)]
                for name, a in attacks.items()]
@@ -88,7 +90,8 @@ def fingerprint(attacks: Mapping[str, Attack], epsilons: np.ndarray, key_data: n
           "keep_per_example": keep_per_example, "eps_batch_size": options.eps_batch_size,
           "unroll": options.unroll, "process": list(process),
           **({"certifiers": [[name, c.name, c.norm, c.config] for name, c in certifiers.items()]}
-             if certifiers else {})}
+             if certifiers else {}),
+          **({} if max_propagations is None else {"max_propagations": int(max_propagations)})}
 
 
 def attack_digest(attack: Attack) -> str:

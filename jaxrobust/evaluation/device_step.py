@@ -90,9 +90,11 @@ def build_step(logits_fn: Callable[[Array], Array], attacks: Mapping[str, Attack
                early_exit: bool = False) -> Callable[..., tuple]:
   r"""The per-batch evaluation step (not jitted): every attack (and certifier) on one padded batch.
 
-  ``step(x, y, mask, index, epsilons, key_data, lower, upper) -> (EvalSums, PerExample | None)``
-  with ``x [B, ...]``, ``y [B]`` int32, ``mask [B]`` bool, ``index [B]`` uint32 global indices,
-  ``epsilons [K]`` float32, ``key_data`` the raw data of one PRNG key, and scalar bounds. Example
+  ``step(x, y, mask, index, epsilons, key_data, lower, upper, max_propagations=None) ->
+  (EvalSums, PerExample | None)`` with ``x [B, ...]``, ``y [B]`` int32, ``mask [B]`` bool,
+  ``index [B]`` uint32 global indices, ``epsilons [K]`` float32, ``key_data`` the raw data of one
+  PRNG key, scalar bounds, and an optional int ``[]`` cap on each run's forward plus backward
+  propagations per example (:func:`jaxrobust.robustness_curve`'s, data). Example
   ``i`` draws its randomness from ``fold_in(key, index[i])`` (and, for a fixed-budget attack,
   ``fold_in(., k)`` at the ``k``-th eps, as :func:`jaxrobust.robustness_curve` does), so every
   attack sees the same keys whatever else is evaluated with it. The attacks run with the options
@@ -144,7 +146,8 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
   items = tuple(attacks.values())
   certify = tuple((certifiers or {}).values())
 
-  def step(model_arrays, x, y, mask, index, epsilons, key_data, lower, upper):
+  def step(model_arrays, x, y, mask, index, epsilons, key_data, lower, upper,
+           max_propagations=None):
     logits_fn = rebuild(model_arrays)
     key = jax.random.wrap_key_data(key_data, impl=key_impl)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
@@ -155,7 +158,7 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
     correct, bad_gradient = clean_diagnosis(max(a.samples for a in items), logits_fn, x, y, keys)
     results = [robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
                             correct=correct, bad_gradient=bad_gradient, active=mask,
-                            options=options)
+                            options=options, max_propagations=max_propagations)
                for attack in items]
     robust = jnp.stack([r.robust for r in results])  # [A, K, B]
     worst = jnp.all(robust, axis=0)  # [K, B]: robust under every attack
@@ -269,7 +272,7 @@ def _jitted_step(model: Model, trace: _Trace, attacks, key_impl, keep_per_exampl
   if use_shard_map:  # data parallel: the model's arrays are replicated on every device
     batch_spec = P(axis)
     step_fn = jax.shard_map(
-        step_fn, mesh=mesh, in_specs=(P(),) + (batch_spec,) * 4 + (P(),) * 4,
+        step_fn, mesh=mesh, in_specs=(P(),) + (batch_spec,) * 4 + (P(),) * 5,
         out_specs=(P(), batch_spec if keep_per_example else None), check_vma=False)
   step_fn = jax.jit(step_fn)
   if cache_key is not None:

@@ -24,6 +24,7 @@ from jaxrobust.evaluation import host
 from jaxrobust.evaluation.checkpointing import (Checkpoint, EvalState, fingerprint,
                                                model_fingerprint)
 from jaxrobust.diagnosis import diagnose_traced
+from jaxrobust.engine.propagations import check_cap
 from jaxrobust.evaluation.device_step import _jitted_step, _trace_model
 from jaxrobust.model import model_of, warn_if_captured
 from jaxrobust.report import Report, provenance
@@ -40,7 +41,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
              eps_batch_size: int | None = None, unroll: int | bool = 1,
              chunk_size: int | None = None, allow_large_eps: bool = False,
              certifiers: Mapping[str, Any] | None = None, early_exit: bool = True,
-             diagnose: bool = True) -> Report:
+             diagnose: bool = True, max_propagations: int | None = None) -> Report:
   r"""Evaluates ``logits_fn`` against ``attacks`` over a whole data set, batch by batch.
 
   For each batch and attack this computes the robustness curve of
@@ -92,6 +93,10 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       With a ``mesh`` they select the ``shard_map`` path (each device certifies its own rows).
     diagnose: keep :func:`jaxrobust.diagnose` of the model (of its trace, not run) in the
       report, ``Report.diagnosis``: errors warn and make it unreliable. ``False`` skips it.
+    max_propagations: ``None`` (no cap) or an int: :func:`jaxrobust.robustness_curve`'s cap on
+      every attack's forward plus backward propagations per example and per eps (per example
+      for a minimum-norm attack's one run), as :func:`jaxrobust.run` applies it. It is data: a
+      new value reuses the compiled step. The report's provenance and the checkpoint record it.
 
   Returns:
     A :class:`jaxrobust.Report`, every accuracy with its exact binomial interval, and its
@@ -117,6 +122,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     worst case over attacks).
   """
   start_time = time.perf_counter()
+  _check_cap(max_propagations)
   options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, unroll=unroll,
                        eps_batch_size=eps_batch_size)
   plan = host.plan_run(attacks, epsilons, key, batch_size, mesh, batch_axis, use_shard_map, lower,
@@ -128,7 +134,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   ckpt = None if checkpoint is None else Checkpoint(checkpoint, fingerprint(
       plan.attacks, plan.epsilons, plan.key_data, jax.random.key_impl(plan.key), batch_size,
       plan.lower, plan.upper, keep_per_example, plan.options,
-      (plan.process_index, plan.num_processes), certifiers), state)
+      (plan.process_index, plan.num_processes), certifiers, max_propagations), state)
   resume_at = 0 if ckpt is None else ckpt.resume_at
   model = model_of(logits_fn)  # the parameters as they are now, at call time
   stream, total = host.batches(data, plan.local_batch)
@@ -158,7 +164,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
           bar.update(x.shape[0] * plan.num_processes)
         continue
       if constants is None:
-        constants = _constants(plan, x, allow_large_eps)
+        constants = _constants(plan, x, allow_large_eps, max_propagations)
       check_x_in_box(x, plan.lower, plan.upper)
       check_labels("y", y, num_classes)
       if index is None:
@@ -179,7 +185,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
                        clock["step"], clock["evaluated"], clock["first_n"])
   run = {"batch_size": batch_size, "keep_per_example": keep_per_example,
          **plan.options.provenance(), "use_shard_map": use_shard_map,
-         "devices": 1 if mesh is None else int(mesh.size), "processes": plan.num_processes}
+         "devices": 1 if mesh is None else int(mesh.size), "processes": plan.num_processes,
+         **({} if max_propagations is None else {"max_propagations": int(max_propagations)})}
   return _report(plan, state, timing, run, certifiers, diagnosis)
 
 
@@ -249,15 +256,26 @@ def _diagnose(forward: Any, num_inputs: int) -> Diagnosis | None:
   return diagnosis
 
 
-def _constants(plan: host.Plan, x: np.ndarray, allow_large_eps: bool) -> tuple:
-  """The eps grid (checked against each attack's norm and the input size), key and box, placed
-  once on the devices."""
+def _check_cap(max_propagations: Any) -> None:
+  """A ``ValueError`` for a cap other than ``None`` or a non-negative int."""
+  check_cap(max_propagations)
+  if max_propagations is not None and np.ndim(max_propagations) != 0:
+    raise ValueError("jr.evaluate's max_propagations is one int for every example, got shape "
+                     f"{np.shape(max_propagations)}.")
+
+
+def _constants(plan: host.Plan, x: np.ndarray, allow_large_eps: bool,
+               max_propagations: int | None = None) -> tuple:
+  """The eps grid (checked against each attack's norm and the input size), key, box and cap
+  (``None``: none), placed once on the devices."""
   for attack in plan.attacks.values():
     check_eps(plan.epsilons, None, attack.norm, lower=plan.lower, upper=plan.upper,
               input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
               allow_large_eps=allow_large_eps, name="epsilons")
-  return tuple(host.put(plan, a, False) for a in (
+  placed = tuple(host.put(plan, a, False) for a in (
       plan.epsilons, plan.key_data, np.float32(plan.lower), np.float32(plan.upper)))
+  cap = None if max_propagations is None else host.put(plan, np.int32(max_propagations), False)
+  return placed + (cap,)
 
 
 def _evaluate_batch(step_fn, model, plan: host.Plan, batch: host.HostBatch, constants: tuple,
