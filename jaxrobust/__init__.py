@@ -16,7 +16,7 @@ Examples:
 
 from jaxrobust import (attacks, certify, interop, losses, metrics, plotting, projections, text,
                        training)
-from jaxrobust._types import Attack, AttackResult, Budget, Certificate, Curve, Suite
+from jaxrobust._types import Attack, AttackResult, Budget, Certificate, Curve, Meter, Suite
 from jaxrobust._validation import check_inputs
 from jaxrobust._batch import predict
 from jaxrobust.curves import (CurveConsistency, curve_consistency, curve_from_norms,
@@ -31,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Attack", "AttackResult", "Budget", "Certificate", "Curve", "CurveConsistency", "Report",
     "Suite",
+    "Meter",
     "attacks", "certify", "interop",
     "check_inputs", "curve_consistency", "curve_from_norms", "diagnose", "evaluate",
     "losses", "metrics", "plotting", "predict", "projections", "robustness_curve", "run", "text",

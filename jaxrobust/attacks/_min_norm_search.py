@@ -52,6 +52,16 @@ Inside a step the inner attack runs with early exit (:mod:`jaxrobust.engine.earl
 examples still searching: an example whose search is over, or on which the inner attack has
 already succeeded, stops costing model evaluations (examples are moved together into chunks when
 there are more than a chunk's worth); a step in which no example is searching costs nothing.
+
+The search counts what each example's steps spend (:class:`jaxrobust._types.Meter`,
+:mod:`jaxrobust.engine.propagations`): at step :math:`k`, on an example still searching, the
+inner run's :math:`f_\text{init} + s_k f_\text{step} + f_\text{fin}` forwards (likewise
+backwards) for the :math:`s_k` steps it ran before its early exit, and one forward checking its
+point; an example not searching adds nothing (its rows may be computed, as padding is, but they
+are no example's cost). Under a cap :math:`c` it runs step :math:`k` only while
+:math:`c - \text{spent} \ge p_\text{init} + p_\text{fin} + 1`, and that run's steps
+:math:`s_k \le \lfloor (c - \text{spent} - p_\text{init} - p_\text{fin} - 1) / p_\text{step}
+\rfloor`.
 """
 
 from __future__ import annotations
@@ -291,7 +301,14 @@ def min_norm_search(attack: Attack, *, search_steps: int = 20, init_eps: float |
   (e.g. 20 × 100 forward and backward passes for APGD), plus one forward pass per search step;
   examples whose search is over, or on which a run has already succeeded, stop costing
   (the wrapped attack runs with early exit inside each search step). ``num_steps`` of the
-  returned attack is ``search_steps``.
+  returned attack is ``search_steps``. :func:`jaxrobust.run` reports what each example really
+  spent (``info["propagations"]``): per search step on it, the wrapped attack's ``init`` and
+  ``finalize`` and the steps that run took (a gradient step is a forward and a backward), and
+  one forward for the check of its point; e.g. a failing PGD run of ``T`` steps costs
+  ``T + 2`` forwards and ``T`` backwards. ``max_propagations`` caps that per example: a search
+  step runs only while what is left pays a run's ``init``, ``finalize`` and check, and the run
+  stops its steps within what is left (a run so cut short that fails does not raise
+  :math:`\ell`); a cap at least the uncapped count changes nothing.
 
   Args:
     attack: a fixed-budget :class:`jaxrobust.Attack` (e.g. ``pgd``, ``apgd``, ``fgsm``,

@@ -20,12 +20,20 @@ was run on
 with :math:`s_i` its steps, and :math:`F_i = K_i = 0` for a row it was not run on
 (misclassified, ``eps = 0``, broken by an earlier member of a suite). These are what the
 algorithm spends on the example, whatever the batch, its order, the chunks of compaction and
-their padding rows (which are computed but are no example's cost). A phase whose cost cannot be
-fixed this way (a model call inside a ``cond`` whose branches differ, or inside a
-``while_loop``, as in :func:`jaxrobust.attacks.min_norm_search`) makes the attack uncountable:
-:func:`measure` returns ``None`` and no counts are reported. ``jr.run``'s own clean diagnosis
-and final re-scoring (:mod:`jaxrobust.engine.scoring`) and a suite's checks are not the
-attack's and are not counted (AttackBench does not count its own evaluation either).
+their padding rows (which are computed but are no example's cost). A model call inside a
+fixed-length loop (a ``scan``, a ``fori_loop`` with static bounds) counts its trip count times
+(Brendel-Bethge's start: FMN and FAB runs and a bisection). A phase whose cost cannot be fixed
+this way (a model call inside a ``cond`` whose branches differ, or inside a ``while_loop``)
+makes the attack uncountable: :func:`measure` returns ``None`` and no counts are reported,
+unless the attack counts its steps' propagations itself (:class:`jaxrobust._types.Meter`, as
+:func:`jaxrobust.attacks.min_norm_search` does: each search step adds, per row it searched on,
+what its inner run spent, :math:`f_\text{init} + s f_\text{step} + f_\text{fin}` for the
+:math:`s` steps that row ran under the inner early exit, and one forward for checking the point;
+rows not searching, frozen by the inner or the outer early exit, add nothing). Then
+:math:`F_i = f_\text{init} + F^\text{steps}_i + f_\text{fin}` with the attack's own count of
+its steps (likewise :math:`K_i`). ``jr.run``'s own clean diagnosis and final re-scoring
+(:mod:`jaxrobust.engine.scoring`) and a suite's checks are not the attack's and are not counted
+(AttackBench does not count its own evaluation either).
 
 **The cap.** With a cap :math:`c_i` on :math:`F_i + K_i`, row :math:`i` runs at most
 
@@ -39,7 +47,12 @@ model instead answers a query past the budget with a constant output and a zero 
 counts the best point among the queries it answered; on an attack that keeps its best point
 (every attack here does) that is the same result, except that AttackBench also spends a budget
 left over that is smaller than a whole step (a forward without its backward), which here is
-left unspent, so :math:`F_i + K_i \le c_i` always.
+left unspent, so :math:`F_i + K_i \le c_i` always. An attack that counts its own steps gets
+the allowance :math:`c_i - p_\text{init} - p_\text{fin}` (``Meter.cap``) and stops each row
+within it itself: ``min_norm_search`` runs a search step on a row only while what is left
+covers its inner run's ``init`` and ``finalize`` and the check, and stops that run's steps
+within what is left (a run cut short that fails does not raise the lower end of the bracket).
+A cap at least a row's uncapped count changes nothing there either (no run is cut short).
 
 References:
   Cinà, Rony, Pintor, Demetrio, Demontis, Biggio, Ben Ayed & Roli, *AttackBench: Evaluating
