@@ -190,6 +190,18 @@ def test_nnx_module_gives_the_same_report(nnx_report, reference):
   assert got["attacks"] == reference["attacks"]
 
 
+def test_max_propagations_caps_every_attack(workspace, reference):
+  # 3 propagations per example and eps cover FGSM (a gradient and the last score): its counts
+  # are the uncapped ones. 0 covers no attack: every clean-correct point stays robust.
+  root, _, n = workspace
+  for cap in (3, 0):
+    assert evaluate(root, f"capped{cap}", "--max-propagations", str(cap)) == 0
+  capped = [json.loads((root / f"capped{c}" / "report.json").read_text()) for c in (3, 0)]
+  assert capped[0]["provenance"]["evaluate"]["max_propagations"] == 3
+  assert capped[0]["attacks"]["fgsm"]["robust_count"] == reference["attacks"]["fgsm"]["robust_count"]
+  assert capped[1]["worst_case"]["robust_count"] == [n - 5] * len(EPS)
+
+
 @pytest.mark.parametrize("case, match", [
     ("module raises", "broken() raised RuntimeError: the weights are not where I left them"),
     ("missing y", "has no array 'y' (it has: x)"),
