@@ -198,7 +198,8 @@ def test_max_propagations_caps_every_attack(workspace, reference):
     assert evaluate(root, f"capped{cap}", "--max-propagations", str(cap)) == 0
   capped = [json.loads((root / f"capped{c}" / "report.json").read_text()) for c in (3, 0)]
   assert capped[0]["provenance"]["evaluate"]["max_propagations"] == 3
-  assert capped[0]["attacks"]["fgsm"]["robust_count"] == reference["attacks"]["fgsm"]["robust_count"]
+  fgsm = [r["attacks"]["fgsm"]["robust_count"] for r in (capped[0], reference)]
+  assert fgsm[0] == fgsm[1]
   assert capped[1]["worst_case"]["robust_count"] == [n - 5] * len(EPS)
 
 
