@@ -84,7 +84,8 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
       within them; a row whose cap does not cover the attack's ``init`` and ``finalize`` is not
       attacked. ``info["propagations"]`` reports what each row spent (see
       :mod:`jaxrobust.engine.propagations`). A ``ValueError`` for a negative, float or bool cap,
-      and for an attack whose model calls per step depend on the data.
+      and for an attack whose model calls per step depend on the data and that does not count
+      them itself (``min_norm_search`` does, and stops its runs within the cap).
 
   Returns:
     A :class:`jaxrobust.AttackResult`.

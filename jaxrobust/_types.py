@@ -187,8 +187,9 @@ class AttackResult(NamedTuple):
       and backward propagations through the model the attack spent on it,
       :math:`f_\text{init} + s_i f_\text{step} + f_\text{fin}` for the :math:`s_i` steps row
       :math:`i` ran (0 for rows not attacked; a gradient is one of each; suites sum their
-      members), independent of batch, order and chunking; absent for attacks whose model calls
-      per step depend on the data (:mod:`jaxrobust.engine.propagations`).
+      members; an attack with a :class:`Meter` counts its own steps), independent of batch,
+      order and chunking; absent for attacks whose model calls per step depend on the data and
+      that do not count them (:mod:`jaxrobust.engine.propagations`).
   """
 
   x_adv: Array
