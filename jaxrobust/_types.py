@@ -168,7 +168,7 @@ class Suite(NamedTuple):
 
 
 class AttackResult(NamedTuple):
-  """What ``jr.run`` returns; every field is recomputed from ``x_adv``.
+  r"""What ``jr.run`` returns; every field is recomputed from ``x_adv``.
 
   Attributes:
     x_adv: ``[B, ...]`` adversarial inputs of ``x``'s dtype, finite, inside the box exactly and
