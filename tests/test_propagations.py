@@ -303,6 +303,16 @@ def test_min_norm_search_cap():
     # the capped search runs a prefix of the uncapped one's runs: its answer is never smaller.
     assert np.all(np.asarray(result.norm) >= np.asarray(free.norm))
   np.testing.assert_array_equal(np.asarray(capped[1].x_adv), X)  # cap 0: not attacked
+  # A minimum-norm curve runs the search once, at eps = inf, under the cap: its norms give it.
+  epsilons = jnp.array([0.5 * EPS, EPS, 2 * EPS])
+  curve = jax.jit(lambda w, b, x, y, epsilons, keys, cap: jr.robustness_curve(
+      SEARCH, Linear(w, b).logits_fn, x, y, epsilons, keys, max_propagations=cap))(
+          MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), epsilons, KEYS, jnp.int32(9))
+  norms = np.asarray(capped[0].norm)
+  np.testing.assert_array_equal(np.asarray(curve.robust),
+                                norms[None, :] > np.asarray(epsilons)[:, None])
+  for a, b in zip(counts(curve), counts(capped[0])):
+    np.testing.assert_array_equal(a, b)
 
 
 def test_curve_under_a_cap_is_run_under_it_at_every_eps(early_exit=True):
