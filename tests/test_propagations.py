@@ -11,6 +11,8 @@
   exit (per-example keys).
 * The cap: no count exceeds it; a cap that covers the uncapped run changes nothing (bitwise); a
   small cap never lowers robust accuracy; bad caps are ``ValueError``\\ s.
+* A model call in a fixed-length inner loop counts its trip count times (Brendel-Bethge's
+  start, by hand, traced only).
 * ``min_norm_search`` counts what each row's search steps ran (by hand where every inner run
   fails, so runs all its steps) and takes a cap the same way.
 * A curve under a cap is ``jr.run`` under that cap at every eps (flags and counts, per example
@@ -27,6 +29,7 @@ import pytest
 
 import jaxrobust as jr
 from jaxrobust._batch import fold_in
+from jaxrobust.engine import propagations
 from jaxrobust.evaluation import device_step as evaluate_lib
 from tests.models import Linear, linear_points, random_linear
 
@@ -244,6 +247,19 @@ def test_curve_counts_per_eps():
   # At eps_2 a row broken at eps_1 is skipped (0); a row still robust is attacked.
   robust = np.asarray(curve.robust[1])
   assert np.all(forward[2][~robust] == 0) and np.all(forward[2][robust] > 0)
+
+
+def test_fixed_length_inner_loops_multiply():
+  # Brendel-Bethge's init runs its start attacks in full (a scan: FMN's n gradient steps and its
+  # last score), checks each start (1 forward) and bisects towards it (a fori_loop of m
+  # forwards); its step is one gradient and its finalize one score. Traced only, never run.
+  n, m = 3, 4
+  attack = jr.attacks.brendel_bethge("linf", steps=5, binary_search_steps=m,
+                                     init_attack=(jr.attacks.fmn("linf", steps=n),) * 2)
+  costs = propagations.measure(attack, MODEL.logits_fn, jnp.asarray(X), jnp.asarray(Y),
+                               jr.Budget(jnp.full(BATCH, jnp.inf)), KEYS, None)
+  assert costs.init == (2 * (n + 1 + 1) + m, 2 * n)
+  assert costs.step == (1, 1) and costs.finalize == (1, 0)
 
 
 SEARCH_STEPS, INNER_STEPS = 3, 3
