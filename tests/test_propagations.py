@@ -334,31 +334,40 @@ def test_min_norm_search_cap():
 def test_curve_under_a_cap_is_run_under_it_at_every_eps(early_exit=True):
   attack = jr.attacks.pgd("linf", steps=6)
   epsilons = jnp.array([EPS, 0.0, 0.5 * EPS, 2 * EPS])
-  cap = jnp.int32(5)  # 2 PGD steps and the last score
-  curve = jax.jit(lambda w, b, x, y, epsilons, keys, cap: jr.robustness_curve(
+  eps = np.asarray(epsilons)
+  inputs = (MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), epsilons, KEYS)
+  # One compiled curve and one compiled jr.run, the cap their argument.
+  curve_under = jax.jit(lambda w, b, x, y, epsilons, keys, cap: jr.robustness_curve(
       attack, Linear(w, b).logits_fn, x, y, epsilons, keys, early_exit=early_exit,
-      max_propagations=cap))(MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), epsilons, KEYS,
-                             cap)
+      max_propagations=cap))
   at = jax.jit(lambda w, b, x, y, keys, eps, cap: jr.run(
       attack, Linear(w, b).logits_fn, x, y, jr.Budget(eps), keys, early_exit=early_exit,
       max_propagations=cap))
-  alone = [at(MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), fold_in(KEYS, jnp.uint32(k)),
-              eps, cap) for k, eps in enumerate(epsilons)]
-  broken = np.stack([np.asarray(r.success) for r in alone])  # every point is clean-correct
-  eps = np.asarray(epsilons)
-  worst = np.stack([broken[eps <= e].any(0) for e in eps])
-  np.testing.assert_array_equal(np.asarray(curve.robust), ~worst)
-  free = run(attack, early_exit=early_exit)  # the cap bites: fewer points broken at EPS
-  assert broken[0].sum() < np.asarray(free.success).sum()
-  forward, backward = counts(curve)
-  assert np.all(forward + backward <= int(cap))
-  for k in range(len(eps)):
-    expected = [c for c in counts(alone[k])]
-    if early_exit:  # cross-eps skipping: a row broken at a smaller eps is not run again
-      skipped = broken[eps < eps[k]].any(0)
-      expected = [np.where(skipped, 0, c) for c in expected]
-    np.testing.assert_array_equal(forward[k], expected[0])
-    np.testing.assert_array_equal(backward[k], expected[1])
+  curves = {}
+  for cap in (1, 5):  # the random start and its score; 2 PGD steps and the last score
+    curve = curves[cap] = curve_under(*inputs, jnp.int32(cap))
+    alone = [at(MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), fold_in(KEYS, jnp.uint32(k)),
+                e, jnp.int32(cap)) for k, e in enumerate(epsilons)]
+    broken = np.stack([np.asarray(r.success) for r in alone])  # every point is clean-correct
+    worst = np.stack([broken[eps <= e].any(0) for e in eps])
+    np.testing.assert_array_equal(np.asarray(curve.robust), ~worst)
+    forward, backward = counts(curve)
+    assert np.all(forward + backward <= cap)
+    for k in range(len(eps)):
+      expected = counts(alone[k])
+      if early_exit:  # cross-eps skipping: a row broken at a smaller eps is not run again
+        skipped = broken[eps < eps[k]].any(0)
+        expected = [np.where(skipped, 0, c) for c in expected]
+      np.testing.assert_array_equal(forward[k], expected[0])
+      np.testing.assert_array_equal(backward[k], expected[1])
+  # The cap bites (fewer points broken), and a cap covering every count changes nothing, bitwise.
+  free = jax.jit(lambda w, b, x, y, epsilons, keys: jr.robustness_curve(
+      attack, Linear(w, b).logits_fn, x, y, epsilons, keys, early_exit=early_exit))(*inputs)
+  assert np.all(np.asarray(curves[1].robust_accuracy) >= np.asarray(free.robust_accuracy))
+  assert np.any(np.asarray(curves[1].robust_accuracy) > np.asarray(free.robust_accuracy))
+  covered = curve_under(*inputs, jnp.int32(2 * 6 + 1))
+  for a, b in zip(jax.tree.leaves(free), jax.tree.leaves(covered)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_evaluate_under_a_cap_is_the_curve():
@@ -370,13 +379,13 @@ def test_evaluate_under_a_cap_is_the_curve():
                                      epsilons=epsilons, key=key, batch_size=BATCH,
                                      progress=False, keep_per_example=True,
                                      max_propagations=cap, diagnose=False)
-  report = evaluate(5)
-  assert report.provenance["evaluate"]["max_propagations"] == 5
+  report = evaluate(1)  # the cap bites: the random start only
+  assert report.provenance["evaluate"]["max_propagations"] == 1
   keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(BATCH, dtype=jnp.uint32))
   curve = jax.jit(lambda w, b, x, y, epsilons, keys, cap: jr.robustness_curve(
       attack, Linear(w, b).logits_fn, x, y, epsilons, keys, max_propagations=cap))(
           MODEL.w, MODEL.b, jnp.asarray(X), jnp.asarray(Y), jnp.asarray(epsilons), keys,
-          jnp.int32(5))
+          jnp.int32(1))
   np.testing.assert_array_equal(report.per_example["robust"][0], np.asarray(curve.robust))
   # The cap is data: another value reuses the compiled step.
   steps = len(evaluate_lib._STEP_CACHE)
