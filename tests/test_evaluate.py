@@ -421,6 +421,8 @@ def test_checkpoint_refuses_another_run(setup, tmp_path):
     run(setup, checkpoint=path, key=jax.random.key(99))
   with pytest.raises(ValueError, match="batch_size"):
     run(setup, checkpoint=path, batch_size=4)
+  with pytest.raises(ValueError, match="max_propagations"):  # a cap changes the verdicts
+    run(setup, checkpoint=path, max_propagations=10)
   # Same attack names and descriptions, another step size: caught by the configuration digest.
   other = {"pgd": jr.attacks.pgd("linf", steps=3, step_size=0.5), "fgsm": attacks["fgsm"]}
   assert other["pgd"].name == attacks["pgd"].name
