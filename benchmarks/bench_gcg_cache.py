@@ -18,13 +18,17 @@ logits checked equal) that also takes and returns Hugging Face's legacy key/valu
 (``past_key_values``, per layer ``(keys, values)`` of ``[N, H, P, D/H]``), with
 ``filter_ids=False`` (its per-step decode and re-tokenisation of every candidate, a no-op for
 this word-level vocabulary) and its per-batch ``gc.collect()`` disabled, so that both sides do the
-same arithmetic; ``--nanogcg-as-shipped`` adds one run with both on. Both sides run with all
-``search_width`` candidates in one pass (their default) and in chunks of ``--chunk-size``
+same arithmetic per scored row; ``--nanogcg-as-shipped`` adds one run with both on.
+jaxrobust scores each distinct candidate once (``gcg(dedupe=True)``, its default: here at most
+``suffix_length * topk`` = 192 rows of the 512 draws) and, cached, also every draw
+(``dedupe=False``: nanoGCG's arithmetic, like for like; ``--skip-all-draws`` leaves it out);
+nanoGCG scores all 512. Both sides run with all
+(distinct) candidates in one pass (their default) and in chunks of ``--chunk-size``
 (jaxrobust's ``chunk_size``, nanoGCG's ``batch_size``): on a CPU the chunks' working set fits the
 caches. jaxrobust runs one prompt per call (and, chunked, all prompts in one call); time of the
-best of ``--repeats`` calls after a compiling one. Reported beside each time: the model passes
-of a step (the gradient pass and the ``search_width`` candidates) and the tokens they run, and
-the load average.
+best of ``--repeats`` calls after a compiling one. Reported beside each time: the rows a step
+scores on each side, the model passes of a step without dedupe (the gradient pass and the
+``search_width`` candidates) and the tokens they run, and the load average.
 
 Usage::
 
@@ -83,9 +87,10 @@ def problems(args):
           "long": (long_lm, long_prompts.astype(np.int32), target, allowed, init)}
 
 
-def jax_runs(model, prompts, target, allowed, init, *, cached, chunk_size, batch, args):
+def jax_runs(model, prompts, target, allowed, init, *, cached, chunk_size, batch, args,
+             dedupe=True):
   attack = jr_text.gcg(suffix_length=init.size, steps=args.steps, search_width=args.width,
-                       topk=args.topk, chunk_size=chunk_size)
+                       topk=args.topk, chunk_size=chunk_size, dedupe=dedupe)
   graphdef, state = nnx.split(model)
   after = text_data.instruction_ids(["response:"])
 
@@ -115,6 +120,7 @@ def jax_runs(model, prompts, target, allowed, init, *, cached, chunk_size, batch
       times.append(time.perf_counter() - t0)
     num = int(call[1].shape[0])
     out[label] = {"prompts": num, "seconds": min(times), "compile_seconds": first - min(times),
+                  "dedupe": dedupe, "rows_per_prompt_step": attack.scored_rows + 1,
                   "ms_per_prompt_step": 1e3 * min(times) / args.steps / num,
                   "loss": np.asarray(result.loss).tolist(),
                   "suffix": np.asarray(result.suffix).tolist(), "load": load_average()}
@@ -215,6 +221,7 @@ def nanogcg_runs(nanogcg, model, prompts, *, cached, batch_size, as_shipped, arg
       nanogcg.gcg.gc.collect = collect
     if timed:
       runs.append({"ms_per_step": 1e3 * seconds / args.steps,
+                 "rows_per_step": args.width + 1,  # every draw and the gradient pass
                    "best_loss": float(result.best_loss)})
   return {"use_prefix_cache": cached, "filter_ids_and_gc": as_shipped, "runs": runs,
           "batch_size": batch_size,
@@ -262,6 +269,9 @@ def main(argv=None):
                            "search_width candidates in one pass, both sides' default)")
   parser.add_argument("--nanogcg-as-shipped", action="store_true")
   parser.add_argument("--skip-nanogcg", action="store_true")
+  parser.add_argument("--skip-all-draws", action="store_true",
+                      help="skip jaxrobust's cached runs with dedupe=False (every one of the "
+                           "--width draws scored, as nanoGCG does)")
   parser.add_argument("--settings", nargs="+", choices=["demo", "long"], default=["demo", "long"])
   parser.add_argument("--out", type=pathlib.Path, default=None)
   args = parser.parse_args(argv)
@@ -277,6 +287,10 @@ def main(argv=None):
       out[f"jaxrobust_{'cached' if cached else 'whole'}_{chunk}"] = jax_runs(
         model, prompts, target, allowed, init, cached=cached, chunk_size=size,
         batch=size is not None, args=args)
+      if cached and not args.skip_all_draws:  # like-for-like: every draw scored, as nanoGCG
+        out[f"jaxrobust_cached_{chunk}_all_draws"] = jax_runs(
+          model, prompts, target, allowed, init, cached=True, chunk_size=size, batch=False,
+          args=args, dedupe=False)
     if nanogcg is not None:
       out["port_max_abs_logit_difference"] = port_error(model, prompts)
       few = prompts[:args.nanogcg_prompts]
@@ -310,12 +324,20 @@ def print_summary(report):
         print(f"  jaxrobust {chunk} {label} ({c['prompts']}): cached "
               f"{c['ms_per_prompt_step']:.1f} ms, whole {w['ms_per_prompt_step']:.1f} ms per "
               f"prompt-step (ratio {c['ms_per_prompt_step'] / w['ms_per_prompt_step']:.2f}); "
+              f"{c.get('rows_per_prompt_step', '?')} rows per prompt-step; "
               f"same suffixes {c['suffix'] == w['suffix']}, max |loss diff| {gap:.1e}, mean "
               f"loss {np.mean(c['loss']):.4f}; compile {c['compile_seconds']:.1f} s; load "
               f"{c['load']}")
+      if f"jaxrobust_cached_{chunk}_all_draws" in out:
+        c, a = cached["one_prompt"], out[f"jaxrobust_cached_{chunk}_all_draws"]["one_prompt"]
+        print(f"  jaxrobust {chunk} one_prompt cached, every draw scored (dedupe=False): "
+              f"{a['ms_per_prompt_step']:.1f} ms per prompt-step, {a['rows_per_prompt_step']} "
+              f"rows; same suffixes as dedupe {a['suffix'] == c['suffix']}, losses bitwise "
+              f"equal {a['loss'] == c['loss']}; load {a['load']}")
     for key, n in out.items():
       if key.startswith("nanogcg"):
-        print(f"  {key}: {n['ms_per_prompt_step']:.1f} ms per prompt-step, mean best loss "
+        print(f"  {key}: {n['ms_per_prompt_step']:.1f} ms per prompt-step, "
+              f"{n['runs'][0].get('rows_per_step', '?')} rows per step, mean best loss "
               f"{np.mean([r['best_loss'] for r in n['runs']]):.4f}; load {n['load']}")
     if "nanogcg_cached_all" in out:
       best_peer = min(out[f"nanogcg_cached_{c}"]["ms_per_prompt_step"] for c in ("all", "chunked"))
@@ -324,6 +346,10 @@ def print_summary(report):
         peer = out[f"nanogcg_cached_{chunk}"]["ms_per_prompt_step"]
         print(f"  ratio jaxrobust cached / nanoGCG cached, {chunk}: {ours / peer:.2f} (vs "
               f"nanoGCG's faster chunking: {ours / best_peer:.2f})")
+        if f"jaxrobust_cached_{chunk}_all_draws" in out:
+          alike = out[f"jaxrobust_cached_{chunk}_all_draws"]["one_prompt"]["ms_per_prompt_step"]
+          print(f"    every draw scored (dedupe=False, like-for-like arithmetic), {chunk}: "
+                f"{alike / peer:.2f} (vs nanoGCG's faster chunking: {alike / best_peer:.2f})")
 
 
 if __name__ == "__main__":

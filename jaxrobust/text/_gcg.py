@@ -20,7 +20,11 @@ vocabulary. One step, for each example:
 3. **Candidates.** ``search_width`` copies of the current suffix, each with ``n_replace``
    distinct positions drawn uniformly and each of those set to a uniform draw from its top-k.
 4. **Exact re-scoring.** The loss of every candidate by forward passes (``chunk_size`` candidates
-   per example at a time, so memory is that of ``B * chunk_size`` sequences).
+   per example at a time, so memory is that of ``B * chunk_size`` sequences). With ``dedupe``
+   (the default) each distinct candidate is scored once and its draws share its loss: at most
+   ``comb(S, n_replace) * topk ** n_replace`` candidates are distinct (``S * topk`` for
+   ``n_replace=1``), so when that is below ``search_width`` a step scores that many rows
+   instead (``GCG.scored_rows``; :mod:`jaxrobust.text._gcg_distinct`), with the same results.
 5. **Move.** The current suffix becomes the candidate of lowest loss, even when that is worse
    than the current one (Zou et al.'s Algorithm 1 and nanoGCG without a buffer).
 
@@ -155,6 +159,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from jaxrobust._batch import as_keys, like_batch, one_hot_mask
 from jaxrobust._validation import check_bool, check_positive_int
 from jaxrobust.text._gcg_checks import call_after_prefix, check_gcg_inputs
+from jaxrobust.text._gcg_distinct import distinct_bound, distinct_rows
 
 Array = jax.Array
 
@@ -186,17 +191,30 @@ class GCG(NamedTuple):
   n_replace: int = 1
   chunk_size: Optional[int] = None
   early_stop: bool = False
+  dedupe: bool = True
   name: str = "gcg"
   config: Optional[str] = None
 
+  @property
+  def scored_rows(self) -> int:
+    """Candidate rows scored per step and example: ``search_width``, or with ``dedupe`` the
+    bound ``min(search_width, comb(suffix_length, n_replace) * topk ** n_replace)`` on the
+    distinct ones."""
+    if not self.dedupe:
+      return self.search_width
+    return distinct_bound(self.search_width, self.suffix_length, self.topk, self.n_replace)
+
 
 def gcg(*, suffix_length: int = 20, steps: int = 250, search_width: int = 512, topk: int = 256,
-        n_replace: int = 1, chunk_size: Optional[int] = None, early_stop: bool = False) -> GCG:
+        n_replace: int = 1, chunk_size: Optional[int] = None, early_stop: bool = False,
+        dedupe: bool = True) -> GCG:
   """Greedy Coordinate Gradient (Zou et al. 2023) with nanoGCG's defaults; run it with
   :func:`run_gcg` (the module docstring has the algorithm and its conventions).
 
   Each step costs one forward and backward pass on the current suffix and ``search_width``
-  forward passes per example.
+  forward passes per example, or fewer with ``dedupe``: with ``n_replace=1`` at most
+  ``suffix_length * topk`` distinct candidates exist, so a step scores ``GCG.scored_rows =
+  min(search_width, suffix_length * topk)`` rows.
 
   Args:
     suffix_length: ``S``, the number of adversarial tokens.
@@ -205,21 +223,31 @@ def gcg(*, suffix_length: int = 20, steps: int = 250, search_width: int = 512, t
     topk: tokens kept per position from the token gradient (at most the vocabulary size ``V``,
       checked by :func:`run_gcg`).
     n_replace: positions changed in each candidate (``1 <= n_replace <= suffix_length``).
-    chunk_size: candidates per example in one forward pass (``None``: all ``search_width`` at
-      once). Results do not depend on it; peak memory is that of ``B * chunk_size`` sequences.
+    chunk_size: at most this many candidates per example in one forward pass (``None``: all
+      ``scored_rows`` at once), in equal chunks (the fewest that allows). Results do not depend
+      on it; peak memory is that of ``B * chunk_size`` sequences.
     early_stop: stop changing an example once its best suffix succeeds (see the module
       docstring); the returned suffix then keeps the loss it had when it first succeeded.
+    dedupe: score each distinct candidate suffix of a step once and give every draw of it that
+      loss (``False``: score all ``search_width`` draws, as nanoGCG does). The same losses,
+      suffixes and results either way (the same rows are scored, each once instead of once per
+      draw); it saves passes only where fewer distinct candidates than ``search_width`` can
+      exist: ``math.comb(suffix_length, n_replace) * topk ** n_replace < search_width``.
 
   Returns:
     A :class:`GCG` configuration.
 
   Raises:
     ValueError: for a non-positive count, ``n_replace > suffix_length`` or a non-bool
-      ``early_stop``.
+      ``early_stop`` or ``dedupe``.
 
   Examples:
     >>> gcg(suffix_length=4, steps=10, search_width=8, topk=4).search_width
     8
+    >>> gcg(suffix_length=6, topk=32).scored_rows  # 512 draws, at most 6 * 32 distinct ones
+    192
+    >>> gcg(suffix_length=6, topk=32, dedupe=False).scored_rows
+    512
     >>> gcg(suffix_length=2, n_replace=3)
     Traceback (most recent call last):
     ...
@@ -240,8 +268,10 @@ distinct suffix positions.
   if chunk_size is not None:
     chunk_size = check_positive_int("chunk_size (None or an int)", chunk_size)
   early_stop = check_bool("early_stop", early_stop)
+  dedupe = check_bool("dedupe", dedupe)
   settings = dict(suffix_length=suffix_length, steps=steps, search_width=search_width, topk=topk,
-                  n_replace=n_replace, chunk_size=chunk_size, early_stop=early_stop)
+                  n_replace=n_replace, chunk_size=chunk_size, early_stop=early_stop,
+                  dedupe=dedupe)
   name = f"gcg-{suffix_length}tok-{steps}x{search_width}-top{topk}"
   return GCG(**settings, name=name, config=json.dumps({"factory": "gcg", **settings}))
 
@@ -335,12 +365,15 @@ def _score(problem: _Problem, suffixes: Array) -> tuple[Array, Array]:
 
 def _score_in_chunks(problem: _Problem, suffixes: Array, chunk_size: Optional[int]
                      ) -> tuple[Array, Array]:
-  """:func:`_score` on ``[B, W, S]`` suffixes, ``chunk_size`` per example at a time (the last
-  chunk padded with copies of the first suffix, whose scores are dropped)."""
+  """:func:`_score` on ``[B, W, S]`` suffixes, at most ``chunk_size`` per example at a time: the
+  fewest chunks that allows, of equal size (192 rows in chunks of at most 128: two of 96, not
+  128 + 64 padded to 128), the last one padded with copies of the first suffix, whose scores are
+  dropped."""
   batch, width, length = suffixes.shape
   if chunk_size is None or chunk_size >= width:
     return _score(problem, suffixes)
   chunks = -(-width // chunk_size)
+  chunk_size = -(-width // chunks)
   pad = chunks * chunk_size - width
   padded = jnp.concatenate(
       [suffixes, jnp.broadcast_to(suffixes[:, :1], (batch, pad, length))], axis=1)
@@ -348,6 +381,19 @@ def _score_in_chunks(problem: _Problem, suffixes: Array, chunk_size: Optional[in
   loss, success = lax.map(lambda c: _score(problem, c), per_chunk)  # [chunks, B, chunk]
   unchunk = lambda a: a.transpose(1, 0, 2).reshape(batch, chunks * chunk_size)[:, :width]
   return unchunk(loss), unchunk(success)
+
+
+def _score_candidates(problem: _Problem, attack: GCG, candidates: Array) -> tuple[Array, Array]:
+  """``(loss, success)`` ``[B, W]`` of the step's draws ``[B, W, S]``: with ``attack.dedupe`` (and
+  fewer possible distinct candidates than draws) each distinct candidate is scored once, in
+  ``attack.scored_rows`` rows per example (:func:`distinct_rows`), and every draw gets its
+  candidate's scores; otherwise every draw is scored."""
+  rows = attack.scored_rows
+  if rows >= attack.search_width:
+    return _score_in_chunks(problem, candidates, attack.chunk_size)
+  unique, inverse = jax.vmap(lambda c: distinct_rows(c, rows))(candidates)  # [B, D, S], [B, W]
+  loss, success = _score_in_chunks(problem, unique, attack.chunk_size)  # [B, D]
+  return jax.vmap(lambda l, s, i: (l[i], s[i]))(loss, success, inverse)
 
 
 def _token_scores(problem: _Problem, suffix: Array, allowed: Array) -> Array:
@@ -407,7 +453,7 @@ def _step(problem: _Problem, attack: GCG, allowed: Array, step_keys: Array, stat
   candidates = jax.vmap(
       lambda k, s, c: _sample_candidates(k, s, c, num_choices, attack=attack))(
           keys, scores, state.current)  # [B, W, S]
-  loss, success = _score_in_chunks(problem, candidates, attack.chunk_size)
+  loss, success = _score_candidates(problem, attack, candidates)
   loss = jnp.where(jnp.isnan(loss), jnp.inf, loss)
   lowest = jnp.argmin(loss, axis=1).astype(jnp.int32)
   # The step's best by (success, loss): a succeeding candidate of higher loss beats the others.
