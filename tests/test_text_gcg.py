@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from jaxrobust.text import GCGResult, gcg, run_gcg
-from jaxrobust.text._gcg import check_gcg_inputs
+from jaxrobust.text._gcg import _score_candidates, _score_in_chunks, check_gcg_inputs, prepare
+from jaxrobust.text._gcg_distinct import distinct_rows
 
 V, B, T = 32, 8, 2
 PROMPT_LENGTH = 3
@@ -230,6 +231,80 @@ def test_chunked_candidates_equal_unchunked():
   parts = attack_with(table(m, n), target, jax.random.key(1), attack=chunked)
   for a, b in zip(whole, parts):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# Far more draws than distinct candidates: 2 * 3 = 6 single-token changes (n_replace=1) and
+# comb(3, 2) * 2**2 = 12 double ones, for 16 draws. Scored in chunks whose shape the reference
+# (every draw scored, dedupe=False) shares: 6 rows as 2 chunks of 3 against 16 as 6 of 3, 12 as
+# 3 of 4 against 16 as 4 of 4. XLA may round a loss differently in a pass of another row count
+# (1 ulp seen for 16 rows against 6 at once), not in passes of one shape.
+DEDUPED = gcg(suffix_length=2, steps=6, search_width=16, topk=3, chunk_size=3)
+PAIRS = gcg(suffix_length=3, steps=6, search_width=16, topk=2, n_replace=2, chunk_size=4)
+ROWS_SEEN = []  # rows per model call, recorded when traced
+
+
+def counting_lm(embeds):
+  ROWS_SEEN.append(embeds.shape[0])
+  return shift_lm(embeds)
+
+
+def test_distinct_rows_finds_each_candidate_once_in_order_of_first_draw():
+  rows = np.random.default_rng(0).integers(0, 3, (4, 40, 2)).astype(np.int32)  # <= 9 distinct
+  find = jax.jit(jax.vmap(lambda r: distinct_rows(r, 12)), compiler_options=COMPILE_FAST)
+  unique, inverse = find(jnp.asarray(rows))
+  unique, inverse = np.asarray(unique), np.asarray(inverse)
+  for r, u, i in zip(rows, unique, inverse):
+    order = list(dict.fromkeys(map(tuple, r.tolist())))  # distinct rows, first draw first
+    assert [tuple(x) for x in u[:len(order)].tolist()] == order
+    np.testing.assert_array_equal(u[i], r)
+    np.testing.assert_array_equal(u[len(order):], np.broadcast_to(r[0], (12 - len(order), 2)))
+    assert i.max() == len(order) - 1
+
+
+def test_dedupe_is_bitwise_the_search_that_scores_every_draw():
+  # n_replace=2 here; n_replace=1 below and in tests/test_text_gcg_cache.py (segments).
+  m, n, target = random_model(5)
+  keys = jax.random.split(jax.random.key(4), B)
+  attack, every = PAIRS, PAIRS._replace(dedupe=False)
+  assert (attack.scored_rows, every.scored_rows) == (12, 16)
+  deduped = attack_with(table(m, n), target, keys, attack=attack)
+  reference = attack_with(table(m, n), target, keys, attack=every)
+  for a, b in zip(deduped, reference):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  check_against_numpy(m, n, target, deduped)
+
+
+def test_every_draw_gets_the_loss_of_its_distinct_candidate():
+  """One step's scores, on draws with many repeats (copies of the current suffix included): the
+  deduplicated path against scoring every draw, bitwise in passes of one shape; and the row
+  counts the model is traced with."""
+  m, n, target = random_model(6)
+  rng = np.random.default_rng(2)
+  # As n_replace=1 draws: one of 2 positions set to one of 3 tokens, often the current one.
+  current = rng.integers(0, 3, (B, 1, 2))
+  at = rng.integers(0, 2, (B, DEDUPED.search_width, 1)) == np.arange(2)
+  draws = np.where(at, rng.integers(0, 3, (B, DEDUPED.search_width, 1)), current)
+  draws = draws.astype(np.int32)
+  assert all(len(set(map(tuple, d.tolist()))) <= DEDUPED.scored_rows < len(d) for d in draws)
+  ROWS_SEEN.clear()
+
+  @functools.partial(jax.jit, compiler_options=COMPILE_FAST)
+  def scores(embedding, prompt, target, draws):
+    problem = prepare(DEDUPED, counting_lm, embedding, prompt, target, jax.random.key(0),
+                      allowed=None, init_suffix=None, after_suffix=None, target_mask=None,
+                      context_length=None, prefix_fn=None)[0]
+    return (_score_candidates(problem, DEDUPED, draws),  # 2 chunks of 3 distinct rows
+            _score_in_chunks(problem, draws, 3),  # every draw: 6 chunks of 3
+            _score_candidates(problem, DEDUPED._replace(chunk_size=None), draws),  # 6 at once
+            _score_in_chunks(problem, draws, None))  # every draw at once: 16
+
+  out = scores(table(m, n), jnp.asarray(PROMPT), jnp.asarray(target), jnp.asarray(draws))
+  (loss, success), (every_loss, every_success), (whole_loss, _), (all_loss, _) = out
+  np.testing.assert_array_equal(np.asarray(loss), np.asarray(every_loss))
+  np.testing.assert_array_equal(np.asarray(success), np.asarray(every_success))
+  np.testing.assert_array_equal(np.asarray(whole_loss), np.asarray(loss))
+  np.testing.assert_allclose(np.asarray(all_loss), np.asarray(loss), rtol=1e-6)
+  assert sorted(set(ROWS_SEEN)) == [B, B * 3, B * 6, B * 16]  # B: the input check's trace
 
 
 def test_batch_sharded_on_eight_devices_equals_one_device():

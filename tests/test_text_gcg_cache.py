@@ -24,7 +24,9 @@ from jaxrobust.text import (GCGState, gcg, gcg_segment, load_gcg_state, run_gcg,
 
 V, B, P, A, T, CONTEXT = 24, 8, 6, 2, 3, 16
 COMPILE_FAST = {"xla_backend_optimization_level": 0}
-ATTACK = gcg(suffix_length=3, steps=4, search_width=8, topk=6, chunk_size=3)  # chunks 3 + 3 + 2
+# 24 draws, at most 3 * 6 = 18 distinct (dedupe, the default): 18 rows per step, in chunks of at
+# most 7, that is three of 6.
+ATTACK = gcg(suffix_length=3, steps=4, search_width=24, topk=6, chunk_size=7)
 RNG = np.random.default_rng(0)
 PROMPT, TARGET, AFTER = (RNG.integers(0, V, (B, n)).astype(np.int32) for n in (P, T, A))
 
@@ -93,6 +95,7 @@ def test_cached_run_equals_the_whole_sequence_run_and_computes_the_prefix_once(c
   CALLS.clear()
   cached = jax.block_until_ready(attack_fn(*inputs(), cached=True))
   assert len(CALLS) == 1  # 4 steps x (1 gradient + 3 chunks) passes, one prefix computation
+  assert ATTACK.scored_rows == 18
   assert set(SEEN_LENGTHS) == {ATTACK.suffix_length + A + T}  # the prompt is never re-run
   whole = attack_fn(*inputs(), cached=False)
   assert_same(cached, whole)
@@ -125,12 +128,14 @@ def test_cached_batch_sharded_on_eight_devices_equals_one_device(cached_result):
   assert_same(cached_result, sharded)
 
 
-SEGMENTED = gcg(suffix_length=3, steps=6, search_width=8, topk=6, early_stop=True)
+# 18 rows (at most 3 * 6 distinct of 24 draws) in 3 chunks of 6; dedupe=False scores all 24 in
+# 4 chunks of the same shape (XLA may round a pass of another row count differently).
+SEGMENTED = gcg(suffix_length=3, steps=6, search_width=24, topk=6, chunk_size=6, early_stop=True)
 
 
-@functools.partial(jax.jit, static_argnames=("steps",), compiler_options=COMPILE_FAST)
-def segment_fn(weights, prompt, target, after, keys, state, *, steps):
-  return gcg_segment(SEGMENTED, functools.partial(cached_lm, weights),
+@functools.partial(jax.jit, static_argnames=("steps", "attack"), compiler_options=COMPILE_FAST)
+def segment_fn(weights, prompt, target, after, keys, state, *, steps, attack=SEGMENTED):
+  return gcg_segment(attack, functools.partial(cached_lm, weights),
                      weights["embed"]["embedding"][...], prompt, target, keys, steps=steps,
                      state=state, after_suffix=after, context_length=CONTEXT,
                      prefix_fn=functools.partial(prefix_fn, weights))
@@ -149,12 +154,25 @@ def test_segments_equal_one_run_and_resume_from_a_file(tmp_path):
       state = None
       state = load_gcg_state(path, SEGMENTED)
       assert isinstance(state, GCGState) and int(state.step) == 2
+      after_first = state
   for mine, theirs in zip(whole, state):
     np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
   np.testing.assert_array_equal(np.asarray(load_gcg_state(path, SEGMENTED).best), whole.best)
   # The same search as run_gcg's (which re-scores the best suffix at the end).
   full = attack_fn(*inputs(), cached=True, attack=SEGMENTED)
   assert_same(whole.result(), full)
+  # Steps 3 to 6 again, scoring every draw (dedupe=False: 24 rows a step, not 18): the same
+  # search bitwise (the same candidate losses, which best_loss records, moves and best
+  # suffixes). A file saved with either setting resumes with the other.
+  every = gcg(suffix_length=3, steps=6, search_width=24, topk=6, chunk_size=6, early_stop=True,
+              dedupe=False)
+  assert every.scored_rows == 24
+  reference = after_first
+  for _ in range(2):
+    reference = segment_fn(*inputs(), reference, steps=2, attack=every)
+  for mine, theirs in zip(whole, reference):
+    np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
+  np.testing.assert_array_equal(np.asarray(load_gcg_state(path, every).best), whole.best)
 
 
 def test_inconsistent_cache_and_state_raise_clear_errors(tmp_path):

@@ -24,7 +24,8 @@ vocabulary. One step, for each example:
    (the default) each distinct candidate is scored once and its draws share its loss: at most
    ``comb(S, n_replace) * topk ** n_replace`` candidates are distinct (``S * topk`` for
    ``n_replace=1``), so when that is below ``search_width`` a step scores that many rows
-   instead (``GCG.scored_rows``; :mod:`jaxrobust.text._gcg_distinct`), with the same results.
+   instead (``GCG.scored_rows``; :mod:`jaxrobust.text._gcg_distinct`), with the same results
+   up to float rounding (see :func:`gcg`'s ``dedupe``).
 5. **Move.** The current suffix becomes the candidate of lowest loss, even when that is worse
    than the current one (Zou et al.'s Algorithm 1 and nanoGCG without a buffer).
 
@@ -229,10 +230,14 @@ def gcg(*, suffix_length: int = 20, steps: int = 250, search_width: int = 512, t
     early_stop: stop changing an example once its best suffix succeeds (see the module
       docstring); the returned suffix then keeps the loss it had when it first succeeded.
     dedupe: score each distinct candidate suffix of a step once and give every draw of it that
-      loss (``False``: score all ``search_width`` draws, as nanoGCG does). The same losses,
-      suffixes and results either way (the same rows are scored, each once instead of once per
-      draw); it saves passes only where fewer distinct candidates than ``search_width`` can
-      exist: ``math.comb(suffix_length, n_replace) * topk ** n_replace < search_width``.
+      loss (``False``: score all ``search_width`` draws, as nanoGCG does). The same search either
+      way: the same rows are scored, each once instead of once per draw, and the lowest loss's
+      first draw moves. Only float rounding can differ: XLA may round a loss in a pass of
+      another row count differently in the last bit (as for another ``chunk_size``), which
+      matters only for candidates tied to within that; with passes of one shape (a
+      ``chunk_size`` dividing both counts) the losses are bitwise equal. It saves passes only
+      where fewer distinct candidates than ``search_width`` can exist:
+      ``math.comb(suffix_length, n_replace) * topk ** n_replace < search_width``.
 
   Returns:
     A :class:`GCG` configuration.

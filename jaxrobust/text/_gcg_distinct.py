@@ -14,7 +14,10 @@ draws, which are uniform over the 192 (position, rank) pairs: about
 repeat an earlier one.
 Scoring the ``D`` distinct rows once and giving each draw its row's loss does the same
 arithmetic on each row, so the step's losses, its argmin (the first draw of the lowest loss, as
-before) and its move are unchanged.
+before) and its move are unchanged, up to float rounding: XLA may round a pass of ``D`` rows
+differently from one of ``W`` rows in the last bit (1 ulp seen on CPU for 16 rows against 6);
+passes of one shape give bitwise equal losses. All draws of one candidate share one loss, so a
+tie between them always goes to the first draw.
 
 :func:`distinct_rows` finds, for every draw, the first draw equal to it (an all-pairs comparison
 of the ``[W, S]`` token rows: ``W^2 S`` integer comparisons, negligible beside ``D`` forward

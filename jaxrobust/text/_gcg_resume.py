@@ -149,13 +149,20 @@ def save_gcg_state(path: os.PathLike | str, state: GCGState, attack: GCG) -> Non
   _checkpoint.save(path, header, arrays)
 
 
+def _search_settings(config: dict) -> dict:
+  """An attack's configuration less ``dedupe``, which changes how many rows a step scores but
+  not the search (a state saved with either value, or before the option existed, resumes with
+  either)."""
+  return {name: value for name, value in config.items() if name != "dedupe"}
+
+
 def load_gcg_state(path: os.PathLike | str, attack: GCG) -> Optional[GCGState]:
   """The :class:`GCGState` saved at ``path`` by :func:`save_gcg_state`, or ``None`` if there is
   no file (a run not started yet).
 
   Raises:
     ValueError: the file is not a saved GCG state, or was saved for another configuration than
-      ``attack``'s.
+      ``attack``'s (``dedupe`` aside: it does not change the search).
   """
   if not isinstance(attack, GCG):
     raise ValueError(f"attack must come from jr.text.gcg(...), got {type(attack).__name__}.")
@@ -165,7 +172,7 @@ def load_gcg_state(path: os.PathLike | str, attack: GCG) -> Optional[GCGState]:
   header, arrays = loaded
   if header.get("format") != _FORMAT or set(arrays) != set(GCGState._fields):
     raise ValueError(f"{path} is not a GCG state written by jr.text.save_gcg_state.")
-  if header["attack"] != json.loads(attack.config):
+  if _search_settings(header["attack"]) != _search_settings(json.loads(attack.config)):
     raise ValueError(f"{path} holds a GCG state of another attack configuration "
                      f"({header['attack']}), not {attack.config}: resume with the attack that "
                      f"started the run, or use another path.")
