@@ -192,9 +192,9 @@ class GCG(NamedTuple):
   n_replace: int = 1
   chunk_size: Optional[int] = None
   early_stop: bool = False
-  dedupe: bool = True
   name: str = "gcg"
   config: Optional[str] = None
+  dedupe: bool = True  # last: a field added after name and config keeps their positions
 
   @property
   def scored_rows(self) -> int:
