@@ -32,7 +32,7 @@ scores on each side, the model passes of a step without dedupe (the gradient pas
 
 Usage::
 
-    /tmp/gcg_venv/bin/python benchmarks/bench_gcg_cache.py      # 18 min wall, 2 cores at load 11
+    /tmp/gcg_venv/bin/python benchmarks/bench_gcg_cache.py      # 19-21 min wall, 2 cores at load 10
     python benchmarks/bench_gcg_cache.py --steps 3 --prompts 1  # smoke run, jaxrobust only
 """
 
