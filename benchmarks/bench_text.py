@@ -388,48 +388,63 @@ def sorted_candidates(vocab):
   return table
 
 
-def jax_similarity(encoder_words, projection):
+def jax_similarity(encoder_words, projection, width):
   """``sentence_similarity`` for jaxrobust: angular similarity of the mean-pooled, projected
-  encodings of the window's words."""
+  encodings of the window's words (at most ``width``, the attack's ``window_size``: the window is
+  contiguous, so only its words are looked up, as TextAttack encodes only the window's text). The
+  reference and its ``K`` substituted texts are encoded in one pass, ``[B, 1 + K, width]``."""
   table, weight = jnp.asarray(encoder_words), jnp.asarray(projection)
 
-  def encode(tokens, window):
-    w = window.astype(jnp.float32)
-    pooled = jnp.sum(table[tokens] * w[..., None], axis=-2) / jnp.maximum(
-      jnp.sum(w, axis=-1), 1.0)[..., None]
-    return jnp.tanh(pooled @ weight)
-
   def similarity(reference, substituted, window):
-    a, b = encode(reference, window)[:, None], encode(substituted, window[:, None])
-    cos = jnp.sum(a * b, -1) / (jnp.linalg.norm(a, axis=-1) * jnp.linalg.norm(b, axis=-1))
+    texts = jnp.concatenate([reference[:, None], substituted], axis=1)  # [B, 1 + K, L]
+    slot = jnp.arange(width, dtype=jnp.int32)[None, :]
+    at = jnp.minimum(jnp.argmax(window, axis=1).astype(jnp.int32)[:, None] + slot,
+                     texts.shape[-1] - 1)  # [B, width]: the window's positions
+    inside = (slot < jnp.sum(window, axis=1, dtype=jnp.int32)[:, None]).astype(jnp.float32)
+    words = jnp.take_along_axis(texts, at[:, None, :], axis=2)  # [B, 1 + K, width]
+    w = inside[:, None, :, None]
+    pooled = jnp.sum(table[words] * w, axis=-2) / jnp.maximum(jnp.sum(w, axis=-2), 1.0)
+    code = jnp.tanh(pooled @ weight)
+    unit = code / jnp.linalg.norm(code, axis=-1, keepdims=True)
+    cos = jnp.sum(unit[:, :1] * unit[:, 1:], axis=-1)
     return 1.0 - jnp.arccos(jnp.clip(cos, -1.0, 1.0)) / jnp.pi
 
   return similarity
 
 
-def jax_textfooler(model, corpus, vocab, tables, *, importance, window, repeats,
-                   compiler_options=None):
-  """jaxrobust's TextFooler on every review in one jitted call; time of the first call
-  (compilation included) and the best of ``repeats`` later calls. ``compiler_options`` go to
-  ``jax.jit`` (``{"xla_backend_optimization_level": 0}``: XLA:CPU compiles about twice as fast,
-  and this small program runs about as fast)."""
+def textfooler_program(model, corpus, vocab, tables, *, importance, window,
+                       compiler_options=None):
+  """``(run, args, attack)``: jaxrobust's TextFooler on every review as one jitted function of
+  the model's state, the data and the constraints' tables (all arguments, none closed over).
+  ``compiler_options`` go to ``jax.jit`` (see :data:`FAST_COMPILE`)."""
   word_vectors, tags, encoder_words, projection = tables
   attack = jr_text.textfooler(importance=importance, unk_id=0, pad_id=0, flip_bonus=False,
                               min_cos_sim=0.5, min_similarity=0.840845057, window_size=window)
   graphdef, state = nnx.split(model)
-  similarity = jax_similarity(encoder_words, projection)
-  candidates = jnp.asarray(sorted_candidates(vocab))
 
   @functools.partial(jax.jit, compiler_options=compiler_options)
-  def run(state, tokens, labels, editable):
+  def run(state, tokens, labels, editable, candidates, word_vectors, tags, encoder_words,
+          projection):
     result = jr_text.run_textfooler(
       attack, nnx.merge(graphdef, state), tokens, labels, jax.random.key(0),
-      candidates=candidates, editable=editable, word_vectors=jnp.asarray(word_vectors),
-      pos=jnp.asarray(tags), sentence_similarity=similarity)
+      candidates=candidates, editable=editable, word_vectors=word_vectors, pos=tags,
+      sentence_similarity=jax_similarity(encoder_words, projection, window or tokens.shape[1]))
     return result, jr_text.textattack_summary(result)
 
   args = (state, jnp.asarray(corpus.tokens), jnp.asarray(corpus.labels),
-          jnp.asarray(corpus.editable))
+          jnp.asarray(corpus.editable), jnp.asarray(sorted_candidates(vocab)),
+          jnp.asarray(word_vectors), jnp.asarray(tags), jnp.asarray(encoder_words),
+          jnp.asarray(projection))
+  return run, args, attack
+
+
+def jax_textfooler(model, corpus, vocab, tables, *, importance, window, repeats,
+                   compiler_options=None):
+  """jaxrobust's TextFooler on every review in one jitted call; time of the first call
+  (tracing, compilation and the run) and the best of ``repeats`` later calls."""
+  run, args, attack = textfooler_program(model, corpus, vocab, tables, importance=importance,
+                                         window=window, compiler_options=compiler_options)
+  jax.block_until_ready(args)
   t0 = time.perf_counter()
   result, summary = jax.block_until_ready(run(*args))
   first = time.perf_counter() - t0

@@ -74,15 +74,13 @@ def textattack_summary(result: Union[Result, TextFoolerResult], *,
   percent = 100.0 * jnp.asarray(result.swaps).astype(jnp.float32) / jnp.maximum(
       words, 1).astype(jnp.float32)
   queries = jnp.asarray(result.queries).astype(jnp.float32)
-  count = lambda mask: jnp.sum(mask, dtype=jnp.int32)
-  mean = lambda values, mask: jnp.sum(jnp.where(mask, values, 0.0)) / count(mask).astype(
-      jnp.float32)
-  s, f = count(successful), count(failed)
+  # Every total in one reduction over the batch (counts as float32: exact below 2**24 examples).
+  columns = [successful, failed, skipped, jnp.where(successful, percent, 0.0),
+             jnp.where(~skipped, queries, 0.0), words]
+  totals = jnp.sum(jnp.stack([c.astype(jnp.float32) for c in columns], axis=-1), axis=0)
+  s, f, k, percent_sum, queries_sum, words_sum = (totals[i] for i in range(len(columns)))
   return TextAttackSummary(
-      successful=s, failed=f, skipped=count(skipped),
-      original_accuracy=(s + f).astype(jnp.float32) / batch,
-      accuracy_under_attack=f.astype(jnp.float32) / batch,
-      attack_success_rate=s.astype(jnp.float32) / (s + f).astype(jnp.float32),
-      average_perturbed_word_percent=mean(percent, successful),
-      average_words=jnp.mean(words.astype(jnp.float32)),
-      average_queries=mean(queries, ~skipped))
+      successful=s.astype(jnp.int32), failed=f.astype(jnp.int32), skipped=k.astype(jnp.int32),
+      original_accuracy=(s + f) / batch, accuracy_under_attack=f / batch,
+      attack_success_rate=s / (s + f), average_perturbed_word_percent=percent_sum / s,
+      average_words=words_sum / batch, average_queries=queries_sum / (s + f))

@@ -235,22 +235,26 @@ def run_textfooler(attack: TextFooler, logits_fn: Callable[[Array], Array], toke
   if stop_words is not None:
     eligible = eligible & ~lookup(jnp.asarray(stop_words), tokens)
   values, valid = substitutes(tokens, jnp.asarray(candidates), eligible)
-  clean_logits = logits_fn(tokens)
+  # The clean texts and the texts without one word, in one model call ([B * (1 + L)] rows).
+  texts = jnp.concatenate([tokens[:, None, :], _leave_one_out(attack, tokens)], axis=1)
+  all_logits = logits_fn(texts.reshape(batch * (1 + length), length)).reshape(
+      batch, 1 + length, -1)
+  clean_logits = all_logits[:, 0]
   searching = is_correct(clean_logits, y)
-  importance, removed = _importance(attack, logits_fn, tokens, y, clean_logits)
+  importance, removed, clean_odds = _importance_from(attack, all_logits, y)
   order, steps = _rank(importance, removed, eligible & jnp.any(valid[..., 1:], axis=-1))
   n_eligible = jnp.sum(eligible, axis=1, dtype=jnp.int32)
   queries = jnp.where(searching, jnp.minimum(1 + n_eligible, query_budget), 1)
   active = searching & (1 + n_eligible < query_budget) & (swap_budget > 0)
-  allowed = _allowed(attack, tokens, jnp.asarray(candidates).shape[0], words, word_vectors, pos,
-                     pos_compatible, sentence_similarity, constraints)
-  tokens_adv, logits, queries = _greedy(
-      logits_fn, tokens, y, values[..., 1:], valid[..., 1:], order, steps, allowed,
-      (clean_logits, active, queries), (swap_budget, query_budget))
-  swaps = jnp.sum(tokens_adv != tokens, axis=1, dtype=jnp.int32)
   count = jnp.sum(words, axis=1, dtype=jnp.int32)
+  allowed = _allowed(attack, tokens, jnp.asarray(candidates).shape[0], word_vectors, pos,
+                     pos_compatible, sentence_similarity, constraints)
+  tokens_adv, logits, queries, swaps, success = _greedy(
+      attack, logits_fn, tokens, y, values[..., 1:], valid[..., 1:], order, steps, count,
+      allowed, (clean_logits, clean_odds, active, queries, ~searching),
+      (swap_budget, query_budget))
   return TextFoolerResult(
-      tokens_adv=tokens_adv, success=~is_correct(logits, y), swaps=swaps, logits=logits,
+      tokens_adv=tokens_adv, success=success, swaps=swaps, logits=logits,
       queries=queries, max_swaps=swap_budget, skipped=~searching, words=count,
       perturbed_fraction=swaps.astype(jnp.float32) / jnp.maximum(count, 1).astype(jnp.float32))
 
@@ -342,25 +346,32 @@ def word_importance(attack: TextFooler, logits_fn: Callable[[Array], Array], tok
 
 
 def _importance(attack: TextFooler, logits_fn: Callable[[Array], Array], tokens: Array, y: Array,
-                clean_logits: Array) -> tuple[Array, Array]:
-  """``(importance [B, L], removed [B, L])``: :func:`word_importance` and the log-odds against
-  the true class of each text without its word (:func:`_log_odds`), from one model call."""
+                clean_logits: Array) -> tuple[Array, Array, Array]:
+  """``(importance [B, L], removed [B, L], clean [B])``: :func:`word_importance`, the log-odds
+  against the true class of each text without its word (:func:`_log_odds`) and of the clean
+  text, from one model call."""
   batch, length = tokens.shape
   rows = _leave_one_out(attack, tokens)  # [B, L, L]
   logits = logits_fn(rows.reshape(batch * length, length)).reshape(batch, length, -1)
+  return _importance_from(attack, jnp.concatenate([clean_logits[:, None], logits], axis=1), y)
+
+
+def _importance_from(attack: TextFooler, logits: Array, y: Array) -> tuple[Array, Array, Array]:
+  """:func:`_importance` from the logits ``[B, 1 + L, C]`` of the clean text (first) and of the
+  texts without each word (one softmax and one log-odds over all of them)."""
   num_classes = logits.shape[-1]
-  clean = jax.nn.softmax(clean_logits.astype(jnp.float32), axis=-1)  # [B, C]
-  removed = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # [B, L, C]
-  true = one_hot_mask(y, num_classes)  # [B, C]
-  drop = (jnp.sum(jnp.where(true, clean, 0.0), axis=-1)[:, None]
-          - jnp.sum(jnp.where(true[:, None], removed, 0.0), axis=-1))
+  probabilities = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)  # [B, 1 + L, C]
+  true = one_hot_mask(y, num_classes)[:, None]  # [B, 1, C]
+  p_true = jnp.sum(jnp.where(true, probabilities, 0.0), axis=-1)  # [B, 1 + L]
+  drop = p_true[:, :1] - p_true[:, 1:]
   odds = _log_odds(logits, y)
   if not attack.flip_bonus:
-    return drop, odds
-  new = predict(logits)  # [B, L], -1 for non-finite logits
+    return drop, odds[:, 1:], odds[:, 0]
+  clean, removed = probabilities[:, 0], probabilities[:, 1:]
+  new = predict(logits[:, 1:])  # [B, L], -1 for non-finite logits
   gained = jnp.max(removed, axis=-1) - jnp.sum(
       jnp.where(one_hot_mask(new, num_classes), clean[:, None], 0.0), axis=-1)
-  return drop + jnp.where((new != y[:, None]) & (new >= 0), gained, 0.0), odds
+  return drop + jnp.where((new != y[:, None]) & (new >= 0), gained, 0.0), odds[:, 1:], odds[:, 0]
 
 
 def similarity_window(position: Array, words: Array, size: Optional[int], length: int) -> Array:
@@ -374,16 +385,23 @@ def similarity_window(position: Array, words: Array, size: Optional[int], length
            [0, 0, 1, 1, 1, 1, 0, 0, 0, 0],
            [0, 0, 0, 0, 0, 0, 1, 1, 1, 1]], dtype=int32)
   """
+  start, end = _window_bounds(position.astype(jnp.int32), words.astype(jnp.int32), size)
   j = jnp.arange(length, dtype=jnp.int32)[None, :]
-  n = words.astype(jnp.int32)[:, None]
+  return (j >= start[:, None]) & (j <= end[:, None])
+
+
+def _window_bounds(position: Array, words: Array, size: Optional[int]) -> tuple[Array, Array]:
+  """``(start, end)``, like ``position [B, ...]``: the first and last position of
+  :func:`similarity_window` around each position, in texts of ``words [B]`` words."""
+  n = words.reshape(words.shape + (1,) * (position.ndim - 1))
   if size is None:
-    return j < n
-  i = position.astype(jnp.int32)[:, None]
+    return jnp.zeros_like(position), jnp.zeros_like(position) + n - 1
+  i = position
   near_start, near_end = 2 * i < size - 1, 2 * i + size - 1 >= 2 * n
   start = jnp.where(near_start, 0, jnp.where(near_end, jnp.maximum(0, n - size), i - size // 2))
   end = jnp.where(near_start, jnp.minimum(size - 1, n - 1),
                   jnp.where(near_end, n - 1, i + (size - 1) // 2))
-  return (j >= start) & (j <= end)
+  return start, end
 
 
 def _word_mask(attack: TextFooler, tokens: Array) -> Array:
@@ -416,24 +434,24 @@ def _rank(importance: Array, removed: Array, rankable: Array) -> tuple[Array, Ar
   monotone = jnp.where(bits < 0, jnp.int32(np.iinfo(np.int32).min) - bits, bits)  # -0.0 -> 0
   fine = jnp.right_shift(monotone, RELATIVE_BITS)
   last = jnp.int32(np.iinfo(np.int32).max)
-  # Two stable sorts, the finer key first (jnp.lexsort's extra index operand is unsharded, which
-  # an Explicit batch axis refuses); equal keys keep the order of positions.
-  by_fine = jnp.argsort(jnp.where(rankable, -fine, last), axis=1, stable=True)
-  coarse = jnp.take_along_axis(jnp.where(rankable, -coarse, last), by_fine, axis=1)
-  order = jnp.take_along_axis(by_fine, jnp.argsort(coarse, axis=1, stable=True), axis=1)
-  return order.astype(jnp.int32), jnp.sum(rankable, axis=1, dtype=jnp.int32)
+  # One stable sort on the two keys, coarse then fine; equal keys keep the order of positions
+  # (the position operand is built from the keys, so it carries their batch sharding).
+  position = jnp.zeros_like(coarse) + jnp.arange(coarse.shape[1], dtype=jnp.int32)[None, :]
+  _, _, order = jax.lax.sort((jnp.where(rankable, -coarse, last), jnp.where(rankable, -fine, last),
+                              position), dimension=1, is_stable=True, num_keys=2)
+  return order, jnp.sum(rankable, axis=1, dtype=jnp.int32)
 
 
-def _allowed(attack: TextFooler, tokens: Array, vocab_size: int, words: Array, word_vectors,
-             pos, pos_compatible, sentence_similarity, constraints):
-  """The constraints as one function ``(current, position, original, substitute, rows) ->
-  (ok [B, K], similarity [B, K] or None)``."""
-  count = jnp.sum(words, axis=1, dtype=jnp.int32)
+def _allowed(attack: TextFooler, tokens: Array, vocab_size: int, word_vectors, pos,
+             pos_compatible, sentence_similarity, constraints):
+  """The constraints as one function ``(current, position, original, substitute, rows, window,
+  checked) -> (ok [B, K], similarity [B, K] or None)``, with ``window [B, L]`` the similarity
+  window and ``checked [B]`` whether the text is long enough for the similarity check."""
   vectors = None if word_vectors is None else jnp.asarray(word_vectors).astype(jnp.float32)
   tags = None if pos is None else jnp.asarray(pos).astype(jnp.int32)
   table = None if pos_compatible is None else jnp.asarray(pos_compatible).reshape(-1)
 
-  def allowed(current, position, original, substitute, rows):
+  def allowed(current, position, original, substitute, rows, window, checked):
     safe = jnp.clip(substitute, 0, vocab_size - 1)  # -1 padding slots are masked anyway
     ok = jnp.ones_like(substitute, dtype=bool)
     if vectors is not None:
@@ -450,10 +468,8 @@ def _allowed(attack: TextFooler, tokens: Array, vocab_size: int, words: Array, w
       ok = ok & rule(tokens, current, position, substitute)
     if sentence_similarity is None:
       return ok, None
-    window = similarity_window(position, count, attack.window_size, tokens.shape[1])
     similarity = sentence_similarity(current, rows, window).astype(jnp.float32)
-    if attack.window_size is not None:
-      similarity = jnp.where((count < attack.window_size)[:, None], 1.0, similarity)
+    similarity = jnp.where(checked[:, None], similarity, 1.0)
     return ok & (similarity >= attack.min_similarity), similarity
 
   return allowed
@@ -471,70 +487,83 @@ def _log_odds(logits: Array, y: Array) -> Array:
           - jnp.sum(jnp.where(true, z, 0.0), axis=-1))
 
 
-def _choose(odds: Array, flips: Array, evaluated: Array, similarity) -> Array:
-  """``[B]`` the slot kept: among flips the most similar (then the lowest ``p_y``, i.e. the
-  largest log-odds, then the first slot), else the lowest ``p_y`` of the evaluated
-  substitutes."""
+def _choose(odds: Array, flips: Array, flipped: Array, evaluated: Array, similarity) -> Array:
+  """``[B]`` the slot kept: among flips (``flipped [B]``: any) the most similar (then the lowest
+  ``p_y``, i.e. the largest log-odds, then the first slot), else the lowest ``p_y`` of the
+  evaluated substitutes."""
   score = jnp.where(evaluated, jnp.nan_to_num(odds, nan=jnp.inf), -jnp.inf)
   near = flips
   if similarity is not None:
     similar = jnp.nan_to_num(similarity, nan=-jnp.inf)
     best = jnp.max(jnp.where(flips, similar, -jnp.inf), axis=1, keepdims=True)
     near = flips & (similar >= best - tolerance(best))
-  candidates = jnp.where(jnp.any(flips, axis=1, keepdims=True), near, evaluated)
+  candidates = jnp.where(flipped[:, None], near, evaluated)
   return first_near_best(score, candidates).astype(jnp.int32)
 
 
-def _greedy(logits_fn, tokens, y, substitute, movable, order, steps, allowed, start, budgets):
-  """The greedy substitution in importance order; returns ``(tokens_adv, logits, queries)``."""
-  clean_logits, active, queries = start
+def _greedy(attack, logits_fn, tokens, y, substitute, movable, order, steps, count, allowed,
+            start, budgets):
+  """The greedy substitution in importance order; returns ``(tokens_adv, logits, queries,
+  swaps, success)``."""
+  clean_logits, clean_odds, active, queries, success = start
   swap_budget, query_budget = budgets
   batch, length = tokens.shape
   slots = substitute.shape[-1]
-  # What each visit needs, gathered once in visiting order (a visit takes a dynamic slice).
+  # What each visit needs, gathered once in visiting order into one int32 array [B, L, 4 + 2K]
+  # (a visit takes one dynamic slice): the position, its original token, the similarity window's
+  # first and last position, the substitutes and which of them may be used.
   by_order = lambda a: jnp.take_along_axis(a, order.reshape(order.shape + (1,) * (a.ndim - 2)),
                                            axis=1)
-  visits = (order, by_order(tokens), by_order(substitute), by_order(movable))
+  first, last = _window_bounds(order, count, attack.window_size)
+  visits = jnp.concatenate(
+      [order[..., None], by_order(tokens)[..., None], first[..., None], last[..., None],
+       by_order(substitute), by_order(movable).astype(jnp.int32)], axis=-1)
+  checked = (count >= (attack.window_size or 0))  # TextAttack skips the check on short texts
+  j = jnp.arange(length, dtype=jnp.int32)[None, :]
+  earlier = (jnp.arange(slots)[:, None] <= jnp.arange(slots)[None, :]).astype(jnp.float32)
 
   def visit(carry):
-    t, current, odds_current, logits, active, queries, swaps = carry
-    position, original, new_token, listed = (
-        jax.lax.dynamic_index_in_dim(a, t, axis=1, keepdims=False) for a in visits)
+    t, current, odds_current, logits, active, queries, swaps, success, _ = carry
+    v = jax.lax.dynamic_index_in_dim(visits, t, axis=1, keepdims=False)  # [B, 4 + 2K]
+    position, original, new_token = v[:, 0], v[:, 1], v[:, 4:4 + slots]
+    window = (j >= v[:, 2:3]) & (j <= v[:, 3:4])
     live = active & (t < steps)
     rows = candidate_rows(current, jnp.broadcast_to(position[:, None], (batch, slots)),
                           new_token)  # [B, K, L]
-    ok, similarity = allowed(current, position, original, new_token, rows)
-    ok = ok & listed & live[:, None]
-    # TextAttack's query budget: only the first substitutes within what is left are queried.
-    evaluated = ok & (jnp.cumsum(ok, axis=1) <= (query_budget - queries)[:, None])
+    ok, similarity = allowed(current, position, original, new_token, rows, window, checked)
+    ok = ok & (v[:, 4 + slots:] > 0) & live[:, None]
+    # TextAttack's query budget: only the first substitutes within what is left are queried
+    # (a running count as a product with a triangular matrix: exact for counts below 2**24).
+    before = jnp.dot(ok.astype(jnp.float32), earlier)  # [B, K]: usable slots up to this one
+    evaluated = ok & (before <= (query_budget - queries).astype(jnp.float32)[:, None])
     row_logits = logits_fn(rows.reshape(batch * slots, length)).reshape(batch, slots, -1)
     odds = _log_odds(row_logits, y)  # [B, K], larger: lower p_y
     prediction = predict(row_logits)
     flips = evaluated & ((prediction != y[:, None]) | (prediction < 0))
-    chosen = _choose(odds, flips, evaluated, similarity)
+    counts = jnp.sum(jnp.stack([flips, evaluated], axis=-1), axis=1, dtype=jnp.int32)  # [B, 2]
+    flipped, n_evaluated = counts[:, 0] > 0, counts[:, 1]
+    chosen = _choose(odds, flips, flipped, evaluated, similarity)
     slot = jnp.arange(slots, dtype=jnp.int32)[None, :] == chosen[:, None]  # [B, K]
     pick = lambda a: jnp.sum(jnp.where(slot.reshape(slot.shape + (1,) * (a.ndim - 2)), a,
                                        jnp.zeros((), a.dtype)), axis=1)  # a select, no gather
-    odds_new = pick(odds)
-    flipped = jnp.any(flips, axis=1)
-    keep = flipped | (jnp.any(evaluated, axis=1)
-                      & (odds_new > odds_current + tolerance(odds_current)))
+    picked = pick(jnp.concatenate([odds[..., None], row_logits.astype(jnp.float32)], axis=-1))
+    odds_new = picked[:, 0]
+    keep = flipped | ((n_evaluated > 0) & (odds_new > odds_current + tolerance(odds_current)))
     current = jnp.where(keep[:, None], pick(rows), current)
-    logits = jnp.where(keep[:, None], pick(row_logits), logits)
+    logits = jnp.where(keep[:, None], picked[:, 1:].astype(logits.dtype), logits)
     odds_current = jnp.where(keep, odds_new, odds_current)
     swaps = swaps + keep.astype(jnp.int32)
-    queries = queries + jnp.sum(evaluated, axis=1, dtype=jnp.int32)
+    queries = queries + n_evaluated
+    success = success | flipped
     active = live & ~flipped & (queries < query_budget) & (swaps < swap_budget)
-    return t + 1, current, odds_current, logits, active, queries, swaps
+    going = (t + 1 < length) & jnp.any(active & (t + 1 < steps))
+    return t + 1, current, odds_current, logits, active, queries, swaps, success, going
 
-  def searching(carry):
-    t, active = carry[0], carry[4]
-    return (t < length) & jnp.any(active & (t < steps))
-
-  carry = (jnp.int32(0), tokens, _log_odds(clean_logits, y), clean_logits, active, queries,
-           jnp.zeros_like(queries))
-  _, tokens_adv, _, logits, _, queries, _ = jax.lax.while_loop(searching, visit, carry)
-  return tokens_adv, logits, queries
+  carry = (jnp.int32(0), tokens, clean_odds, clean_logits, active, queries,
+           jnp.zeros_like(queries), success, jnp.any(active & (steps > 0)))
+  carry = jax.lax.while_loop(lambda carry: carry[-1], visit, carry)
+  _, tokens_adv, _, logits, _, queries, swaps, success, _ = carry
+  return tokens_adv, logits, queries, swaps, success
 
 
 def _check_tables(vocab_size: int, stop_words, word_vectors, pos, pos_compatible) -> None:
