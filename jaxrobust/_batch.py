@@ -72,15 +72,23 @@ def as_keys(key: Array, batch: int) -> Array:
   ``[B]`` typed keys or ``uint32[B, 2]`` raw keys are used as given, so a caller can make an
   example's randomness independent of its position in the batch.
   """
+  key = check_keys(key, batch)
+  if key.ndim == 0:
+    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch, dtype=jnp.uint32))
+  return key
+
+
+def check_keys(key: Array, batch: int) -> Array:
+  """Validates ``key`` as :func:`as_keys` takes it (one typed or raw key, or one per example)
+  and returns it typed, ``[]`` or ``[B]``, without deriving per-example keys (for a
+  deterministic attack that only validates its key: no ``fold_in`` to trace)."""
   key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
   if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
     if key.dtype != jnp.uint32 or key.ndim not in (1, 2) or key.shape[-1] != 2:
       raise ValueError(f"key must be a jax.random.key (or raw uint32[2]) or one per example; "
                        f"got dtype {key.dtype}, shape {key.shape}.")
     key = jax.random.wrap_key_data(key)
-  if key.ndim == 0:
-    return jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(batch, dtype=jnp.uint32))
-  if key.shape != (batch,):
+  if key.ndim != 0 and key.shape != (batch,):
     raise ValueError(f"Per-example keys must have shape [B] = [{batch}], got {key.shape}.")
   return key
 

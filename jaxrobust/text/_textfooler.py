@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._batch import as_keys, is_correct, like_batch, one_hot_mask, per_example, predict
+from jaxrobust._batch import check_keys, is_correct, like_batch, one_hot_mask, per_example, predict
 from jaxrobust._validation import (check_bool, check_label_shape, check_labels, check_logits,
                                    check_number, check_positive_int, is_concrete, logits_shape)
 from jaxrobust.attacks._config import recorded
@@ -170,11 +170,18 @@ def run_textfooler(attack: TextFooler, logits_fn: Callable[[Array], Array], toke
     substitutes within it are queried, and the search stops when it is spent); ``max_swaps``
     stops an example after that many kept swaps. Neither changes the path up to where it stops,
     so :func:`jaxrobust.text.swap_curve` of one run gives every smaller swap budget.
+  * *Compile time*: one model call ranks the words (the clean texts and the texts without each
+    word, ``[B * (1 + L)]`` rows) and one ``while_loop`` step holds the whole greedy visit. On
+    XLA:CPU, when compilation dominates (a small model, one run per program),
+    ``jax.jit(..., compiler_options={"xla_cpu_use_fusion_emitters": False,
+    "xla_backend_optimization_level": 0})`` compiles this program several times faster (each of
+    its ~70 kernels in a few ms of CPU instead of ~30 ms) for the same results, at the cost of
+    slower element-wise kernels (gathers); ``benchmarks/RESULTS.md`` has the figures.
 
   Args:
     attack: from :func:`jaxrobust.text.textfooler`.
     logits_fn: ``tokens [N, L] int32 -> logits [N, C]`` (log-probabilities work too); rows must
-      be independent (eval mode). Called on ``[B]``, ``[B * L]`` and ``[B * K]`` rows.
+      be independent (eval mode). Called on ``[B * (1 + L)]`` and ``[B * K]`` rows.
     tokens: ``[B, L]`` int token ids in ``[0, V)``, ``V`` = ``candidates.shape[0]``; padding (if
       any) at the end.
     y: ``[B]`` int labels.
@@ -225,7 +232,7 @@ def run_textfooler(attack: TextFooler, logits_fn: Callable[[Array], Array], toke
       max_queries=max_queries)
   tokens, y = jnp.asarray(tokens).astype(jnp.int32), jnp.asarray(y)
   batch, length = tokens.shape
-  as_keys(key, batch)  # validates the key; the search itself is deterministic
+  check_keys(key, batch)  # validates the key; the search itself is deterministic
   swap_budget = like_batch(per_example(length if max_swaps is None else max_swaps, batch,
                                        jnp.int32), tokens)
   query_budget = like_batch(per_example(NO_LIMIT if max_queries is None else max_queries, batch,
