@@ -243,7 +243,7 @@ def run_textfooler(attack: TextFooler, logits_fn: Callable[[Array], Array], toke
     eligible = eligible & ~lookup(jnp.asarray(stop_words), tokens)
   values, valid = substitutes(tokens, jnp.asarray(candidates), eligible)
   # The clean texts and the texts without one word, in one model call ([B * (1 + L)] rows).
-  texts = jnp.concatenate([tokens[:, None, :], _leave_one_out(attack, tokens)], axis=1)
+  texts = _leave_one_out(attack, tokens, with_clean=True)  # [B, 1 + L, L]
   all_logits = logits_fn(texts.reshape(batch * (1 + length), length)).reshape(
       batch, 1 + length, -1)
   clean_logits = all_logits[:, 0]
@@ -418,14 +418,19 @@ def _word_mask(attack: TextFooler, tokens: Array) -> Array:
   return tokens != attack.pad_id
 
 
-def _leave_one_out(attack: TextFooler, tokens: Array) -> Array:
-  """``[B, L, L]``: row ``i`` is ``tokens`` with word ``i`` replaced by ``unk_id`` or deleted."""
+def _leave_one_out(attack: TextFooler, tokens: Array, with_clean: bool = False) -> Array:
+  """``[B, L, L]``: row ``i`` is ``tokens`` with word ``i`` replaced by ``unk_id`` or deleted;
+  ``with_clean``: ``[B, 1 + L, L]``, the unchanged text first (one select builds every row)."""
   length = tokens.shape[1]
-  position = jnp.zeros_like(tokens) + jnp.arange(length, dtype=jnp.int32)[None, :]  # sharded
+  # The position each row removes; the clean row removes one past the end (nothing).
+  removed = jnp.arange(length, dtype=jnp.int32)
+  if with_clean:
+    removed = jnp.concatenate([jnp.full((1,), length, jnp.int32), removed])
   if attack.importance == "unk":
-    return candidate_rows(tokens, position, jnp.full_like(tokens, attack.unk_id))
+    position = jnp.zeros_like(tokens[:, :1]) + removed[None, :]  # sharded like tokens
+    return candidate_rows(tokens, position, jnp.full_like(position, attack.unk_id))
   shifted = jnp.concatenate([tokens[:, 1:], jnp.full_like(tokens[:, :1], attack.pad_id)], axis=1)
-  before = jnp.arange(length)[None, :] < jnp.arange(length)[:, None]  # [i, j]: j < i
+  before = jnp.arange(length)[None, :] < removed[:, None]  # [i, j]: j before the removed word
   return jnp.where(before[None], tokens[:, None, :], shifted[:, None, :])
 
 
@@ -516,15 +521,14 @@ def _greedy(attack, logits_fn, tokens, y, substitute, movable, order, steps, cou
   swap_budget, query_budget = budgets
   batch, length = tokens.shape
   slots = substitute.shape[-1]
-  # What each visit needs, gathered once in visiting order into one int32 array [B, L, 4 + 2K]
-  # (a visit takes one dynamic slice): the position, its original token, the similarity window's
+  # What each visit needs, in one int32 array [B, L, 4 + 2K] gathered once in visiting order (a
+  # visit takes one dynamic slice): the position, its original token, the similarity window's
   # first and last position, the substitutes and which of them may be used.
-  by_order = lambda a: jnp.take_along_axis(a, order.reshape(order.shape + (1,) * (a.ndim - 2)),
-                                           axis=1)
-  first, last = _window_bounds(order, count, attack.window_size)
-  visits = jnp.concatenate(
-      [order[..., None], by_order(tokens)[..., None], first[..., None], last[..., None],
-       by_order(substitute), by_order(movable).astype(jnp.int32)], axis=-1)
+  position = jnp.zeros_like(tokens) + jnp.arange(length, dtype=jnp.int32)[None, :]  # sharded
+  first, last = _window_bounds(position, count, attack.window_size)
+  table = jnp.concatenate([position[..., None], tokens[..., None], first[..., None],
+                           last[..., None], substitute, movable.astype(jnp.int32)], axis=-1)
+  visits = jnp.take_along_axis(table, order[..., None], axis=1)
   checked = (count >= (attack.window_size or 0))  # TextAttack skips the check on short texts
   j = jnp.arange(length, dtype=jnp.int32)[None, :]
   earlier = (jnp.arange(slots)[:, None] <= jnp.arange(slots)[None, :]).astype(jnp.float32)
