@@ -17,7 +17,9 @@
     angular similarity >= 0.840845057 over a window) and a ``WordSwap`` returning the synonym
     lists; jaxrobust with the same tables, encoder weights and thresholds. Reported: the same
     success, adversarial text, swaps and queries per review, TextAttack's summary numbers and the
-    time (jaxrobust's with and without compilation).
+    time (jaxrobust's with and without compilation, per compile configuration, ``--tf-configs``:
+    ``fast`` = :data:`FAST_COMPILE`, XLA's ``default``, ``O0``; the first configuration's first
+    call also pays the process's one-time JAX tracing warm-up).
 (b) GCG: ``jr.text.run_gcg`` against nanoGCG's ``GCG`` (GraySwanAI/nanoGCG) on the demo's language
     model ported to PyTorch behind a Hugging Face-style interface (``get_input_embeddings``,
     ``model(inputs_embeds=...).logits``) and a word-level ``PreTrainedTokenizerFast`` whose chat
@@ -41,6 +43,7 @@ Usage::
     python benchmarks/bench_text.py                         # every part, defaults as recorded
     python benchmarks/bench_text.py --reviews 50 --gcg-steps 5 --gcg-prompts 2   # smoke run
     python benchmarks/bench_text.py --skip word_swap --skip gcg --tf-reviews 1000  # (c) only
+    python benchmarks/bench_text.py --skip word_swap --skip gcg --tf-importance delete  # (c2)
 """
 
 from __future__ import annotations

@@ -409,6 +409,10 @@ def test_removed_word_rows():
   assert deleted.tolist() == [[[2, 3, 9, 9], [1, 3, 9, 9], [1, 2, 9, 9], [1, 2, 3, 9]]]
   unknown = _leave_one_out(text.textfooler(unk_id=0), tokens)
   assert unknown.tolist() == [[[0, 2, 3, 9], [1, 0, 3, 9], [1, 2, 0, 9], [1, 2, 3, 0]]]
+  for attack, rows in ((text.textfooler(importance="delete", pad_id=9), deleted),
+                       (text.textfooler(unk_id=0), unknown)):  # the clean text first, then them
+    assert _leave_one_out(attack, tokens, with_clean=True).tolist() == [tokens.tolist()[0:1]
+                                                                        + rows.tolist()[0]]
 
 
 def test_similarity_window_is_textattacks():
