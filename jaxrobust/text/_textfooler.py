@@ -545,7 +545,8 @@ def _greedy(attack, logits_fn, tokens, y, substitute, movable, order, steps, cou
     ok = ok & (v[:, 4 + slots:] > 0) & live[:, None]
     # TextAttack's query budget: only the first substitutes within what is left are queried
     # (a running count as a product with a triangular matrix: exact for counts below 2**24).
-    before = jnp.dot(ok.astype(jnp.float32), earlier)  # [B, K]: usable slots up to this one
+    before = jnp.dot(ok.astype(jnp.float32), earlier,  # [B, K]: usable slots up to this one
+                     precision=jax.lax.Precision.HIGHEST)
     evaluated = ok & (before <= (query_budget - queries).astype(jnp.float32)[:, None])
     row_logits = logits_fn(rows.reshape(batch * slots, length)).reshape(batch, slots, -1)
     odds = _log_odds(row_logits, y)  # [B, K], larger: lower p_y
@@ -557,11 +558,14 @@ def _greedy(attack, logits_fn, tokens, y, substitute, movable, order, steps, cou
     slot = jnp.arange(slots, dtype=jnp.int32)[None, :] == chosen[:, None]  # [B, K]
     pick = lambda a: jnp.sum(jnp.where(slot.reshape(slot.shape + (1,) * (a.ndim - 2)), a,
                                        jnp.zeros((), a.dtype)), axis=1)  # a select, no gather
-    picked = pick(jnp.concatenate([odds[..., None], row_logits.astype(jnp.float32)], axis=-1))
-    odds_new = picked[:, 0]
+    if jnp.promote_types(row_logits.dtype, jnp.float32) == jnp.float32:  # exact in float32
+      picked = pick(jnp.concatenate([odds[..., None], row_logits.astype(jnp.float32)], axis=-1))
+      odds_new, logits_new = picked[:, 0], picked[:, 1:].astype(logits.dtype)
+    else:
+      odds_new, logits_new = pick(odds), pick(row_logits)
     keep = flipped | ((n_evaluated > 0) & (odds_new > odds_current + tolerance(odds_current)))
     current = jnp.where(keep[:, None], pick(rows), current)
-    logits = jnp.where(keep[:, None], picked[:, 1:].astype(logits.dtype), logits)
+    logits = jnp.where(keep[:, None], logits_new, logits)
     odds_current = jnp.where(keep, odds_new, odds_current)
     swaps = swaps + keep.astype(jnp.int32)
     queries = queries + n_evaluated
