@@ -176,18 +176,29 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       if ckpt is not None:
         ckpt.save(state, hasher.hexdigest())
       _show(bar, n, state, plan)
+  _check_batches_seen(position, resume_at, ckpt)
+  timing = host.timing(start_time, time.perf_counter(), clock["after_first"], clock["compile"],
+                       clock["step"], clock["evaluated"], clock["first_n"])
+  run = _run_provenance(plan, batch_size, keep_per_example, use_shard_map, mesh, max_propagations)
+  return _report(plan, state, timing, run, certifiers, diagnosis)
+
+
+def _check_batches_seen(position: int, resume_at: int, ckpt: Checkpoint | None) -> None:
+  """The data held at least one batch, and at least the batches the checkpoint records."""
   if position == 0:
     raise ValueError("data is empty: no batch to evaluate.")
   if position < resume_at:
     raise ValueError(f"Checkpoint {ckpt.path} records {resume_at} batches done but the data has "
                      f"only {position}. Pass the same data, or delete the checkpoint.")
-  timing = host.timing(start_time, time.perf_counter(), clock["after_first"], clock["compile"],
-                       clock["step"], clock["evaluated"], clock["first_n"])
-  run = {"batch_size": batch_size, "keep_per_example": keep_per_example,
-         **plan.options.provenance(), "use_shard_map": use_shard_map,
-         "devices": 1 if mesh is None else int(mesh.size), "processes": plan.num_processes,
-         **({} if max_propagations is None else {"max_propagations": int(max_propagations)})}
-  return _report(plan, state, timing, run, certifiers, diagnosis)
+
+
+def _run_provenance(plan, batch_size: int, keep_per_example: bool, use_shard_map: Any,
+                    mesh: Any, max_propagations: int | None) -> dict[str, Any]:
+  """How the run was configured, as the report's provenance records it."""
+  return {"batch_size": batch_size, "keep_per_example": keep_per_example,
+          **plan.options.provenance(), "use_shard_map": use_shard_map,
+          "devices": 1 if mesh is None else int(mesh.size), "processes": plan.num_processes,
+          **({} if max_propagations is None else {"max_propagations": int(max_propagations)})}
 
 
 def _check_certifiers(certifiers: Mapping[str, Any] | None,
