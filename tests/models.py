@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -21,6 +22,11 @@ class Linear(NamedTuple):
     flat = x.reshape(x.shape[0], -1)
     return flat @ jnp.asarray(self.w, jnp.float32) + jnp.asarray(self.b, jnp.float32)[None, :]
 
+  def weights(self) -> tuple[jax.Array, jax.Array]:
+    """``(w, b)`` in float32, to pass to a jitted function as arguments (:func:`linear_logits`
+    computes ``logits_fn`` from them)."""
+    return jnp.asarray(self.w, jnp.float32), jnp.asarray(self.b, jnp.float32)
+
   def min_distance(self, x: np.ndarray, y: np.ndarray, norm: str) -> np.ndarray:
     """``min_{j != y} (z_y - z_j) / ||w_y - w_j||_q`` in float64 (q the dual norm), ignoring the box.
 
@@ -38,6 +44,12 @@ class Linear(NamedTuple):
     return out
 
 
+def linear_logits(weights, x: jax.Array) -> jax.Array:
+  """:meth:`Linear.logits_fn` with the weights ``(w, b)`` (:meth:`Linear.weights`, traced under
+  jit) an argument."""
+  return Linear(*weights).logits_fn(x)
+
+
 def random_linear(seed: int, dim: int, classes: int) -> Linear:
   rng = np.random.default_rng(seed)
   return Linear(rng.normal(size=(dim, classes)), rng.normal(size=classes) * 0.1)
@@ -52,17 +64,26 @@ def linear_points(model: Linear, seed: int, n: int, shape: tuple[int, ...], norm
   return x, y, model.min_distance(x, y, norm)
 
 
-def mlp(seed: int, dim: int, hidden: int, classes: int):
-  """A small nonlinear ``logits_fn`` on inputs of any trailing shape with ``dim`` elements."""
+def mlp_params(seed: int, dim: int, hidden: int, classes: int) -> tuple[jax.Array, jax.Array]:
+  """The weights ``(w1, w2)`` of :func:`mlp`, to pass to :func:`mlp_logits` as jit arguments."""
   rng = np.random.default_rng(seed)
   w1 = jnp.asarray(rng.normal(size=(dim, hidden)) * 2 / np.sqrt(dim), jnp.float32)
   w2 = jnp.asarray(rng.normal(size=(hidden, classes)) / np.sqrt(hidden), jnp.float32)
+  return w1, w2
 
-  def logits_fn(x):
-    h = jnp.tanh(x.reshape(x.shape[0], -1) @ w1 - 1.0)
-    return h @ w2 * 4.0
 
-  return logits_fn
+def mlp_logits(params, x: jax.Array) -> jax.Array:
+  """:func:`mlp`'s model with its weights ``params = (w1, w2)`` as an argument."""
+  w1, w2 = params
+  h = jnp.tanh(x.reshape(x.shape[0], -1) @ w1 - 1.0)
+  return h @ w2 * 4.0
+
+
+def mlp(seed: int, dim: int, hidden: int, classes: int):
+  """A small nonlinear ``logits_fn`` on inputs of any trailing shape with ``dim`` elements (its
+  weights closed over; :func:`mlp_params` and :func:`mlp_logits` pass them as arguments)."""
+  params = mlp_params(seed, dim, hidden, classes)
+  return lambda x: mlp_logits(params, x)
 
 
 def assert_explicit_sharding_matches_one_device(run, *args, sharded_args):
@@ -87,10 +108,15 @@ def assert_explicit_sharding_matches_one_device(run, *args, sharded_args):
   np.testing.assert_array_equal(np.asarray(sharded.success), np.asarray(single.success))
 
 
-def frozen_scan(attack, logits_fn, x, y, budget, keys, target=None):
+def frozen_scan(attack, logits_fn, x, y, budget, keys, target=None, params=None):
   """The dense scan, and the same scan freezing every row once ``attack.done`` says so (what the
   engine's early exit does: batch leaves keep their value, the step counter advances). Returns
-  ``(done, finalize)`` after one step, after the dense scan and after the frozen scan."""
+  ``(done, finalize)`` after one step, after the dense scan and after the frozen scan.
+
+  With ``params`` the model is ``logits_fn(params, x)``, and the weights, the data, the budget,
+  the keys and the target are arguments of the jitted function (not constants); without, the
+  model and the data are closed over, as before.
+  """
   batch = x.shape[0]
 
   def freeze(old, new):
@@ -99,16 +125,19 @@ def frozen_scan(attack, logits_fn, x, y, budget, keys, target=None):
         lambda a, b: jnp.where(done.reshape((batch,) + (1,) * (a.ndim - 1)), a, b)
         if a.ndim and a.shape[0] == batch else b, old, new)
 
-  def outcomes():
-    step = lambda s: attack.step(logits_fn, s, x, y, budget, target)
-    state = attack.init(logits_fn, x, y, budget, keys, target)
+  def outcomes(params, x, y, budget, keys, target):
+    model = logits_fn if params is None else functools.partial(logits_fn, params)
+    step = lambda s: attack.step(model, s, x, y, budget, target)
+    state = attack.init(model, x, y, budget, keys, target)
     dense = jax.lax.scan(lambda s, _: (step(s), None), state, None, length=attack.num_steps)[0]
     frozen = jax.lax.scan(lambda s, _: (freeze(s, step(s)), None), state, None,
                           length=attack.num_steps)[0]
-    return [(attack.done(s), attack.finalize(logits_fn, s, x, y, budget, target))
+    return [(attack.done(s), attack.finalize(model, s, x, y, budget, target))
             for s in (step(state), dense, frozen)]
 
-  return jax.jit(outcomes)()
+  if params is None:
+    return jax.jit(lambda: outcomes(None, x, y, budget, keys, target))()
+  return jax.jit(outcomes)(params, x, y, budget, keys, target)
 
 
 FROZEN_ATOL = 1e-5
@@ -126,7 +155,7 @@ def assert_unfrozen_rows_close(x_frozen, x_dense, done) -> None:
                              atol=FROZEN_ATOL)
 
 
-def min_norm_early_exit_runs(attack, logits_fn, x, y, distance):
+def min_norm_early_exit_runs(attack, logits_fn, x, y, distance, params=None):
   """A minimum-norm attack run by ``jr.run`` at three per-example budgets, with and without
   early exit (chunks of 8 rows, so the rows left are re-compacted), counting gradient rows.
 
@@ -137,17 +166,29 @@ def min_norm_early_exit_runs(attack, logits_fn, x, y, distance):
   and the rows never done (every ``inf`` row) keep the dense run's norms (up to the rounding of
   the model on other chunks) and run every step.
 
+  With ``params`` the model is ``logits_fn(params, x)``, and the weights, the data, eps and the
+  key are arguments of the one jitted function (not constants); without, the model and the data
+  are closed over, as before.
+
   Returns:
     ``(results, rows)``: ``{(budget, early_exit): AttackResult}`` and the gradient rows of each.
   """
   import jaxrobust as jr  # noqa: PLC0415 - tests/models.py stays importable without the library
 
   n = x.shape[0]
-  counted, counter = jr.metrics.count_evaluations(logits_fn)
-  run = jax.jit(lambda eps, early_exit: jr.run(attack, counted, jnp.asarray(x), jnp.asarray(y),
-                                               jr.Budget(eps), jax.random.key(0),
-                                               early_exit=early_exit, chunk_size=8),
-                static_argnums=1)
+  if params is None:
+    counted, counter = jr.metrics.count_evaluations(logits_fn)
+    run = jax.jit(lambda eps, early_exit: jr.run(attack, counted, jnp.asarray(x), jnp.asarray(y),
+                                                 jr.Budget(eps), jax.random.key(0),
+                                                 early_exit=early_exit, chunk_size=8),
+                  static_argnums=1)
+  else:
+    counted_with, counter = jr.metrics.count_evaluations(lambda v, p: logits_fn(p, v))
+    jitted = jax.jit(lambda params, x, y, eps, key, early_exit: jr.run(
+        attack, lambda v: counted_with(v, params), x, y, jr.Budget(eps), key,
+        early_exit=early_exit, chunk_size=8), static_argnums=5)
+    run = lambda eps, early_exit: jitted(params, jnp.asarray(x), jnp.asarray(y), eps,
+                                         jax.random.key(0), early_exit)
   group = np.arange(n) % 4
   budgets = {"far": 3.0 * distance, "inf": np.full(n, np.inf),
              "mixed": np.select([group == 0, group == 1, group == 2], [np.inf, 0.9, 1.5],
