@@ -27,7 +27,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxrobust as jr
-from tests.models import mlp, random_linear
+from tests.models import linear_logits, mlp_logits, mlp_params, random_linear
 from tests.test_attack_conformance import REGISTRY
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
@@ -44,29 +44,37 @@ SELECTED = sorted(REGISTRY) if os.environ.get("JAXROBUST_EARLY_EXIT") == "all" e
 
 @functools.lru_cache(maxsize=None)
 def _problem():
-  logits_fn = mlp(0, int(np.prod(SHAPE)), 16, CLASSES)
+  """The MLP's weights (for :func:`tests.models.mlp_logits`) and the data."""
+  params = mlp_params(0, int(np.prod(SHAPE)), 16, CLASSES)
   rng = np.random.default_rng(3)
   x = jnp.asarray(rng.uniform(0, 1, size=(BATCH,) + SHAPE), jnp.float32)
   y = jnp.asarray(rng.integers(0, CLASSES, size=BATCH), jnp.int32)
   target = (y + 1 + jnp.asarray(rng.integers(0, CLASSES - 1, size=BATCH), jnp.int32)) % CLASSES
-  return logits_fn, x, y, target
+  return params, x, y, target
 
 
+@functools.lru_cache(maxsize=None)
 def _curves(name: str):
-  """The attack and a jitted ``(x, y, target, default) -> (dense, early)`` curves: early exit
-  in chunks of 4 rows, or (``default``) with the default chunking."""
+  """The attack and ``curves(x, y, target, which=("dense", "chunked"))``: one jitted program
+  ``(params, x, y, target, eps, key) -> curves`` per ``which``, the weights, eps and key passed
+  as its arguments. ``"dense"``: no early exit; ``"chunked"``: early exit in chunks of 4 rows;
+  ``"default"``: early exit with the default chunking. Cached: the tests of one attack share
+  its compiled programs."""
   attack = REGISTRY[name]()
-  logits_fn, *_ = _problem()
-  model = (lambda x, keys: logits_fn(x)) if attack.samples else logits_fn
+  params, *_ = _problem()
   eps = jnp.asarray(SCALES * EPS[attack.norm])
+  options = {"dense": {"early_exit": False}, "chunked": {"chunk_size": 4}, "default": {}}
 
-  @functools.partial(jax.jit, static_argnums=3)
-  def curves(x, y, target, default=False):
-    curve = functools.partial(jr.robustness_curve, attack, model, x, y, eps, jax.random.key(7),
+  @functools.partial(jax.jit, static_argnums=6)
+  def jitted(params, x, y, target, eps, key, which):
+    logits_fn = functools.partial(mlp_logits, params)
+    model = (lambda x, keys: logits_fn(x)) if attack.samples else logits_fn
+    curve = functools.partial(jr.robustness_curve, attack, model, x, y, eps, key,
                               target=target if attack.targeted else None)
-    return curve(early_exit=False), curve() if default else curve(chunk_size=4)
+    return tuple(curve(**options[w]) for w in which)
 
-  return attack, curves
+  return attack, lambda x, y, target, which=("dense", "chunked"): jitted(
+      params, x, y, target, eps, jax.random.key(7), which)
 
 
 def _same(a: jr.Curve, b: jr.Curve, what: str) -> None:
@@ -97,12 +105,11 @@ def test_curve_flags_on_eight_devices_equal_one(name):
     pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
   _, x, y, target = _problem()
   _, curves = _curves(name)
-  dense = curves(x, y, target)[0]
+  dense = curves(x, y, target)[0]  # the one-device program of the test above
   mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
   with jax.set_mesh(mesh):
     put = lambda a: jax.device_put(a, NamedSharding(mesh, P("data")))
-    default = curves(put(x), put(y), put(target), True)[1]
-    chunked = curves(put(x), put(y), put(target))[1]
+    default, chunked = curves(put(x), put(y), put(target), ("default", "chunked"))
   _same(dense, default, f"{name}: 8 devices, early exit (no rows move)")
   _same(dense, chunked, f"{name}: 8 devices, early exit in chunks of 4 per device")
 
@@ -111,16 +118,24 @@ def test_curve_flags_on_eight_devices_equal_one(name):
 # The work falls as it should.
 
 def _linear_problem(batch: int, eps_scale: float):
-  """A 3-class linear model on flat inputs, its points, and eps: ``eps_scale`` times the largest
-  Linf distance of a point (``eps_scale > 1``: every point breaks at the first update), or times
-  the smallest (``eps_scale < 1``: no point can break)."""
+  """A 3-class linear model's weights ``(w, b)`` (float32, for
+  :func:`tests.models.linear_logits`) on flat inputs, its points, and eps: ``eps_scale`` times
+  the largest Linf distance of a point (``eps_scale > 1``: every point breaks at the first
+  update), or times the smallest (``eps_scale < 1``: no point can break)."""
   model = random_linear(0, 8, 3)
   rng = np.random.default_rng(1)
   x = rng.uniform(0.45, 0.55, size=(batch, 8)).astype(np.float32)
   y = np.argmax(np.asarray(model.logits_fn(jnp.asarray(x))), axis=1).astype(np.int32)
   distance = model.min_distance(x, y, "linf")
   eps = float(eps_scale * (distance.max() if eps_scale > 1 else distance.min()))
-  return model.logits_fn, jnp.asarray(x), jnp.asarray(y), eps
+  return model.weights(), jnp.asarray(x), jnp.asarray(y), eps
+
+
+def _counted_linear():
+  """``(model, counter)``: ``model(wb)`` is the linear model's logits function (built inside a
+  jitted function from traced weights) counting its rows into ``counter``."""
+  counted, counter = jr.metrics.count_evaluations(lambda x, wb: linear_logits(wb, x))
+  return (lambda wb: lambda x: counted(x, wb)), counter
 
 
 @pytest.mark.parametrize("attack, dense_gradient_rows", [
@@ -129,14 +144,15 @@ def _linear_problem(batch: int, eps_scale: float):
 ])
 def test_a_point_broken_at_the_first_update_costs_about_one_step(attack, dense_gradient_rows):
   batch = 64
-  logits_fn, x, y, eps = _linear_problem(batch, 20.0)
-  counted, counter = jr.metrics.count_evaluations(logits_fn)
-  run = jax.jit(lambda x, early: jr.run(attack, counted, x, y, jr.Budget(eps), jax.random.key(0),
-                                        early_exit=early), static_argnums=1)
+  wb, x, y, eps = _linear_problem(batch, 20.0)
+  model, counter = _counted_linear()
+  run = jax.jit(lambda wb, x, y, eps, key, early: jr.run(attack, model(wb), x, y, jr.Budget(eps),
+                                                         key, early_exit=early),
+                static_argnums=5)
   rows = {}
   for early in (False, True):
     counter.reset()
-    result = run(x, early)
+    result = run(wb, x, y, jnp.float32(eps), jax.random.key(0), early)
     jax.effects_barrier()
     assert bool(jnp.all(result.success))
     rows[early] = (counter.gradient, counter.forward)
@@ -150,14 +166,15 @@ def test_a_point_broken_at_the_first_update_costs_about_one_step(attack, dense_g
 
 def test_a_curve_costs_what_its_first_eps_costs_when_every_point_breaks_there():
   batch = 64
-  logits_fn, x, y, eps = _linear_problem(batch, 20.0)
-  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  wb, x, y, eps = _linear_problem(batch, 20.0)
+  model, counter = _counted_linear()
   attack = jr.attacks.pgd("linf", steps=50)
-  curve = jax.jit(lambda eps: jr.robustness_curve(attack, counted, x, y, eps, jax.random.key(0)))
+  curve = jax.jit(lambda wb, x, y, eps, key: jr.robustness_curve(attack, model(wb), x, y, eps,
+                                                                 key))
   rows = []
   for grid in (jnp.array([eps]), eps * jnp.linspace(1.0, 2.0, 8)):
     counter.reset()
-    result = curve(grid)
+    result = curve(wb, x, y, grid, jax.random.key(0))
     jax.effects_barrier()
     assert float(result.robust_accuracy[-1]) == 0.0
     rows.append(counter.total)
@@ -168,10 +185,12 @@ def test_a_curve_costs_what_its_first_eps_costs_when_every_point_breaks_there():
 def test_a_robust_point_runs_every_step():
   """Early exit must not cut the search short for points it has not broken."""
   batch = 64
-  logits_fn, x, y, eps = _linear_problem(batch, 0.5)  # below every point's distance
-  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  wb, x, y, eps = _linear_problem(batch, 0.5)  # below every point's distance
+  model, counter = _counted_linear()
   attack = jr.attacks.pgd("linf", steps=30)
-  result = jax.jit(lambda x: jr.run(attack, counted, x, y, jr.Budget(eps), jax.random.key(0)))(x)
+  result = jax.jit(lambda wb, x, y, eps, key: jr.run(attack, model(wb), x, y, jr.Budget(eps),
+                                                     key))(wb, x, y, jnp.float32(eps),
+                                                           jax.random.key(0))
   jax.effects_barrier()
   assert not bool(jnp.any(result.success))
   assert counter.gradient == (1 + 30) * batch
@@ -183,19 +202,20 @@ def test_a_robust_point_runs_every_step():
 @pytest.mark.parametrize("name", ["apgd-t-linf"])
 def test_result_of_a_row_does_not_depend_on_chunks_or_batch_order(name):
   attack = REGISTRY[name]()
-  logits_fn, x, y, target = _problem()
+  params, x, y, target = _problem()
   keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(5), i))(jnp.arange(BATCH))
   eps = jnp.full((BATCH,), EPS[attack.norm], jnp.float32)
   perm = np.random.default_rng(0).permutation(BATCH)
 
   @jax.jit
-  def runs(x, y, eps, keys):
+  def runs(params, x, y, eps, keys):
+    logits_fn = functools.partial(mlp_logits, params)
     run = functools.partial(jr.run, attack, logits_fn, x, y, jr.Budget(eps), keys)
     permuted = jr.run(attack, logits_fn, x[perm], y[perm], jr.Budget(eps[perm]), keys[perm],
                       chunk_size=4)
     return run(), run(chunk_size=4), run(chunk_size=8), permuted
 
-  whole, by_4, by_8, permuted = runs(x, y, eps, keys)
+  whole, by_4, by_8, permuted = runs(params, x, y, eps, keys)
   assert 0 < int(whole.success.sum()) < BATCH
   for other in (by_4, by_8):
     np.testing.assert_allclose(np.asarray(other.x_adv), np.asarray(whole.x_adv), atol=1e-6)
@@ -205,10 +225,11 @@ def test_result_of_a_row_does_not_depend_on_chunks_or_batch_order(name):
 
 def test_the_default_curve_does_not_unroll_the_attack():
   """One model evaluation per loop body, not one per step: compile time stays bounded."""
-  logits_fn, x, y, eps = _linear_problem(8, 2.0)
+  wb, x, y, eps = _linear_problem(8, 2.0)
   attack = jr.attacks.pgd("linf", steps=40)
-  jaxpr = jax.make_jaxpr(lambda eps: jr.robustness_curve(attack, logits_fn, x, y, eps,
-                                                         jax.random.key(0)))(jnp.array([eps]))
+  jaxpr = jax.make_jaxpr(lambda wb, x, y, eps, key: jr.robustness_curve(
+      attack, functools.partial(linear_logits, wb), x, y, eps, key))(wb, x, y, jnp.array([eps]),
+                                                               jax.random.key(0))
   text = str(jaxpr)
   assert "while" in text
   assert text.count("dot_general") < 20, text.count("dot_general")
@@ -216,16 +237,18 @@ def test_the_default_curve_does_not_unroll_the_attack():
 
 def test_early_exit_false_is_differentiable():
   """Adversarial training differentiates through the dense scan; early exit's loop cannot be."""
-  logits_fn, x, y, eps = _linear_problem(8, 2.0)
+  _, x, y, eps = _linear_problem(8, 2.0)
   w = jnp.ones((8, 3))
   attack = jr.attacks.pgd("linf", steps=3)
 
-  def loss(w, early):
+  def loss(w, x, y, eps, key, early):
     f = lambda x: x @ w
-    x_adv = jr.run(attack, f, x, y, jr.Budget(eps), jax.random.key(0), early_exit=early).x_adv
+    x_adv = jr.run(attack, f, x, y, jr.Budget(eps), key, early_exit=early).x_adv
     return jnp.sum(f(x_adv))
 
-  assert jnp.all(jnp.isfinite(jax.jit(jax.grad(loss), static_argnums=1)(w, False)))
+  grad = jax.jit(jax.grad(loss), static_argnums=5)(w, x, y, jnp.float32(eps), jax.random.key(0),
+                                                   False)
+  assert jnp.all(jnp.isfinite(grad))
 
 
 def test_rows_left_over_by_full_chunks_run_in_small_chunks():
@@ -238,7 +261,7 @@ def test_rows_left_over_by_full_chunks_run_in_small_chunks():
   x = jnp.arange(batch, dtype=jnp.float32)[:, None] * jnp.ones((1, 3), jnp.float32)
 
   @jax.jit
-  def loop(active):
+  def loop(active, x):
     fn = lambda out, v: (counted(v), None, jnp.ones((), jnp.int32))
     return compaction.chunk_loop(fn, active, chunk, (x,), jnp.full_like(x, -1.0), small=small)[0]
 
@@ -247,7 +270,7 @@ def test_rows_left_over_by_full_chunks_run_in_small_chunks():
     active = np.zeros(batch, bool)
     active[rng.permutation(batch)[:n]] = True
     counter.reset()
-    out = np.asarray(loop(jnp.asarray(active)))
+    out = np.asarray(loop(jnp.asarray(active), x))
     jax.effects_barrier()
     np.testing.assert_array_equal(out[active], 10.0 * np.asarray(x)[active])
     smalls = -(-(n % chunk) // small)
@@ -259,20 +282,19 @@ def test_a_grid_starting_at_zero_costs_nothing_there():
   """A ball of radius 0 holds only x: a curve over [0, e1, e2] runs the model on exactly the
   rows of the curve over [e1, e2] (beyond the clean pass), with the flags of the dense curve."""
   batch = 32
-  logits_fn, x, y, eps = _linear_problem(batch, 1.0)
-  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  wb, x, y, eps = _linear_problem(batch, 1.0)
+  model, counter = _counted_linear()
   attack = jr.attacks.pgd("linf", steps=10)
-  curve = jax.jit(lambda eps, early: jr.robustness_curve(attack, counted, x, y, eps,
-                                                         jax.random.key(0), early_exit=early),
-                  static_argnums=1)
+  curve = jax.jit(lambda wb, x, y, eps, key, early: jr.robustness_curve(
+      attack, model(wb), x, y, eps, key, early_exit=early), static_argnums=5)
   rows, results = [], []
   for grid in (jnp.array([eps, 2 * eps]), jnp.array([0.0, eps, 2 * eps])):
     counter.reset()
-    results.append(curve(grid, True))
+    results.append(curve(wb, x, y, grid, jax.random.key(0), True))
     jax.effects_barrier()
     rows.append(counter.total)
   assert rows[0] == rows[1], rows
-  dense = curve(jnp.array([0.0, eps, 2 * eps]), False)
+  dense = curve(wb, x, y, jnp.array([0.0, eps, 2 * eps]), jax.random.key(0), False)
   np.testing.assert_array_equal(np.asarray(results[1].robust), np.asarray(dense.robust))
   np.testing.assert_array_equal(np.asarray(results[1].robust)[1:], np.asarray(results[0].robust))
   assert int(np.asarray(results[1].robust)[-1].sum()) < batch  # the largest eps does break points
@@ -282,17 +304,17 @@ def test_remainder_chunks_give_the_dense_verdicts_with_fewer_rows():
   """A batch of four chunks and more re-compacts its last rows into chunks of an eighth
   (``early_exit.remainder_rows``): the success flags of the dense run, for fewer rows."""
   batch = 64
-  logits_fn, x, y, eps = _linear_problem(batch, 1.01)
+  wb, x, y, eps = _linear_problem(batch, 1.01)
   eps = 0.7 * eps / 1.01  # below the largest distance: most points break, not all
-  counted, counter = jr.metrics.count_evaluations(logits_fn)
+  model, counter = _counted_linear()
   attack = jr.attacks.pgd("linf", steps=20)
-  run = jax.jit(lambda early: jr.run(attack, counted, x, y, jr.Budget(eps), jax.random.key(0),
-                                     early_exit=early, chunk_size=16).success,
-                static_argnums=0)
+  run = jax.jit(lambda wb, x, y, eps, key, early: jr.run(
+      attack, model(wb), x, y, jr.Budget(eps), key, early_exit=early, chunk_size=16).success,
+      static_argnums=5)
   rows, flags = [], []
   for early in (False, True):
     counter.reset()
-    flags.append(np.asarray(run(early)))
+    flags.append(np.asarray(run(wb, x, y, jnp.float32(eps), jax.random.key(0), early)))
     jax.effects_barrier()
     rows.append(counter.gradient)
   np.testing.assert_array_equal(flags[1], flags[0])
@@ -329,8 +351,11 @@ def test_a_declared_shared_leaf_is_neither_frozen_nor_compacted(chunk_size):
   start = np.array([0.05, 3.5, 0.25, 1.2, 0.65, 2.0, 0.95, 2.6], np.float32)
   x = jnp.asarray(start)[:, None]
   logits_fn = lambda v: jnp.concatenate([v, -v], axis=1)
-  result = jr.run(_schedule_attack(batch), logits_fn, x, jnp.zeros(batch, jnp.int32),
-                  jr.Budget(10.0, -10.0, 10.0), jax.random.key(0), chunk_size=chunk_size)
+  # Jitted (one compilation, not one per operation: a third of the eager run's CPU time).
+  run = jax.jit(lambda x, y, budget, key: jr.run(_schedule_attack(batch), logits_fn, x, y,
+                                                 budget, key, chunk_size=chunk_size))
+  result = run(x, jnp.zeros(batch, jnp.int32),
+               jr.Budget(*(jnp.float32(v) for v in (10.0, -10.0, 10.0))), jax.random.key(0))
   travelled = np.cumsum(0.1 * np.arange(1, batch + 1, dtype=np.float32))
   first = np.argmax(start[:, None] - travelled[None, :] < 0, axis=1)
   assert np.all(start - travelled[-1] < 0)  # every row breaks within the steps
@@ -345,7 +370,10 @@ def test_an_undeclared_leaf_not_led_by_the_batch_is_refused():
     t: jax.Array
 
   x = jnp.linspace(0.1, 0.8, 8)[:, None]
+  # Under jit the error is raised while tracing, before anything compiles or runs.
+  run = jax.jit(lambda x, y, budget, key: jr.run(
+      _schedule_attack(5, Undeclared), lambda v: jnp.concatenate([v, -v], axis=1), x, y, budget,
+      key, chunk_size=2))
   with pytest.raises(ValueError, match=r"\.schedule of shape \(5,\).*shared_fields"):
-    jr.run(_schedule_attack(5, Undeclared), lambda v: jnp.concatenate([v, -v], axis=1), x,
-           jnp.zeros(8, jnp.int32), jr.Budget(10.0, -10.0, 10.0), jax.random.key(0),
-           chunk_size=2)
+    run(x, jnp.zeros(8, jnp.int32), jr.Budget(*(jnp.float32(v) for v in (10.0, -10.0, 10.0))),
+        jax.random.key(0))
