@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import jaxrobust as jr
-from tests.models import mlp
+from tests.models import mlp_logits, mlp_params
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -20,12 +22,14 @@ EPS = 0.08
 
 @pytest.fixture(scope="module")
 def problem():
-  logits_fn = mlp(3, int(np.prod(SHAPE)), 16, CLASSES)
+  """The MLP's weights (for :func:`tests.models.mlp_logits`, passed to every jitted function as
+  an argument) and the data."""
+  params = mlp_params(3, int(np.prod(SHAPE)), 16, CLASSES)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.uniform(0, 1, size=(BATCH,) + SHAPE), jnp.float32)
-  y = jnp.argmax(logits_fn(x), axis=1).astype(jnp.int32)
+  y = jnp.argmax(mlp_logits(params, x), axis=1).astype(jnp.int32)
   y = y.at[:3].set((y[:3] + 1) % CLASSES)  # three clean-misclassified points
-  return logits_fn, x, y
+  return params, x, y
 
 
 # A deliberately weak first member (one quarter-eps step from a random start), so that later
@@ -37,18 +41,18 @@ MEMBERS = (jr.attacks.pgd("linf", steps=1, step_size=0.25),
 
 @pytest.fixture(scope="module")
 def results(problem):
-  logits_fn, x, y = problem
-  key = jax.random.key(7)
+  params, x, y = problem
 
   @jax.jit
-  def run_all(x, y):
-    alone = [jr.run(m, logits_fn, x, y, jr.Budget(EPS), key) for m in MEMBERS]
-    together = jr.run(jr.attacks.ensemble(*MEMBERS), logits_fn, x, y, jr.Budget(EPS), key)
-    chunked = [jr.run(jr.attacks.ensemble(*MEMBERS), logits_fn, x, y, jr.Budget(EPS), key,
+  def run_all(params, x, y, eps, key):
+    logits_fn = functools.partial(mlp_logits, params)
+    alone = [jr.run(m, logits_fn, x, y, jr.Budget(eps), key) for m in MEMBERS]
+    together = jr.run(jr.attacks.ensemble(*MEMBERS), logits_fn, x, y, jr.Budget(eps), key)
+    chunked = [jr.run(jr.attacks.ensemble(*MEMBERS), logits_fn, x, y, jr.Budget(eps), key,
                       chunk_size=c) for c in (1, 5, BATCH)]
     return alone, together, chunked
 
-  return run_all(x, y)
+  return run_all(params, x, y, jnp.float32(EPS), jax.random.key(7))
 
 
 def test_ensemble_breaks_every_point_any_member_breaks(results):
@@ -101,22 +105,23 @@ def test_compaction_equals_dense(results):
 
 def test_broken_points_cost_nothing(problem):
   """Counts the rows the model evaluates at run time: skipped points never reach it."""
-  logits_fn, x, y = problem
+  params, x, y = problem
   rows = []
 
-  def counted(inputs):
+  def counted(params, inputs):
     jax.debug.callback(lambda n: rows.append(int(n)), jnp.asarray(inputs.shape[0]))
-    return logits_fn(inputs)
+    return mlp_logits(params, inputs)
 
   attack = jr.attacks.ensemble(jr.attacks.pgd("linf", steps=8), jr.attacks.pgd("linf", steps=8))
   everyone_wrong = (y + 1) % CLASSES
-  run = jax.jit(lambda y, c, early: jr.run(attack, counted, x, y, jr.Budget(EPS),
-                                           jax.random.key(0), chunk_size=c, early_exit=early),
-                static_argnums=(1, 2))
+  run = jax.jit(lambda params, x, y, eps, key, c, early: jr.run(
+      attack, functools.partial(counted, params), x, y, jr.Budget(eps), key, chunk_size=c,
+      early_exit=early), static_argnums=(5, 6))
   counts = {}
   for c, early in ((4, False), (None, True), (4, True), (None, False)):
     rows.clear()
-    jax.block_until_ready(run(everyone_wrong, c, early))
+    jax.block_until_ready(run(params, x, everyone_wrong, jnp.float32(EPS), jax.random.key(0), c,
+                              early))
     counts[c, early] = sum(rows)
   # Dense: two members x (8 steps + finalize) on the whole batch.
   assert counts[None, False] >= 2 * 9 * BATCH
@@ -128,12 +133,18 @@ def test_broken_points_cost_nothing(problem):
 
 
 def test_curve_with_skipping_equals_dense_curve(problem):
-  logits_fn, x, y = problem
+  params, x, y = problem
   attack = jr.attacks.ensemble(jr.attacks.fgsm("linf"), jr.attacks.pgd("linf", steps=4))
   eps = jnp.array([0.1, 0.02, 0.05, 0.05, 0.0, 0.2])  # unsorted, duplicated, zero
-  curve = jax.jit(lambda e, c: jr.robustness_curve(attack, logits_fn, x, y, e, jax.random.key(3),
-                                                   chunk_size=c), static_argnums=1)
-  dense, skipped = curve(eps, None), curve(eps, 3)
+
+  @jax.jit
+  def curves(params, x, y, e, key):
+    """The dense curve and the one with skipping (in chunks of 3 rows), one program."""
+    curve = functools.partial(jr.robustness_curve, attack, functools.partial(mlp_logits, params),
+                              x, y, e, key)
+    return curve(chunk_size=None), curve(chunk_size=3)
+
+  dense, skipped = curves(params, x, y, eps, jax.random.key(3))
   np.testing.assert_array_equal(np.asarray(skipped.robust), np.asarray(dense.robust))
   assert float(dense.robust_accuracy[4]) == float(dense.clean_accuracy)
   assert 0 < float(dense.robust_accuracy[-1]) < float(dense.robust_accuracy[1])
@@ -145,11 +156,12 @@ def test_skipping_curve_sharded_over_8_devices(problem):
 
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
-  logits_fn, x, y = problem
+  params, x, y = problem
   attack = jr.attacks.ensemble(jr.attacks.fgsm("linf"), jr.attacks.pgd("linf", steps=3))
   eps = jnp.array([0.03, 0.1])
-  curve = jax.jit(lambda x, y: jr.robustness_curve(attack, logits_fn, x, y, eps,
-                                                   jax.random.key(3), chunk_size=2))
+  run = jax.jit(lambda params, x, y, eps, key: jr.robustness_curve(
+      attack, functools.partial(mlp_logits, params), x, y, eps, key, chunk_size=2))
+  curve = lambda x, y: run(params, x, y, eps, jax.random.key(3))
   single = curve(x, y)
   for axis_type in (AxisType.Explicit, AxisType.Auto):
     mesh = jax.make_mesh((8,), ("batch",), axis_types=(axis_type,))
@@ -160,15 +172,15 @@ def test_skipping_curve_sharded_over_8_devices(problem):
 
 
 def test_targeted_members(problem):
-  logits_fn, x, y = problem
+  params, x, y = problem
   target = (y + 2) % CLASSES
   members = (jr.attacks.fgsm("linf", targeted=True), jr.attacks.pgd("linf", steps=5,
                                                                    targeted=True))
-  key = jax.random.key(1)
   # One compilation for the ensemble and its members alone.
-  together, *alone = jax.jit(lambda x, y, target: [
-      jr.run(attack, logits_fn, x, y, jr.Budget(0.15), key, target)
-      for attack in (jr.attacks.ensemble(*members), *members)])(x, y, target)
+  together, *alone = jax.jit(lambda params, x, y, target, eps, key: [
+      jr.run(attack, functools.partial(mlp_logits, params), x, y, jr.Budget(eps), key, target)
+      for attack in (jr.attacks.ensemble(*members), *members)])(
+          params, x, y, target, jnp.float32(0.15), jax.random.key(1))
   hit = jnp.argmax(together.logits, axis=1) == target
   # Targeted success means the target was reached, also on the three clean-misclassified points
   # (returned unchanged): jr.run's contract, which used to count them as successes.
@@ -193,7 +205,8 @@ def test_bad_members(members, error):
 
 
 def test_bad_chunk_sizes(problem):
-  logits_fn, x, y = problem
+  params, x, y = problem
+  logits_fn = functools.partial(mlp_logits, params)
   attack = jr.attacks.pgd("linf", steps=2)
   for bad in (0, -1, 2.5, True):
     with pytest.raises(ValueError, match="chunk_size"):
@@ -207,7 +220,7 @@ def test_a_suite_built_by_hand_runs_like_the_ensemble_with_its_checks(problem, r
   """``jr.Suite``: members chosen from the class count, checks reported as flags and counts. The
   same members as the ensemble give the same breakdown; the check counts the rows the last
   member alone broke, which the breakdown determines."""
-  logits_fn, x, y = problem
+  params, x, y = problem
   _, together, _ = results
   seen = {}
 
@@ -223,8 +236,9 @@ def test_a_suite_built_by_hand_runs_like_the_ensemble_with_its_checks(problem, r
 
   base = jr.attacks.ensemble(*MEMBERS)
   suite = base._replace(suite=jr.Suite(members, checks), name="by-hand")
-  result = jax.jit(lambda x, y: jr.run(suite, logits_fn, x, y, jr.Budget(EPS),
-                                       jax.random.key(7)))(x, y)
+  result = jax.jit(lambda params, x, y, eps, key: jr.run(
+      suite, functools.partial(mlp_logits, params), x, y, jr.Budget(eps), key))(
+          params, x, y, jnp.float32(EPS), jax.random.key(7))
   assert seen["classes"] == CLASSES
   robust_after = np.asarray(result.info["robust_after"])
   np.testing.assert_array_equal(robust_after, np.asarray(together.info["robust_after"]))
