@@ -18,8 +18,10 @@ from tests.models import (
   assert_explicit_sharding_matches_one_device,
   assert_unfrozen_rows_close,
   frozen_scan,
+  linear_logits,
   linear_points,
-  mlp,
+  mlp_logits,
+  mlp_params,
   random_linear,
 )
 
@@ -106,7 +108,8 @@ def test_projection_matches_float64_reference(norm, dtype):
 
 @functools.cache
 def _linear_run(norm: str, mode: str, class_chunk: int | None = None, restarts: int = 1):
-  """One jitted run per configuration, with per-example eps (compiled once)."""
+  """One jitted run per configuration, with per-example eps (compiled once): ``run(x, y, eps,
+  target=None)``, the weights and the key passed to the jitted function as arguments."""
   model = random_linear(0, int(np.prod(SHAPE)), CLASSES)
   if mode == "fab-t":
     attack = fab(norm, targeted=True, n_target_classes=CLASSES - 1, steps=STEPS)
@@ -116,9 +119,11 @@ def _linear_run(norm: str, mode: str, class_chunk: int | None = None, restarts: 
     attack = fab(norm, steps=STEPS, class_chunk=class_chunk, restarts=restarts)
 
   @jax.jit
-  def run(x, y, eps, target=None):
-    return jr.run(attack, model.logits_fn, x, y, jr.Budget(eps), jax.random.key(0), target)
+  def jitted(wb, x, y, eps, key, target):
+    return jr.run(attack, functools.partial(linear_logits, wb), x, y, jr.Budget(eps), key, target)
 
+  wb = model.weights()
+  run = lambda x, y, eps, target=None: jitted(wb, x, y, eps, jax.random.key(0), target)
   return model, attack, run
 
 
@@ -238,11 +243,12 @@ def test_bad_options_raise(kwargs):
 
 
 def test_too_many_target_classes_raise():
-  logits_fn = mlp(0, 4, 4, 3)
+  params = mlp_params(0, 4, 4, 3)
   x, y = jnp.full((2, 4), 0.5, jnp.float32), jnp.zeros((2,), jnp.int32)
   # Under jit the errors are raised while tracing, before anything compiles.
-  run = lambda attack, target=None: jax.jit(lambda: jr.run(
-      attack, logits_fn, x, y, jr.Budget(0.1), jax.random.key(0), target))()
+  run = lambda attack, target=None: jax.jit(lambda params, x, y, eps, key, target: jr.run(
+      attack, functools.partial(mlp_logits, params), x, y, jr.Budget(eps), key, target))(
+          params, x, y, jnp.float32(0.1), jax.random.key(0), target)
   with pytest.raises(ValueError, match="n_target_classes"):
     run(fab("linf", targeted=True, n_target_classes=3))
   with pytest.raises(ValueError, match="target"):  # FAB-T takes no target=
@@ -268,7 +274,7 @@ def test_done_only_inside_a_finite_ball_and_freezing_keeps_the_verdicts():
   attack = fab(norm, targeted=True, n_target_classes=CLASSES - 1, steps=4)
   keys = jax.random.split(jax.random.key(0), BATCH)
   (first, x_first), (done, x_dense), (done_frozen, x_frozen) = frozen_scan(
-      attack, model.logits_fn, jnp.asarray(x), jnp.asarray(y), budget, keys)
+      attack, linear_logits, jnp.asarray(x), jnp.asarray(y), budget, keys, params=model.weights())
   first, done, done_frozen = (np.asarray(v) for v in (first, done, done_frozen))
   changed = lambda v: np.any(np.asarray(v) != x, axis=(1, 2))
   adversarial = lambda v: (np.argmax(np.asarray(model.logits_fn(v)), axis=1) != y) & changed(v)
@@ -313,17 +319,18 @@ def test_early_exit_stops_attacking_points_broken_inside_the_ball():
   instead of two per step; at ``eps = inf`` (the minimum-norm search) nothing stops early."""
   norm = "linf"
   model = random_linear(0, int(np.prod(SHAPE)), CLASSES)
-  counted, counter = jr.metrics.count_evaluations(model.logits_fn)
+  counted, counter = jr.metrics.count_evaluations(lambda v, wb: linear_logits(wb, v))
   x, y, dist = linear_points(model, 6, BATCH, SHAPE, norm)
   attack = fab(norm, targeted=True, n_target_classes=CLASSES - 1, steps=STEPS)
-  run = jax.jit(lambda eps, early_exit: jr.run(attack, counted, jnp.asarray(x), jnp.asarray(y),
-                                               jr.Budget(eps), jax.random.key(0),
-                                               early_exit=early_exit), static_argnums=1)
+  run = jax.jit(lambda wb, x, y, eps, key, early_exit: jr.run(
+      attack, lambda v: counted(v, wb), x, y, jr.Budget(eps), key, early_exit=early_exit),
+      static_argnums=5)
   rows = {}
   for name, eps, early_exit in (("early", 3 * dist, True), ("dense", 3 * dist, False),
                                 ("min-norm", np.full(BATCH, np.inf), True)):
     counter.reset()
-    result = run(jnp.asarray(eps, jnp.float32), early_exit)
+    result = run(model.weights(), jnp.asarray(x), jnp.asarray(y), jnp.asarray(eps, jnp.float32),
+                 jax.random.key(0), early_exit)
     jax.effects_barrier()
     assert np.asarray(result.success).all()
     rows[name] = counter.total
