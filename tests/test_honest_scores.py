@@ -63,20 +63,31 @@ ATTACKS = {
 }
 
 
-def one_program(runs):
-  """``name -> result`` of the argument-less ``runs[name]()``, compiled together into one program
-  (one compilation instead of one per run) on first use. If that raises, each run is compiled on
-  its own, so only the tests of the runs that raise fail."""
+def _budget_argument(eps):
+  """A finite eps as a jit argument; ``None`` for the minimum-norm attacks' ``eps = inf``, which
+  stays a constant of the program (traced, it cost ~8 s more CPU in tests/test_min_norm_found)."""
+  return jnp.float32(eps) if np.isfinite(eps) else None
+
+
+def _budget(eps):
+  return jnp.inf if eps is None else eps
+
+
+def one_program(runs, *args):
+  """``name -> result`` of ``runs[name](*args)``, compiled together into one program (one
+  compilation instead of one per run) on first use; ``args`` (weights, data, budgets, keys) are
+  the program's arguments, never constants folded into it. If that raises, each run is compiled
+  on its own, so only the tests of the runs that raise fail."""
   names, results = list(runs), {}
 
   def get(name):
     if not results:
       try:  # a list: the names need not be sortable pytree keys
-        results.update(zip(names, jax.jit(lambda: [runs[n]() for n in names])()))
+        results.update(zip(names, jax.jit(lambda *a: [runs[n](*a) for n in names])(*args)))
       except Exception:  # noqa: BLE001 - the test of the run that raises reports it
         results.update({n: None for n in names})
     if results[name] is None:
-      results[name] = jax.jit(runs[name])()
+      results[name] = jax.jit(runs[name])(*args)
     return results[name]
 
   return get
@@ -85,12 +96,15 @@ def one_program(runs):
 @pytest.fixture(scope="module")
 def nan_gradient_runs(problem):
   w, v, x, y = problem
-  model = functools.partial(nan_gradient, w, v)
   attacks = {name: make() for name, (make, _) in ATTACKS.items()}
-  return attacks, one_program({
-      name: functools.partial(jr.run, attacks[name], model, x, y, jr.Budget(eps),
-                              jax.random.key(0))
-      for name, (_, eps) in ATTACKS.items()})
+  eps = {name: _budget_argument(eps) for name, (_, eps) in ATTACKS.items()}
+
+  def run(name, w, v, x, y, eps, key):
+    return jr.run(attacks[name], functools.partial(nan_gradient, w, v), x, y,
+                  jr.Budget(_budget(eps[name])), key)
+
+  return attacks, one_program({name: functools.partial(run, name) for name in ATTACKS},
+                              w, v, x, y, eps, jax.random.key(0))
 
 
 @pytest.mark.parametrize("name", sorted(ATTACKS))
@@ -118,8 +132,9 @@ def test_nan_gradients_give_finite_points_and_a_flag(problem, nan_gradient_runs,
 
 def test_plain_model_raises_no_gradient_flag(problem):
   w, _, x, y = problem
-  result = jax.jit(lambda x, y: jr.run(jr.attacks.pgd(steps=3), functools.partial(linear, w), x,
-                                       y, jr.Budget(0.05), jax.random.key(0)))(x, y)
+  result = jax.jit(lambda w, x, y, eps, key: jr.run(
+      jr.attacks.pgd(steps=3), functools.partial(linear, w), x, y, jr.Budget(eps), key))(
+          w, x, y, jnp.float32(0.05), jax.random.key(0))
   assert not bool(result.info["flags"]["non_finite_gradients"])
   assert int(result.info["counts"]["non_finite_gradient_points"]) == 0
   assert not bool(result.info["flags"]["non_finite_adversarials"])
@@ -127,9 +142,9 @@ def test_plain_model_raises_no_gradient_flag(problem):
 
 def test_nan_gradient_curve_at_eps_zero_is_clean_accuracy_and_flagged(problem):
   w, v, x, y = problem
-  model = functools.partial(nan_gradient, w, v)
-  curve = jax.jit(lambda x, y: jr.robustness_curve(
-      jr.attacks.pgd("l2", steps=5), model, x, y, jnp.array([0.0, 0.5]), jax.random.key(0)))(x, y)
+  curve = jax.jit(lambda w, v, x, y, eps, key: jr.robustness_curve(
+      jr.attacks.pgd("l2", steps=5), functools.partial(nan_gradient, w, v), x, y, eps, key))(
+          w, v, x, y, jnp.array([0.0, 0.5]), jax.random.key(0))
   assert float(curve.robust_accuracy[0]) == float(curve.clean_accuracy) == 1.0
   assert bool(curve.info["flags"]["non_finite_gradients"])
 
@@ -197,9 +212,10 @@ def test_run_attack_counts_non_finite_gradients_on_active_rows_only(problem):
 @pytest.mark.parametrize("norm", ["linf", "l2"])
 def test_huge_logits_do_not_break_points_at_eps_zero(problem, norm):
   w, _, x, y = problem
-  model = lambda x: 1e9 * linear(w, x)  # overflows the loss, not the prediction
-  result = jax.jit(lambda x, y: jr.run(jr.attacks.pgd(norm, steps=5), model, x, y,
-                                       jr.Budget(0.0), jax.random.key(0)))(x, y)
+  model = lambda w, x: 1e9 * linear(w, x)  # overflows the loss, not the prediction
+  result = jax.jit(lambda w, x, y, eps, key: jr.run(
+      jr.attacks.pgd(norm, steps=5), functools.partial(model, w), x, y, jr.Budget(eps), key))(
+          w, x, y, jnp.float32(0.0), jax.random.key(0))
   np.testing.assert_array_equal(np.asarray(result.x_adv), np.asarray(x))
   assert not np.asarray(result.success).any()
 
@@ -226,11 +242,15 @@ TARGETED = {
 def targeted_runs(problem):
   w, _, x, y = problem
   y_used, target = _misclassified_half(y)
-  model = functools.partial(linear, w)
-  return one_program({
-      name: functools.partial(jr.run, make(), model, x, y_used, jr.Budget(eps),
-                              jax.random.key(0), target=target)
-      for name, (make, eps) in TARGETED.items()})
+  attacks = {name: make() for name, (make, _) in TARGETED.items()}
+  eps = {name: _budget_argument(eps) for name, (_, eps) in TARGETED.items()}
+
+  def run(name, w, x, y, target, eps, key):
+    return jr.run(attacks[name], functools.partial(linear, w), x, y, jr.Budget(_budget(eps[name])),
+                  key, target=target)
+
+  return one_program({name: functools.partial(run, name) for name in TARGETED},
+                     w, x, y_used, target, eps, jax.random.key(0))
 
 
 @pytest.mark.parametrize("name", sorted(TARGETED))
@@ -256,11 +276,11 @@ def test_targeted_curve_counts_points_whose_prediction_left_y(problem):
   model = functools.partial(linear, w)
   attack = jr.attacks.pgd("linf", steps=5, targeted=True)
   eps = jnp.array([0.0, 0.02, 0.1])
-  curve = jax.jit(lambda x, y, eps: jr.robustness_curve(attack, model, x, y, eps,
-                                                       jax.random.key(0), target=target))(
-      x, y_used, eps)
-  run = jax.jit(lambda x, y, eps, keys: jr.run(attack, model, x, y, jr.Budget(eps), keys,
-                                               target=target))
+  curve = jax.jit(lambda w, x, y, eps, key, target: jr.robustness_curve(
+      attack, functools.partial(linear, w), x, y, eps, key, target=target))(
+          w, x, y_used, eps, jax.random.key(0), target)
+  run = jax.jit(lambda w, x, y, eps, keys, target: jr.run(
+      attack, functools.partial(linear, w), x, y, jr.Budget(eps), keys, target=target))
   correct = np.asarray(jnp.argmax(model(x), axis=1) == y_used)
   assert float(curve.clean_accuracy) == pytest.approx(correct.mean())
   # The curve runs eps k with each example's key (fold_in(key, i)) folded with k.
@@ -268,7 +288,7 @@ def test_targeted_curve_counts_points_whose_prediction_left_y(problem):
       jnp.arange(BATCH, dtype=jnp.uint32))
   for k, e in enumerate(np.asarray(eps)):
     keys_k = jax.vmap(lambda key: jax.random.fold_in(key, k))(keys)
-    result = run(x, y_used, jnp.float32(e), keys_k)
+    result = run(w, x, y_used, jnp.float32(e), keys_k, target)
     robust = correct & np.asarray(jnp.argmax(model(result.x_adv), axis=1) == y_used)
     if k:  # the curve also takes the worst case over smaller eps
       robust &= np.asarray(curve.robust[k - 1])
@@ -279,11 +299,13 @@ def test_invalid_label_with_nan_logits_is_not_correct(problem):
   _, _, x, y = problem
   model = lambda x: jnp.full((x.shape[0], CLASSES), jnp.nan)
   labels = jnp.full_like(y, -1)  # only shape-checked inside jit
-  result = jax.jit(lambda x, y: jr.run(jr.attacks.fgsm(), model, x, y, jr.Budget(0.05),
-                                       jax.random.key(0)))(x, labels)
+  result = jax.jit(lambda x, y, eps, key: jr.run(jr.attacks.fgsm(), model, x, y, jr.Budget(eps),
+                                                 key))(x, labels, jnp.float32(0.05),
+                                                       jax.random.key(0))
   assert np.asarray(result.success).all()
-  curve = jax.jit(lambda x, y: jr.robustness_curve(jr.attacks.fgsm(), model, x, y,
-                                                   jnp.array([0.0]), jax.random.key(0)))(x, labels)
+  curve = jax.jit(lambda x, y, eps, key: jr.robustness_curve(jr.attacks.fgsm(), model, x, y, eps,
+                                                             key))(x, labels, jnp.array([0.0]),
+                                                                   jax.random.key(0))
   assert float(curve.clean_accuracy) == 0.0
 
 
@@ -292,7 +314,11 @@ LOW_PRECISION_EPS = {"linf": 0.05, "l2": 0.3, "l1": 1.0}
 
 
 def low_precision_model(w, dtype):
-  return lambda x: linear(w.astype(dtype), x.astype(dtype)).astype(jnp.float32)
+  return functools.partial(_low_precision_logits, dtype, w)
+
+
+def _low_precision_logits(dtype, w, x):
+  return linear(w.astype(dtype), x.astype(dtype)).astype(jnp.float32)
 
 
 def low_precision_problem(problem, dtype):
@@ -304,14 +330,17 @@ def low_precision_problem(problem, dtype):
 @pytest.fixture(scope="module")
 def low_precision_runs(problem):
   w = problem[0]
-  runs = {}
-  for dtype in LOW_PRECISION:
-    xl, yl = low_precision_problem(problem, dtype)
-    for norm, eps in LOW_PRECISION_EPS.items():
-      runs[dtype, norm] = functools.partial(jr.run, jr.attacks.pgd(norm, steps=5),
-                                            low_precision_model(w, dtype), xl, yl,
-                                            jr.Budget(eps), jax.random.key(0))
-  return one_program(runs)
+  data = {jnp.dtype(dtype).name: low_precision_problem(problem, dtype) for dtype in LOW_PRECISION}
+  eps = {norm: jnp.float32(eps) for norm, eps in LOW_PRECISION_EPS.items()}
+
+  def run(dtype, norm, w, data, eps, key):
+    xl, yl = data[jnp.dtype(dtype).name]
+    return jr.run(jr.attacks.pgd(norm, steps=5), low_precision_model(w, dtype), xl, yl,
+                  jr.Budget(eps[norm]), key)
+
+  return one_program({(dtype, norm): functools.partial(run, dtype, norm)
+                      for dtype in LOW_PRECISION for norm in LOW_PRECISION_EPS},
+                     w, data, eps, jax.random.key(0))
 
 
 @pytest.mark.parametrize("dtype", LOW_PRECISION)
@@ -349,25 +378,29 @@ def mesh_entries(problem):
   """``entry -> (fn, its one-device result)``: the reference is compiled once per entry, not once
   per (mesh, set_mesh) case."""
   w, _, x, y = problem
-  model = functools.partial(linear, w)
-  eps = jnp.array([0.0, 0.03, 0.1])
-  key = jax.random.key(0)
+  # The weights, budgets and key are arguments too: (w, x, y, curve eps, run eps, key).
+  params = (w, jnp.array([0.0, 0.03, 0.1]), jnp.float32(0.05), jax.random.key(0))
   attack = jr.attacks.auto_attack("linf", n_target_classes=2, steps=3, queries=10)
   fns = {
-      "run": lambda x, y: jr.run(jr.attacks.pgd(steps=3), model, x, y, jr.Budget(0.05),
-                                 key).success,
-      "curve": lambda x, y: jr.robustness_curve(jr.attacks.pgd(steps=3), model, x, y, eps,
-                                                key).robust,
-      "curve_chunked": lambda x, y: jr.robustness_curve(jr.attacks.pgd(steps=3), model, x, y,
-                                                        eps, key, chunk_size=8).robust,
-      "auto_attack_chunked": lambda x, y: jr.run(attack, model, x, y, jr.Budget(0.05), key,
-                                                 chunk_size=8).success,
+      "run": lambda w, x, y, eps, run_eps, key: jr.run(
+          jr.attacks.pgd(steps=3), functools.partial(linear, w), x, y, jr.Budget(run_eps),
+          key).success,
+      "curve": lambda w, x, y, eps, run_eps, key: jr.robustness_curve(
+          jr.attacks.pgd(steps=3), functools.partial(linear, w), x, y, eps, key).robust,
+      "curve_chunked": lambda w, x, y, eps, run_eps, key: jr.robustness_curve(
+          jr.attacks.pgd(steps=3), functools.partial(linear, w), x, y, eps, key,
+          chunk_size=8).robust,
+      "auto_attack_chunked": lambda w, x, y, eps, run_eps, key: jr.run(
+          attack, functools.partial(linear, w), x, y, jr.Budget(run_eps), key,
+          chunk_size=8).success,
   }
   cache = {}
 
   def get(entry):
     if entry not in cache:
-      cache[entry] = fns[entry], np.asarray(jax.jit(fns[entry])(x, y))
+      w, eps, run_eps, key = params
+      cache[entry] = fns[entry], params, np.asarray(
+          jax.jit(fns[entry])(w, x, y, eps, run_eps, key))
     return cache[entry]
 
   return get
@@ -377,15 +410,15 @@ def mesh_entries(problem):
 def test_sharded_arrays_with_and_without_set_mesh(problem, mesh_entries, axes, set_mesh, entry):
   _, _, x, y = problem
   mesh = _meshes()[axes]
-  entry_fn, expected = mesh_entries(entry)
-  fn = lambda x, y: entry_fn(x, y)  # a new function: traced afresh, never a cached program
+  entry_fn, (w, eps, run_eps, key), expected = mesh_entries(entry)
+  fn = lambda *a: entry_fn(*a)  # a new function: traced afresh, never a cached program
   xs = jax.device_put(x, NamedSharding(mesh, P("data")))
   ys = jax.device_put(y, NamedSharding(mesh, P("data")))
   if set_mesh:
     with jax.set_mesh(mesh):
-      got = jax.jit(fn)(xs, ys)
+      got = jax.jit(fn)(w, xs, ys, eps, run_eps, key)
   else:
-    got = jax.jit(fn)(xs, ys)
+    got = jax.jit(fn)(w, xs, ys, eps, run_eps, key)
   np.testing.assert_array_equal(np.asarray(got), expected)
 
 
