@@ -19,7 +19,8 @@ from tests.models import (
   Linear,
   assert_explicit_sharding_matches_one_device,
   linear_points,
-  mlp,
+  mlp_logits,
+  mlp_params,
   random_linear,
 )
 
@@ -134,17 +135,18 @@ MLP_EPS = 0.06
 
 @pytest.fixture(scope="module")
 def mlp_problem():
-  logits_fn = mlp(0, 16, 32, MLP_CLASSES)
+  params = mlp_params(0, 16, 32, MLP_CLASSES)
   rng = np.random.default_rng(0)
   x = jnp.asarray(rng.uniform(0, 1, size=(96,) + MLP_SHAPE), jnp.float32)
-  y = jr.predict(logits_fn(x))  # every point correct on the clean input
-  return logits_fn, x, y
+  y = jr.predict(mlp_logits(params, x))  # every point correct on the clean input
+  return params, x, y
 
 
 def _robust(attack, problem, key=0):
-  logits_fn, x, y = problem
-  run = jax.jit(lambda x, y, k: jr.run(attack, logits_fn, x, y, jr.Budget(MLP_EPS), k))
-  return ~np.asarray(run(x, y, jax.random.key(key)).success)
+  params, x, y = problem
+  run = jax.jit(lambda params, x, y, eps, k: jr.run(
+      attack, functools.partial(mlp_logits, params), x, y, jr.Budget(eps), k))
+  return ~np.asarray(run(params, x, y, jnp.float32(MLP_EPS), jax.random.key(key)).success)
 
 
 @pytest.fixture(scope="module")
@@ -279,16 +281,16 @@ def test_linf_iterates_follow_the_reference_loop():
   it fail. (On the plain digits MLP and CNN, APGD-CE started from the reference's own random
   starts reproduces the reference's robust counts seed by seed.)"""
   net = _relu_net()
-  w1, b1, w2 = (jnp.asarray(a) for a in net)
-  logits_fn = lambda v: jax.nn.relu(v @ w1 + b1[None, :]) @ w2
+  relu_net = lambda net, v: jax.nn.relu(v @ net[0] + net[1][None, :]) @ net[2]
   x = np.random.default_rng(8).uniform(0, 1, size=(REF_N, REF_DIM)).astype(np.float32)
-  y = np.asarray(jr.predict(logits_fn(jnp.asarray(x))))
+  y = np.asarray(jr.predict(relu_net(net, jnp.asarray(x))))
   attack = apgd("linf", steps=REF_STEPS)
-  budget = jr.Budget(jnp.asarray(REF_EPS))
 
   @jax.jit
-  def trajectory(x, y):
-    keys = jax.random.split(jax.random.key(0), REF_N)
+  def trajectory(net, x, y, eps, key):
+    logits_fn = functools.partial(relu_net, net)
+    budget = jr.Budget(eps)
+    keys = jax.random.split(key, REF_N)
     state = attack.init(logits_fn, x, y, budget, keys)
 
     def step(state, _):
@@ -299,7 +301,8 @@ def test_linf_iterates_follow_the_reference_loop():
     x_adv = attack.finalize(logits_fn, last, x, y, budget, None)
     return jnp.concatenate([evaluated, last.x_adv[None]]), step_sizes, x_adv
 
-  ours, step_sizes, x_adv = map(np.asarray, trajectory(jnp.asarray(x), jnp.asarray(y)))
+  ours, step_sizes, x_adv = map(np.asarray, trajectory(net, jnp.asarray(x), jnp.asarray(y),
+                                                       jnp.asarray(REF_EPS), jax.random.key(0)))
   points, etas, broken, tie, decisions = _reference_linf_apgd(
       net, x, y, ours[0], REF_EPS, REF_STEPS)
   keep = ~tie
@@ -308,7 +311,7 @@ def test_linf_iterates_follow_the_reference_loop():
   # Ours after update k = 1..steps-1 (after its checkpoint, if any); the step size after the
   # last update is never used.
   np.testing.assert_allclose(step_sizes[1:, keep], etas[:-1, keep], rtol=1e-6)
-  ours_broken = np.asarray(jr.predict(logits_fn(jnp.asarray(x_adv)))) != y
+  ours_broken = np.asarray(jr.predict(relu_net(net, jnp.asarray(x_adv)))) != y
   np.testing.assert_array_equal(ours_broken[keep], broken[keep])
   # The case can fail: some rows broken and some not; each halving condition acts alone at some
   # checkpoint, and some checkpoints keep the step size.
@@ -347,8 +350,9 @@ def test_multi_target_reaches_the_third_class_only_with_two_targets(n_target_cla
   attack = apgd("l2", targeted=True, n_target_classes=n_target_classes, steps=10)
   assert not attack.targeted  # APGD-T takes no target= and succeeds untargeted
   assert attack.num_steps == n_target_classes * 11 - 1
-  result = jax.jit(lambda x, y: jr.run(attack, model.logits_fn, x, y, jr.Budget(0.1),
-                                       jax.random.key(0)))(x, y)
+  result = jax.jit(lambda w, b, x, y, eps, key: jr.run(attack, Linear(w, b).logits_fn, x, y,
+                                                       jr.Budget(eps), key))(
+      model.w, model.b, x, y, jnp.float32(0.1), jax.random.key(0))
   success = np.asarray(result.success)
   if n_target_classes == 1:
     assert not success.any()
@@ -364,8 +368,9 @@ def test_ordinary_targeted_mode_needs_target_and_hits_it():
   attack = apgd("l2", targeted=True, n_target_classes=None, steps=10, loss="ce")
   assert attack.targeted and attack.name == "apgd-ce-l2-10x1-targeted"
   target = jnp.array([2, 2, 1, 1], jnp.int32)
-  result = jax.jit(lambda x, y, t: jr.run(attack, model.logits_fn, x, y, jr.Budget(0.1),
-                                          jax.random.key(0), t))(x, y, target)
+  result = jax.jit(lambda w, b, x, y, eps, key, t: jr.run(attack, Linear(w, b).logits_fn, x, y,
+                                                          jr.Budget(eps), key, t))(
+      model.w, model.b, x, y, jnp.float32(0.1), jax.random.key(0), target)
   np.testing.assert_array_equal(np.asarray(result.success), [True, True, False, False])
   with pytest.raises(ValueError, match="target"):
     jr.run(attack, model.logits_fn, x, y, jr.Budget(0.1), jax.random.key(0))
@@ -387,21 +392,22 @@ def test_done_rows_are_the_ones_finalize_returns_adversarial(mode):
   assert attack.done is not None
 
   @jax.jit
-  def trace(x, y, eps):
+  def trace(w, b, x, y, eps, key, target):
+    logits_fn = Linear(w, b).logits_fn
     budget = jr.Budget(eps)
-    keys = jax.random.split(jax.random.key(0), 8)
-    state = attack.init(model.logits_fn, x, y, budget, keys, target)
+    keys = jax.random.split(key, 8)
+    state = attack.init(logits_fn, x, y, budget, keys, target)
 
     def body(state, _):
-      state = attack.step(model.logits_fn, state, x, y, budget, target)
-      x_adv = attack.finalize(model.logits_fn, state, x, y, budget, target)
-      prediction = jnp.argmax(model.logits_fn(x_adv), axis=-1)
+      state = attack.step(logits_fn, state, x, y, budget, target)
+      x_adv = attack.finalize(logits_fn, state, x, y, budget, target)
+      prediction = jnp.argmax(logits_fn(x_adv), axis=-1)
       success = prediction == target if mode == "targeted" else prediction != y
       return state, (attack.done(state), success)
 
     return jax.lax.scan(body, state, None, length=attack.num_steps)[1]
 
-  done, success = map(np.asarray, trace(x, y, eps))
+  done, success = map(np.asarray, trace(model.w, model.b, x, y, eps, jax.random.key(0), target))
   assert not np.any(done & ~success)
   assert done[-1].any() and not done[-1].all() and not done[0].all()
 
@@ -472,13 +478,13 @@ def test_float64_inputs_under_x64(norm):
   model, x, y, d = _linear_problem(2, norm, ABOVE[norm])
   with jax.enable_x64(True):
     w, b = jnp.asarray(model.w, jnp.float64), jnp.asarray(model.b, jnp.float64)
-    logits_fn = lambda v: v.reshape(v.shape[0], -1) @ w + b[None, :]
+    logits_fn = lambda w, b, v: v.reshape(v.shape[0], -1) @ w + b[None, :]
     eps = jnp.asarray(np.concatenate([0.97 * d, ABOVE[norm] * d]), jnp.float64)
     x64 = jnp.asarray(np.concatenate([x, x]), jnp.float64)
     attack = apgd(norm, steps=L1_STEPS if norm == "l1" else STEPS)
-    result = jax.jit(lambda x, y, eps: jr.run(attack, logits_fn, x, y, jr.Budget(eps),
-                                              jax.random.key(0)))(
-        x64, jnp.asarray(np.concatenate([y, y])), eps)
+    result = jax.jit(lambda w, b, x, y, eps, key: jr.run(
+        attack, functools.partial(logits_fn, w, b), x, y, jr.Budget(eps), key))(
+            w, b, x64, jnp.asarray(np.concatenate([y, y])), eps, jax.random.key(0))
     assert result.x_adv.dtype == jnp.float64 and result.logits.dtype == jnp.float64
     x_adv, success = np.asarray(result.x_adv), np.asarray(result.success)
   assert not success[:N].any() and success[N:].all()
