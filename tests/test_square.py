@@ -191,19 +191,23 @@ def test_gradient_masking_is_exposed():
   shape = (6, 6, 1)
   model = random_linear(11, int(np.prod(shape)), 10)
 
-  def logits_fn(x):
-    return model.logits_fn(jnp.round(x * 8) / 8)
+  def rounded(w, b, x):
+    return Linear(w, b).logits_fn(jnp.round(x * 8) / 8)
 
+  logits_fn = functools.partial(rounded, model.w, model.b)
   rng = np.random.default_rng(12)
   x = jnp.asarray(rng.uniform(0.3, 0.7, size=(64,) + shape), jnp.float32)
   y = jnp.argmax(logits_fn(x), axis=1).astype(jnp.int32)
-  budget, key = jr.Budget(0.1), jax.random.key(0)
   grad = jax.grad(lambda v: jnp.sum(logits_fn(v)[:, 0]))(x)
   assert not np.any(np.asarray(grad))  # the gradient is masked
-  by_pgd = jax.jit(lambda: jr.run(jr.attacks.pgd("linf", steps=20), logits_fn, x, y, budget,
-                                  key))()
-  by_square = jax.jit(lambda: jr.run(square("linf", queries=300), logits_fn, x, y, budget,
-                                     key))()
+
+  @jax.jit  # both attacks in one program, the weights, data, eps and key its arguments
+  def both(w, b, x, y, eps, key):
+    model = functools.partial(rounded, w, b)
+    return (jr.run(jr.attacks.pgd("linf", steps=20), model, x, y, jr.Budget(eps), key),
+            jr.run(square("linf", queries=300), model, x, y, jr.Budget(eps), key))
+
+  by_pgd, by_square = both(model.w, model.b, x, y, jnp.float32(0.1), jax.random.key(0))
   robust_pgd = 1 - np.asarray(by_pgd.success).mean()
   robust_square = 1 - np.asarray(by_square.success).mean()
   assert robust_square <= robust_pgd - 0.5, (robust_pgd, robust_square)  # about 0.95 vs 0.0
@@ -389,13 +393,13 @@ def _any_shape_ground_truth(norm: str, targeted: bool, scale: float):
   attack = square(norm, queries=GROUND_TRUTH_QUERIES, targeted=targeted)
 
   @jax.jit
-  def run(w, b, xs, y, eps, target):
+  def run(w, b, xs, y, eps, keys, target):
     logits_fn = Linear(w, b).logits_fn
-    return [jr.run(attack, logits_fn, x, y, jr.Budget(eps), _keys(2 * N),
+    return [jr.run(attack, logits_fn, x, y, jr.Budget(eps), keys,
                    target if targeted else None) for x in xs]
 
   xs = [jnp.asarray(p.x.reshape((2 * N,) + shape)) for shape in ANY_SHAPES[:1 if targeted else 2]]
-  results = run(p.model.w, p.model.b, xs, jnp.asarray(p.y), jnp.asarray(eps),
+  results = run(p.model.w, p.model.b, xs, jnp.asarray(p.y), jnp.asarray(eps), _keys(2 * N),
                 jnp.asarray(p.target))
   return p, eps, results
 
@@ -430,12 +434,13 @@ def test_float64_inputs_under_x64(norm):
   p = linear_problem(shape=(24,), classes=2, norm=norm, n=N, seed=4, scale=2.0)
   with jax.enable_x64(True):
     w, b = jnp.asarray(p.model.w, jnp.float64), jnp.asarray(p.model.b, jnp.float64)
-    logits_fn = lambda v: v.reshape(v.shape[0], -1) @ w + b[None, :]
+    logits_fn = lambda w, b, v: v.reshape(v.shape[0], -1) @ w + b[None, :]
     eps = np.where(np.arange(N) % 3 == 0, 0.97, 2.0) * p.distance
     eps[::4] = 0.0
-    result = jax.jit(lambda x, y, eps: jr.run(square(norm, queries=300), logits_fn, x, y,
-                                              jr.Budget(eps), _keys(N)))(
-        jnp.asarray(p.x, jnp.float64), jnp.asarray(p.y), jnp.asarray(eps, jnp.float64))
+    result = jax.jit(lambda w, b, x, y, eps, keys: jr.run(
+        square(norm, queries=300), functools.partial(logits_fn, w, b), x, y, jr.Budget(eps),
+        keys))(w, b, jnp.asarray(p.x, jnp.float64), jnp.asarray(p.y),
+               jnp.asarray(eps, jnp.float64), _keys(N))
     assert result.x_adv.dtype == jnp.float64
     x_adv, success = np.asarray(result.x_adv), np.asarray(result.success)
   x = p.x.astype(np.float64)
@@ -456,7 +461,8 @@ def test_done_marks_exactly_the_broken_rows_and_freezing_them_changes_nothing():
   budget = jr.Budget(jnp.asarray(eps, jnp.float32))
   attack = square("linf", queries=60, restarts=2)
   (first, x_first), (done, x_dense), (done_frozen, x_frozen) = frozen_scan(
-      attack, model.logits_fn, jnp.asarray(x), jnp.asarray(y), budget, _keys(N, seed=22))
+      attack, lambda wb, v: Linear(*wb).logits_fn(v), jnp.asarray(x), jnp.asarray(y), budget,
+      _keys(N, seed=22), params=(model.w, model.b))
   first, done, done_frozen = (np.asarray(v) for v in (first, done, done_frozen))
   adversarial = lambda v: np.argmax(np.asarray(model.logits_fn(v)), axis=1) != y
   np.testing.assert_array_equal(first, adversarial(x_first))
@@ -498,8 +504,9 @@ def test_early_exit_stops_querying_broken_points():
   rows = []
   for early_exit in (True, False):
     counter.reset()
-    result = jax.jit(lambda x, y: jr.run(attack, counted, x, y, jr.Budget(0.05), _keys(N),
-                                         early_exit=early_exit))(x, y)
+    result = jax.jit(lambda x, y, eps, keys: jr.run(attack, counted, x, y, jr.Budget(eps), keys,
+                                                    early_exit=early_exit))(
+        x, y, jnp.float32(0.05), _keys(N))
     jax.effects_barrier()
     assert np.asarray(result.success).all()
     rows.append(counter.total)
