@@ -128,17 +128,16 @@ UNBREAKABLE = {"carlini-wagner-l2": A.carlini_wagner_l2, "ddn-l2": A.ddn,
 @pytest.mark.parametrize("name", sorted(UNBREAKABLE))
 def test_a_point_that_cannot_be_broken_is_counted_at_eps_inf_only(name):
   attack = UNBREAKABLE[name]()
-  run = jax.jit(lambda x, y, eps: jr.run(attack, _unbreakable, x, y, jr.Budget(eps),
-                                         jax.random.key(0)))
+  run = jax.jit(lambda x, y, eps, key: jr.run(attack, _unbreakable, x, y, jr.Budget(eps), key))
   x = jax.random.uniform(jax.random.key(1), (6, 8))
   y = jnp.array([0, 0, 1, 0, 1, 0], jnp.int32)  # rows 2 and 4 are misclassified already
   correct = np.asarray(y) == 0
-  result = run(x, y, jnp.float32(jnp.inf))
+  result = run(x, y, jnp.float32(jnp.inf), jax.random.key(0))
   assert not np.asarray(result.success)[correct].any()
   assert np.all(np.isinf(np.asarray(result.norm)[correct]))
   assert _assert_count_matches(result, correct) == 4
   # At a finite eps "nothing inside the ball" is the verdict: nothing is counted.
-  bounded = run(x, y, jnp.float32(0.5))
+  bounded = run(x, y, jnp.float32(0.5), jax.random.key(0))
   assert not np.asarray(bounded.success)[correct].any()
   assert int(bounded.info["counts"]["minimum_norm_not_found"]) == 0
   assert not bool(bounded.info["flags"]["minimum_norm_not_found"])
@@ -150,8 +149,9 @@ def test_curves_and_reports_carry_the_count():
   attack = A.deepfool("linf", steps=5)
   x = jax.random.uniform(jax.random.key(1), (6, 8))
   y = jnp.array([0, 0, 1, 0, 1, 0], jnp.int32)
-  curve = jax.jit(lambda x, y: jr.robustness_curve(attack, _unbreakable, x, y,
-                                                   jnp.array([0.1, 0.5]), jax.random.key(0)))(x, y)
+  curve = jax.jit(lambda x, y, eps, key: jr.robustness_curve(attack, _unbreakable, x, y, eps,
+                                                             key))(
+      x, y, jnp.array([0.1, 0.5]), jax.random.key(0))
   assert int(curve.info["counts"]["minimum_norm_not_found"]) == 4
   assert bool(curve.info["flags"]["minimum_norm_not_found"])
   report = jr.evaluate(_unbreakable, (np.asarray(x), np.asarray(y)), attacks={"df": attack},
