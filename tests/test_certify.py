@@ -23,6 +23,7 @@ from scipy import stats
 import jaxrobust as jr
 from jaxrobust.certify import _smoothing
 from tests.ground_truth import linear_problem
+from tests.models import Linear
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -33,8 +34,11 @@ ALPHA = 0.001
 W = np.array([[0.8, -0.8], [-0.6, 0.6], [0.0, 0.0]], np.float32)  # class 0 iff 0.8 x0 > 0.6 x1
 
 
-def linear(v):
-  return v @ jnp.asarray(W)
+def affine(w, v):
+  return v @ w
+
+
+linear = functools.partial(affine, jnp.asarray(W))  # eager uses; jitted tests pass W as an argument
 
 
 def cp_lower(k, n, alpha):
@@ -64,8 +68,12 @@ def points():
 
 @functools.lru_cache(maxsize=None)
 def certify_fn(batch_size, n=N_DRAWS):
-  return jax.jit(lambda x, keys, sigma: jr.certify.smoothing(
-      linear, x, keys, sigma=sigma, n=n, alpha=ALPHA, batch_size=batch_size))
+  """CERTIFY of ``affine(w, .)`` as ``(x, keys, sigma) -> certificate``; ``W``, the data, the keys
+  and sigma are the jitted program's arguments."""
+  run = jax.jit(lambda w, x, keys, sigma: jr.certify.smoothing(
+      functools.partial(affine, w), x, keys, sigma=sigma, n=n, alpha=ALPHA,
+      batch_size=batch_size))
+  return lambda x, keys, sigma: run(W, x, keys, jnp.float32(sigma))
 
 
 @pytest.fixture(scope="module")
@@ -146,14 +154,16 @@ def test_smoothing_sharded_equals_one_device_without_collectives(points, small_c
   mesh = jax.make_mesh((8,), ("batch",), axis_types=(axis_type,))
   sharding = NamedSharding(mesh, P("batch"))
   xs, ks = jax.device_put(x, sharding), jax.device_put(keys, sharding)
-  sampling = jax.jit(lambda x, keys: _smoothing.class_counts(linear, x, keys, SIGMA, 500, 128))
+  sampling = jax.jit(lambda w, x, keys, sigma: _smoothing.class_counts(
+      functools.partial(affine, w), x, keys, sigma, 500, 128))
+  sigma = jnp.float32(SIGMA)
   with jax.set_mesh(mesh):
     sharded = certify_fn(1_000, SMALL_N)(xs, ks, SIGMA)
-    hlo = sampling.lower(xs, ks).compile().as_text()
-    counts = sampling(xs, ks)
+    hlo = sampling.lower(W, xs, ks, sigma).compile().as_text()
+    counts = sampling(W, xs, ks, sigma)
   np.testing.assert_array_equal(sharded.radius, small_certificate.radius)
   np.testing.assert_array_equal(sharded.prediction, small_certificate.prediction)
-  np.testing.assert_array_equal(counts, sampling(x, keys))
+  np.testing.assert_array_equal(counts, sampling(W, x, keys, sigma))
   assert counts.sharding.spec[0] == "batch" or axis_type == AxisType.Auto
   # The sampling loop is per example: no device talks to another while drawing.
   for collective in ("all-reduce", "all-gather", "all-to-all", "collective-permute"):
@@ -162,8 +172,8 @@ def test_smoothing_sharded_equals_one_device_without_collectives(points, small_c
 
 def test_smoothed_predict_and_bad_options(points):
   x, y, distance, keys = points
-  predict = jax.jit(lambda x, keys: jr.certify.smoothed_predict(linear, x, keys, sigma=SIGMA,
-                                                                n=2_000))(x, keys)
+  predict = jax.jit(lambda w, x, keys, sigma: jr.certify.smoothed_predict(
+      functools.partial(affine, w), x, keys, sigma=sigma, n=2_000))(W, x, keys, jnp.float32(SIGMA))
   predict = np.asarray(predict)
   assert np.all(predict[distance > 0.3] == y[distance > 0.3])  # p_A > 0.88: never abstains
   assert np.all((predict == y) | (predict == -1))  # never the wrong class here
@@ -186,9 +196,11 @@ def test_bound_radius_is_the_exact_linf_distance_on_linear_models(linear_problem
   p = linear_problem_linf
   x, y = jnp.asarray(p.x), jnp.asarray(p.y)
   budget = jr.Budget(0.5, p.lower, p.upper)
-  for method in ("ibp", "crown-ibp", "crown"):
-    c = jax.jit(lambda x, y: jr.certify.certify_bounds(p.model.logits_fn, x, y, budget,
-                                                       method=method))(x, y)
+  methods = ("ibp", "crown-ibp", "crown")
+  bounds = jax.jit(lambda w, b, x, y, budget: [  # the three methods in one program
+      jr.certify.certify_bounds(Linear(w, b).logits_fn, x, y, budget, method=method)
+      for method in methods])(p.model.w, p.model.b, x, y, jax.tree.map(jnp.float32, budget))
+  for method, c in zip(methods, bounds):
     np.testing.assert_array_equal(c.prediction, p.y)
     radius = np.asarray(c.radius, np.float64)
     assert np.all(radius <= p.distance * (1 + 1e-5)), method  # sound
@@ -200,23 +212,30 @@ def test_bound_radius_is_the_exact_linf_distance_on_linear_models(linear_problem
   np.testing.assert_allclose(c.radius, p.distance, rtol=2e-4, atol=1e-4)
 
 
-def tiny_mlp(seed):
+def tiny_mlp_params(seed):
+  """The weights ``(w1, w2)`` of :func:`tiny_mlp`."""
   rng = np.random.default_rng(seed)
   w1 = jnp.asarray(rng.normal(size=(10, 16)) / 3, jnp.float32)
   w2 = jnp.asarray(rng.normal(size=(16, 3)) / 4, jnp.float32)
-  return lambda v: jax.nn.relu(v @ w1) @ w2
+  return w1, w2
+
+
+def tiny_mlp(params, v):
+  w1, w2 = params
+  return jax.nn.relu(v @ w1) @ w2
 
 
 def test_bound_radius_is_never_beaten_by_an_attack_and_crown_is_tighter():
-  model = tiny_mlp(0)
+  params = tiny_mlp_params(0)
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.uniform(0.3, 0.7, size=(32, 10)), jnp.float32)
-  y = jr.predict(model(x))
+  y = jr.predict(tiny_mlp(params, x))
   y = y.at[:3].set((y[:3] + 1) % 3)  # three misclassified points
-  budget = jr.Budget(0.3)
-  run = jax.jit(lambda x, y: [jr.certify.certify_bounds(model, x, y, budget, method=method)
-                              for method in ("ibp", "crown-ibp", "crown")])
-  ibp, crown_ibp, crown = run(x, y)
+  run = jax.jit(lambda params, x, y, eps: [
+      jr.certify.certify_bounds(functools.partial(tiny_mlp, params), x, y, jr.Budget(eps),
+                                method=method)
+      for method in ("ibp", "crown-ibp", "crown")])
+  ibp, crown_ibp, crown = run(params, x, y, jnp.float32(0.3))
   assert np.all(np.asarray(ibp.radius)[:3] == 0) and np.all(np.asarray(crown.radius)[:3] == 0)
   assert np.all(crown.radius >= ibp.radius - 1e-4 * 0.3)
   # CROWN-IBP's margin bounds are at least IBP's at every eps, so its bisection never ends lower.
@@ -226,12 +245,15 @@ def test_bound_radius_is_never_beaten_by_an_attack_and_crown_is_tighter():
   # No attack finds an adversarial point inside a certified radius (PGD at exactly that radius).
   attack = jr.attacks.pgd("linf", steps=50, restarts=2)
   certified = np.asarray(crown.radius) > 0
-  result = jax.jit(lambda x, y, eps: jr.run(attack, model, x, y, jr.Budget(eps), jax.random.key(0))
-                   )(x[certified], y[certified], crown.radius[certified])
+  result = jax.jit(lambda params, x, y, eps, key: jr.run(
+      attack, functools.partial(tiny_mlp, params), x, y, jr.Budget(eps), key))(
+          params, x[certified], y[certified], crown.radius[certified], jax.random.key(0))
   assert not np.asarray(result.success).any()
   # ... while FMN's minimal adversarial norms are never below the certified radius.
-  fmn = jax.jit(lambda x, y: jr.run(jr.attacks.fmn("linf", steps=50), model, x, y,
-                                    jr.Budget(jnp.inf), jax.random.key(0)))(x[3:], y[3:])
+  # eps = inf stays a constant: a minimum-norm run with a traced inf compiles to a slower program.
+  fmn = jax.jit(lambda params, x, y, key: jr.run(
+      jr.attacks.fmn("linf", steps=50), functools.partial(tiny_mlp, params), x, y,
+      jr.Budget(jnp.inf), key))(params, x[3:], y[3:], jax.random.key(0))
   found = np.isfinite(np.asarray(fmn.norm))
   assert np.all(np.asarray(fmn.norm)[found] >= np.asarray(crown.radius)[3:][found] - 1e-6)
 
@@ -268,10 +290,11 @@ def test_the_smoothed_classifier_is_attacked_through_gaussian_noise_and_eot(poin
   far = distance >= 0.5
   noisy = jr.certify.gaussian_noise(linear, SIGMA)
   attack = jr.attacks.eot(jr.attacks.pgd("l2", steps=20), samples=32)
-  run = jax.jit(lambda x, y, eps: jr.run(attack, noisy, x, y, jr.Budget(eps, -5.0, 5.0),
-                                         keys[far]))
-  beyond = run(x[far], y[far], jnp.asarray(distance[far] + 0.5, jnp.float32))
-  short = run(x[far], y[far], jnp.asarray(distance[far] - 0.3, jnp.float32))
+  run = jax.jit(lambda w, x, y, eps, keys: jr.run(
+      attack, jr.certify.gaussian_noise(functools.partial(affine, w), SIGMA), x, y,
+      jr.Budget(eps, -5.0, 5.0), keys))
+  beyond = run(W, x[far], y[far], jnp.asarray(distance[far] + 0.5, jnp.float32), keys[far])
+  short = run(W, x[far], y[far], jnp.asarray(distance[far] - 0.3, jnp.float32), keys[far])
   assert np.asarray(beyond.success).all() and not np.asarray(short.success).any()
   radius = np.asarray(certificate.radius)[far]
   assert np.all(radius <= distance[far])  # certified <= true: the bracket of the smoothed model
