@@ -23,6 +23,8 @@ import pytest
 
 import jaxrobust as jr
 
+pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 API_MD = ROOT / "docs" / "API.md"
 README = ROOT / "README.md"
