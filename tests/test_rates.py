@@ -19,6 +19,8 @@ from scipy import special, stats
 
 from jaxrobust import metrics
 
+pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
+
 SIZE = 512  # every jitted interval call uses this many cases, so each `sided` compiles once
 COVERAGE_N = (20, 150)
 COVERAGE_CONFIDENCE = 0.9

@@ -16,6 +16,8 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrobust import text
 
+pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
+
 VOCAB, DIM, LENGTH, SUBS, BATCH = 24, 4, 6, 3, 64
 STEPS = LENGTH  # enough greedy steps to change every position
 FAST_COMPILE = {"xla_backend_optimization_level": 0}
