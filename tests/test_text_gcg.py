@@ -302,7 +302,9 @@ def test_every_draw_gets_the_loss_of_its_distinct_candidate():
   (loss, success), (every_loss, every_success), (whole_loss, _), (all_loss, _) = out
   np.testing.assert_array_equal(np.asarray(loss), np.asarray(every_loss))
   np.testing.assert_array_equal(np.asarray(success), np.asarray(every_success))
-  np.testing.assert_array_equal(np.asarray(whole_loss), np.asarray(loss))
+  # Passes of other row counts (6 or 16 rows against chunks of 3) may round in the last bit
+  # (gcg's documented dedupe caveat), so those agree to float32 rounding, not bitwise.
+  np.testing.assert_allclose(np.asarray(whole_loss), np.asarray(loss), rtol=1e-6)
   np.testing.assert_allclose(np.asarray(all_loss), np.asarray(loss), rtol=1e-6)
   assert sorted(set(ROWS_SEEN)) == [B, B * 3, B * 6, B * 16]  # B: the input check's trace
 
