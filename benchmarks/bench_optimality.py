@@ -267,7 +267,7 @@ def diagnosis_line(model: str, n: int) -> str:
   if not found:
     return f"{model}: clean (no gradient-masking operation on the path from x to the logits)"
   return f"{model}: " + "; ".join(
-      f"{f.kind} ({f.severity}, {f.primitive}) at {os.path.relpath(f.file, ROOT)}:{f.line}"
+      f"{f.kind} ({f.severity}, {f.primitive}) at {f.location.removeprefix(f'{ROOT}{os.sep}')}"
       for f in found)
 
 
