@@ -18,11 +18,14 @@ logits checked equal) that also takes and returns Hugging Face's legacy key/valu
 (``past_key_values``, per layer ``(keys, values)`` of ``[N, H, P, D/H]``), with
 ``filter_ids=False`` (its per-step decode and re-tokenisation of every candidate, a no-op for
 this word-level vocabulary) and its per-batch ``gc.collect()`` disabled, so that both sides do the
-same arithmetic per scored row; ``--nanogcg-as-shipped`` adds one run with both on.
+same arithmetic per scored row; ``--nanogcg-as-shipped`` adds one run with both on. The cached
+runs use the port twice: attention written out (Hugging Face's "eager") and with PyTorch's
+``scaled_dot_product_attention`` (Hugging Face's default); the ratios take the faster.
 jaxrobust scores each distinct candidate once (``gcg(dedupe=True)``, its default: here at most
 ``suffix_length * topk`` = 192 rows of the 512 draws) and, cached, also every draw
 (``dedupe=False``: nanoGCG's arithmetic, like for like; ``--skip-all-draws`` leaves it out);
-nanoGCG scores all 512. Both sides run with all
+nanoGCG scores all 512; in chunks, jaxrobust also skips the chunks past the distinct candidates
+drawn, which saves passes with ``--suffix-length 20`` too (640 possible, ~352 drawn). Both sides run with all
 (distinct) candidates in one pass (their default) and in chunks of ``--chunk-size``
 (jaxrobust's ``chunk_size``, nanoGCG's ``batch_size``): on a CPU the chunks' working set fits the
 caches. jaxrobust runs one prompt per call (and, chunked, all prompts in one call); time of the
@@ -127,12 +130,18 @@ def jax_runs(model, prompts, target, allowed, init, *, cached, chunk_size, batch
   return out
 
 
-def torch_cached_language_model(model):
+def torch_cached_language_model(model, attention: str = "matmul"):
   """The TinyCausalLM in PyTorch, same weights, behind the part of the Hugging Face causal-LM
   interface nanoGCG uses, key/value cache included: ``model(inputs_embeds=...,
   past_key_values=..., use_cache=...)`` returns ``.logits`` and ``.past_key_values`` (per layer
-  ``(keys, values)`` ``[N, H, P, D/H]``; a cache of one row is broadcast over the inputs' rows)."""
+  ``(keys, values)`` ``[N, H, P, D/H]``; a cache of one row is broadcast over the inputs' rows).
+  ``attention``: ``"matmul"`` (scores, mask, softmax and product written out, Hugging Face's
+  "eager" attention) or ``"sdpa"`` (``torch.nn.functional.scaled_dot_product_attention`` with
+  the same boolean mask, Hugging Face's default attention implementation)."""
   import torch
+
+  if attention not in ("matmul", "sdpa"):
+    raise ValueError(f"attention must be 'matmul' or 'sdpa', not {attention!r}")
 
   linear, norm = torch_linear, torch_layer_norm
 
@@ -154,9 +163,12 @@ def torch_cached_language_model(model):
         start = past[0].shape[2]
         k = torch.cat([past[0].expand(rows, -1, -1, -1), k], dim=2)
         v = torch.cat([past[1].expand(rows, -1, -1, -1), v], dim=2)
-      scores = q @ k.transpose(-1, -2) / (dim // self.heads) ** 0.5
       visible = torch.ones(length, start + length, dtype=torch.bool).tril(diagonal=start)
-      attended = (scores.masked_fill(~visible, -1e9).softmax(-1) @ v)
+      if attention == "sdpa":
+        attended = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible)
+      else:
+        scores = q @ k.transpose(-1, -2) / (dim // self.heads) ** 0.5
+        attended = (scores.masked_fill(~visible, -1e9).softmax(-1) @ v)
       x = x + self.out(attended.transpose(1, 2).reshape(rows, length, dim))
       x = x + self.down(torch.nn.functional.gelu(self.up(self.norm_mlp(x)), approximate="tanh"))
       return x, (k, v)
@@ -190,7 +202,8 @@ def torch_cached_language_model(model):
   return TorchCachedLM().eval()
 
 
-def nanogcg_runs(nanogcg, model, prompts, *, cached, batch_size, as_shipped, args):
+def nanogcg_runs(nanogcg, model, prompts, *, cached, batch_size, as_shipped, args,
+                 attention="matmul"):
   import logging
 
   import torch
@@ -200,7 +213,7 @@ def nanogcg_runs(nanogcg, model, prompts, *, cached, batch_size, as_shipped, arg
   words = text_data.INSTRUCTION_WORDS
   special = set(text_data.SPECIAL_TOKENS)
   disallowed = [i for i, w in enumerate(words) if w in special]
-  port = torch_cached_language_model(model)
+  port = torch_cached_language_model(model, attention)
   config = nanogcg.GCGConfig(num_steps=args.steps, search_width=args.width, topk=args.topk,
                              n_replace=1, optim_str_init=" ".join(["please"] * args.suffix_length),
                              use_prefix_cache=cached, seed=0, verbosity="WARNING",
@@ -224,16 +237,16 @@ def nanogcg_runs(nanogcg, model, prompts, *, cached, batch_size, as_shipped, arg
                  "rows_per_step": args.width + 1,  # every draw and the gradient pass
                    "best_loss": float(result.best_loss)})
   return {"use_prefix_cache": cached, "filter_ids_and_gc": as_shipped, "runs": runs,
-          "batch_size": batch_size,
+          "batch_size": batch_size, "attention": attention,
           "ms_per_prompt_step": float(np.mean([r["ms_per_step"] for r in runs])),
           "load": load_average()}
 
 
-def port_error(model, prompts):
+def port_error(model, prompts, attention="matmul"):
   """Max |logit difference| of the PyTorch port against the JAX model, whole and cached."""
   import torch
 
-  port = torch_cached_language_model(model)
+  port = torch_cached_language_model(model, attention)
   tokens = torch.tensor(np.asarray(prompts, np.int64))
   split = prompts.shape[1] // 2
   with torch.no_grad():
@@ -293,10 +306,15 @@ def main(argv=None):
           args=args, dedupe=False)
     if nanogcg is not None:
       out["port_max_abs_logit_difference"] = port_error(model, prompts)
+      out["sdpa_port_max_abs_logit_difference"] = port_error(model, prompts, "sdpa")
       few = prompts[:args.nanogcg_prompts]
       for (chunk, size), cached in itertools.product(chunks.items(), (True, False)):
         out[f"nanogcg_{'cached' if cached else 'whole'}_{chunk}"] = nanogcg_runs(
           nanogcg, model, few, cached=cached, batch_size=size, as_shipped=False, args=args)
+        if cached:  # the port with PyTorch's fused attention too; the faster one is the peer
+          out[f"nanogcg_cached_{chunk}_sdpa"] = nanogcg_runs(
+            nanogcg, model, few, cached=True, batch_size=size, as_shipped=False, args=args,
+            attention="sdpa")
       if args.nanogcg_as_shipped:
         out["nanogcg_cached_all_as_shipped"] = nanogcg_runs(
           nanogcg, model, few[:1], cached=True, batch_size=None, as_shipped=True, args=args)
@@ -315,7 +333,9 @@ def print_summary(report):
     print(f"\n{name}: prompt {out['prompt_length']} tokens; per prompt-step {p['sequences']} "
           f"sequences, {p['tokens_whole']} tokens whole, {p['tokens_cached']} after the prompt")
     if "port_max_abs_logit_difference" in out:
-      print(f"  port max |logit diff| {out['port_max_abs_logit_difference']:.1e}")
+      print(f"  port max |logit diff| {out['port_max_abs_logit_difference']:.1e}"
+            + (f" (sdpa port {out['sdpa_port_max_abs_logit_difference']:.1e})"
+               if "sdpa_port_max_abs_logit_difference" in out else ""))
     for chunk in ("all", "chunked"):
       cached, whole = out[f"jaxrobust_cached_{chunk}"], out[f"jaxrobust_whole_{chunk}"]
       for label in cached:
@@ -340,10 +360,14 @@ def print_summary(report):
               f"{n['runs'][0].get('rows_per_step', '?')} rows per step, mean best loss "
               f"{np.mean([r['best_loss'] for r in n['runs']]):.4f}; load {n['load']}")
     if "nanogcg_cached_all" in out:
-      best_peer = min(out[f"nanogcg_cached_{c}"]["ms_per_prompt_step"] for c in ("all", "chunked"))
+      def peer_ms(chunk):  # the faster of the two ports' attention
+        return min(out[key]["ms_per_prompt_step"] for key in
+                   (f"nanogcg_cached_{chunk}", f"nanogcg_cached_{chunk}_sdpa") if key in out)
+
+      best_peer = min(peer_ms(c) for c in ("all", "chunked"))
       for chunk in ("all", "chunked"):
         ours = out[f"jaxrobust_cached_{chunk}"]["one_prompt"]["ms_per_prompt_step"]
-        peer = out[f"nanogcg_cached_{chunk}"]["ms_per_prompt_step"]
+        peer = peer_ms(chunk)
         print(f"  ratio jaxrobust cached / nanoGCG cached, {chunk}: {ours / peer:.2f} (vs "
               f"nanoGCG's faster chunking: {ours / best_peer:.2f})")
         if f"jaxrobust_cached_{chunk}_all_draws" in out:

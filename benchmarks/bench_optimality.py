@@ -18,11 +18,17 @@ Zoo (``--models``):
   10 steps) with ``bench_peers.MLP_TRAINING``'s schedule and seed;
 * ``mlp-kwta``: a k-WTA MLP (Xiao et al. 2020): 64-128-64-10 where each hidden layer keeps its
   ``ceil(0.1 * width)`` largest pre-activations and zeroes the rest (no ReLU), trained plainly;
-  the activation is piecewise linear with jumps, a gradient-obfuscating model.
+  the activation is piecewise linear with jumps, a gradient-obfuscating model;
+* ``mlp-ibp``: DigitsMLP trained with ``jr.training.ibp_loss`` (Gowal et al. 2018), Linf, with
+  ``IBP_TRAINING``'s schedule: ``eps = 0`` and ``kappa = 1`` for the warm-up epochs, then both
+  ramped linearly per step to ``eps = 0.1`` and ``kappa = 0.5``, held there to the end; the
+  other settings (epochs, batch, learning rate, seed) are ``MLP_TRAINING``'s.
 
-The two new models are trained on first use (seconds on a CPU) and frozen under
-``benchmarks/reference/digits_mlp_{trades,kwta}.npz`` (about 70 kB each); ``--retrain``
-regenerates them.
+The three new models are trained on first use (seconds on a CPU) and frozen under
+``benchmarks/reference/digits_mlp_{trades,kwta,ibp}.npz`` (about 70 kB each); ``--retrain``
+regenerates them. ``--certify`` prints each model's clean accuracy and IBP-certified accuracy at
+``IBP_TRAINING["eps"]`` on the digits test split (``jr.certify.margin_bounds``); ``--diagnose``
+prints each model's static gradient-masking diagnosis (``jr.diagnose``), one line per model.
 
 Attacks, each at its defaults unless noted, without a budget:
 
@@ -94,6 +100,12 @@ NORMS = ("linf", "l2", "l1")
 KWTA_RATIO = 0.1
 NEW_PORT_TOLERANCE = 1e-5
 """|torch logits - JAX logits| allowed for the models trained here (the brief's 1e-5)."""
+NEW_KINDS = ("trades", "kwta", "ibp")
+"""The MLPs trained by ``train_new_mlp`` (the others are ``bench_peers.py``'s frozen models)."""
+IBP_TRAINING = {"eps": 0.1, "warmup_epochs": 2, "ramp_epochs": 10, "kappa_end": 0.5}
+"""``mlp-ibp``'s schedule (Gowal et al. 2018's shape on ``MLP_TRAINING``'s 30 epochs): eps 0 and
+kappa 1 for ``warmup_epochs``, then linear per step to ``eps`` and ``kappa_end`` over
+``ramp_epochs``, then constant. Linf, on inputs in [0, 1]."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -140,9 +152,26 @@ def torch_kwta_port(params: Any):
   return model
 
 
+def ibp_schedule(epochs: int, batches: int) -> tuple[np.ndarray, np.ndarray]:
+  """``(eps, kappa)``, each ``[epochs, batches]``: ``IBP_TRAINING``'s per-step schedule.
+
+  >>> eps, kappa = ibp_schedule(14, 2)
+  >>> [round(float(v), 4) for v in (eps[:2].max(), eps[2, 0], eps[11, 1], eps[-1, -1])]
+  [0.0, 0.005, 0.1, 0.1]
+  >>> [round(float(v), 4) for v in (kappa[1, 1], kappa[2, 0], kappa[11, 1], kappa[-1, -1])]
+  [1.0, 0.975, 0.5, 0.5]
+  """
+  cfg = IBP_TRAINING
+  step = np.arange(epochs * batches, dtype=np.float64) - cfg["warmup_epochs"] * batches + 1
+  ramp = np.clip(step / (cfg["ramp_epochs"] * batches), 0.0, 1.0).reshape(epochs, batches)
+  return ((cfg["eps"] * ramp).astype(np.float32),
+          (1.0 - (1.0 - cfg["kappa_end"]) * ramp).astype(np.float32))
+
+
 def train_new_mlp(kind: str) -> Any:
-  """``mlp-trades`` or ``mlp-kwta`` trained on the digits training split with
-  ``bench_peers.MLP_TRAINING``'s epochs, batch, learning rate and seed."""
+  """``mlp-trades``, ``mlp-kwta`` or ``mlp-ibp`` trained on the digits training split with
+  ``bench_peers.MLP_TRAINING``'s epochs, batch, learning rate and seed (``mlp-ibp``: eps and
+  kappa per step from ``ibp_schedule``, passed to the jitted epoch as data)."""
   from jaxrobust.demo.data import load_digits
 
   cfg = MLP_TRAINING
@@ -152,41 +181,44 @@ def train_new_mlp(kind: str) -> Any:
   params = model.init(key, jnp.zeros((1, 8, 8, 1), jnp.float32))
   optimizer = optax.adam(cfg["learning_rate"])
   batches = x_train.shape[0] // cfg["batch_size"]
+  eps_schedule, kappa_schedule = ibp_schedule(cfg["epochs"], batches)
 
-  def loss_fn(params, x, y, key):
+  def loss_fn(params, x, y, key, eps, kappa):
     logits_fn = functools.partial(model.apply, params)
     if kind == "trades":
       return jr.training.trades_loss(logits_fn, x, y, jr.Budget(cfg["eps"]), key)[0]
+    if kind == "ibp":
+      return jr.training.ibp_loss(logits_fn, x, y, jr.Budget(eps), kappa=kappa)[0]
     return optax.softmax_cross_entropy_with_integer_labels(logits_fn(x), y).mean()
 
   def step(carry, batch):
     params, opt_state = carry
-    x, y, key = batch
-    grads = jax.grad(loss_fn)(params, x, y, key)
+    grads = jax.grad(loss_fn)(params, *batch)
     updates, opt_state = optimizer.update(grads, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), None
 
   @jax.jit
-  def epoch(params, opt_state, x, y, key):
+  def epoch(params, opt_state, x, y, key, eps, kappa):
     perm_key, attack_key = jax.random.split(key)
     order = jax.random.permutation(perm_key, x.shape[0])[:batches * cfg["batch_size"]]
     xb = x[order].reshape((batches, cfg["batch_size"], *x.shape[1:]))
     yb = y[order].reshape((batches, cfg["batch_size"]))
-    (params, opt_state), _ = jax.lax.scan(step, (params, opt_state),
-                                          (xb, yb, jax.random.split(attack_key, batches)))
+    (params, opt_state), _ = jax.lax.scan(
+        step, (params, opt_state), (xb, yb, jax.random.split(attack_key, batches), eps, kappa))
     return params, opt_state
 
   opt_state = optimizer.init(params)
   x, y = jnp.asarray(x_train), jnp.asarray(y_train)
   for e in range(cfg["epochs"]):
-    params, opt_state = epoch(params, opt_state, x, y, jax.random.fold_in(key, e + 1))
+    params, opt_state = epoch(params, opt_state, x, y, jax.random.fold_in(key, e + 1),
+                              jnp.asarray(eps_schedule[e]), jnp.asarray(kappa_schedule[e]))
   return params
 
 
 def zoo_model(name: str, retrain: bool = False) -> tuple[Callable, Any, Callable]:
   """``(apply_fn, params, torch_port_builder)`` of a zoo model."""
   arch, kind = name.split("-")
-  if kind in ("trades", "kwta"):
+  if kind in NEW_KINDS:
     path = frozen_path(kind, "mlp")
     if retrain or not path.is_file():
       start = time.perf_counter()
@@ -202,7 +234,43 @@ def zoo_model(name: str, retrain: bool = False) -> tuple[Callable, Any, Callable
 
 
 MODELS = ("cnn-plain", "cnn-adversarial", "mlp-plain", "mlp-adversarial", "mlp-trades",
-          "mlp-kwta")
+          "mlp-kwta", "mlp-ibp")
+
+
+def certified_accuracy(model: str, x: np.ndarray, y: np.ndarray) -> str:
+  """One line: ``model``'s clean accuracy and IBP-certified accuracy at ``IBP_TRAINING["eps"]``
+  (Linf, within [0, 1]) on ``x, y``; certified where correct and every IBP margin bound
+  (``jr.certify.margin_bounds``) is positive. Weights, data and eps are arguments of the jitted
+  programs."""
+  apply_fn, params, _ = zoo_model(model)
+  clean = jax.jit(lambda params, x: jnp.argmax(apply_fn(params, x), -1))
+  bounds = jax.jit(lambda params, x, y, eps: jr.certify.margin_bounds(
+      functools.partial(apply_fn, params), y, jnp.clip(x - eps, 0.0, 1.0),
+      jnp.clip(x + eps, 0.0, 1.0), method="ibp"))
+  x, y, eps = jnp.asarray(x), jnp.asarray(y), jnp.float32(IBP_TRAINING["eps"])
+  correct = np.asarray(clean(params, x)) == np.asarray(y)
+  line = f"{model} (weights {params_digest(params)}): clean {correct.sum()}/{len(correct)}"
+  try:
+    margins = np.asarray(bounds(params, x, y, eps))
+  except NotImplementedError as error:
+    return f"{line}; IBP-certified at Linf {IBP_TRAINING['eps']}: not bounded ({error})"
+  certified = correct & np.all(margins > 0, axis=-1)
+  return (f"{line}; IBP-certified at Linf {IBP_TRAINING['eps']}: {certified.sum()}/"
+          f"{len(certified)}")
+
+
+def diagnosis_line(model: str, n: int) -> str:
+  """One line: ``jr.diagnose`` of ``model``'s logits function (``functools.partial`` of its apply
+  function and weights, so the weights are arguments of the traced program) at ``n`` digits:
+  ``clean`` or each finding's kind, severity, primitive and location."""
+  apply_fn, params, _ = zoo_model(model)
+  found = jr.diagnose(functools.partial(apply_fn, params),
+                      jax.ShapeDtypeStruct((n, 8, 8, 1), jnp.float32))
+  if not found:
+    return f"{model}: clean (no gradient-masking operation on the path from x to the logits)"
+  return f"{model}: " + "; ".join(
+      f"{f.kind} ({f.severity}, {f.primitive}) at {f.location.removeprefix(f'{ROOT}{os.sep}')}"
+      for f in found)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -408,7 +476,7 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
     with torch.no_grad():
       port_gap = float(np.max(np.abs(port(torch.from_numpy(nchw(x_all))).numpy()
                                      - np.asarray(apply_fn(params, jnp.asarray(x_all))))))
-    tolerance = NEW_PORT_TOLERANCE if model.endswith(("trades", "kwta")) else 1e-4
+    tolerance = NEW_PORT_TOLERANCE if model.endswith(NEW_KINDS) else 1e-4
     assert port_gap <= tolerance, f"{model}: the PyTorch port differs by {port_gap}"
     best_fb = None
     for name, run in peer_attacks(norm, args).items():
@@ -538,7 +606,8 @@ def summarize(entries: list[dict]) -> None:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--n", type=int, default=100, help="first images of digits_examples.npz")
-  parser.add_argument("--models", nargs="+", default=["mlp-plain"], choices=MODELS)
+  parser.add_argument("--models", nargs="+", default=None, choices=MODELS,
+                      help="default: mlp-plain (every model with --certify or --diagnose)")
   parser.add_argument("--norms", nargs="+", default=list(NORMS), choices=NORMS)
   parser.add_argument("--autoattack-path", default=None, help="checkout of fra31/auto-attack")
   parser.add_argument("--bb", action="store_true", help="also Foolbox's Brendel-Bethge")
@@ -546,7 +615,12 @@ def main(argv=None) -> int:
   parser.add_argument("--no-jaxrobust", action="store_true",
                       help="peers only (e.g. a later --bb run, merged by --summarize)")
   parser.add_argument("--skip", nargs="*", default=[], help="row names to leave out")
-  parser.add_argument("--retrain", action="store_true", help="retrain mlp-trades and mlp-kwta")
+  parser.add_argument("--retrain", action="store_true",
+                      help="retrain mlp-trades, mlp-kwta and mlp-ibp")
+  parser.add_argument("--certify", action="store_true",
+                      help="print clean and IBP-certified accuracy on the test split and exit")
+  parser.add_argument("--diagnose", action="store_true",
+                      help="print jr.diagnose of each model (one line each) and exit")
   parser.add_argument("--torch-threads", type=int, default=None)
   parser.add_argument("--out", type=pathlib.Path, default=None, help="append JSON lines here")
   parser.add_argument("--summarize", nargs="+", type=pathlib.Path, default=None,
@@ -556,9 +630,21 @@ def main(argv=None) -> int:
     summarize([json.loads(line) for f in args.summarize for line in f.read_text().splitlines()
                if line.strip()])
     return 0
+  if args.certify or args.diagnose:
+    from jaxrobust.demo.data import load_digits
+
+    _, _, x_test, y_test = load_digits()
+    for model in args.models or MODELS:
+      if args.retrain and model.split("-")[1] in NEW_KINDS:
+        zoo_model(model, retrain=True)
+      if args.certify:
+        print(certified_accuracy(model, x_test, y_test), flush=True)
+      if args.diagnose:
+        print(diagnosis_line(model, args.n), flush=True)
+    return 0
   print_machine(argv, args.torch_threads)
   x_all, y_all = load_examples()
-  for model in args.models:
+  for model in args.models or ["mlp-plain"]:
     for norm in args.norms:
       print(f"{model} {norm}:", flush=True)
       entry = measure(model, norm, args, x_all, y_all)

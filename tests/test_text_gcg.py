@@ -308,6 +308,30 @@ def test_every_draw_gets_the_loss_of_its_distinct_candidate():
   np.testing.assert_allclose(np.asarray(all_loss), np.asarray(loss), rtol=1e-6)
   assert sorted(set(ROWS_SEEN)) == [B, B * 3, B * 6, B * 16]  # B: the input check's trace
 
+  # topk=8: 2 * 8 = 16 possible candidates, as many as draws, so no static saving; in chunks of
+  # 3 the chunks past every example's distinct rows (at most 6 here) are skipped at run time.
+  wide = DEDUPED._replace(topk=8)
+  assert wide.scored_rows == wide.search_width == 16
+  passes = []
+
+  def lm_counting_passes(embeds):
+    jax.debug.callback(lambda: passes.append(1))
+    return shift_lm(embeds)
+
+  @functools.partial(jax.jit, compiler_options=COMPILE_FAST)
+  def skipping(embedding, prompt, target, draws):
+    problem = prepare(wide, lm_counting_passes, embedding, prompt, target, jax.random.key(0),
+                      allowed=None, init_suffix=None, after_suffix=None, target_mask=None,
+                      context_length=None, prefix_fn=None)[0]
+    return _score_candidates(problem, wide, draws)
+
+  wide_loss, wide_success = skipping(table(m, n), jnp.asarray(PROMPT), jnp.asarray(target),
+                                     jnp.asarray(draws))
+  np.testing.assert_array_equal(np.asarray(wide_loss), np.asarray(every_loss))
+  np.testing.assert_array_equal(np.asarray(wide_success), np.asarray(every_success))
+  most = max(len(set(map(tuple, d.tolist()))) for d in draws)
+  assert len(passes) == -(-most // 3) < 6  # chunks of 3 up to the last distinct row, of 6
+
 
 def test_batch_sharded_on_eight_devices_equals_one_device():
   from jax.sharding import AxisType, NamedSharding

@@ -132,29 +132,40 @@ class _Block(nnx.Module):
     return self._finish(x, attended), (k, v)
 
   def after_prefix(self, x: jax.Array, cache: tuple[jax.Array, jax.Array]) -> jax.Array:
-    """The block's output on ``x`` ``[B, L, D]`` continuing a prefix whose keys and values
+    r"""The block's output on ``x`` ``[B, L, D]`` continuing a prefix whose keys and values
     ``[R, P, H, D / H]`` are ``cache``: ``R = B`` (a prefix per row) or ``R = 1`` (one prefix
-    shared by every row, attended to without copying it ``B`` times). One softmax over the
-    prefix's keys and the causal ones of ``x``."""
-    length = x.shape[1]
+    shared by every row, attended to without copying it ``B`` times).
+
+    One softmax over the prefix's keys and the causal ones of ``x``, computed in two parts that
+    share their maximum and their normaliser,
+    :math:`w_j = e^{s_j - m} / (\sum_{k \le P} e^{s_k - m} + \sum_{k > P} e^{s_k - m})`, so the two
+    score blocks are never concatenated. A shared prefix is attended to by all ``B * L`` queries
+    of a head in one matrix product (``[B L, D / H] x [D / H, P]``): on XLA:CPU that runs 3-4
+    times faster than the per-row batched form for GCG's hundreds of candidate rows."""
+    batch, length = x.shape[:2]
     q, k, v = self._heads(x)
+    heads, width = q.shape[2:]
     prefix_k, prefix_v = cache
     shared = prefix_k.shape[0] == 1
-    scale = math.sqrt(q.shape[-1])
+    scale = math.sqrt(width)
     if shared:
-      earlier = jnp.einsum("bqhd,khd->bhqk", q, prefix_k[0]) / scale
+      earlier = jnp.einsum("nhd,khd->hnk", q.reshape(batch * length, heads, width), prefix_k[0])
+      earlier = earlier.reshape(heads, batch, length, -1) / scale
     else:
-      earlier = jnp.einsum("bqhd,bkhd->bhqk", q, prefix_k) / scale
-    own = jnp.einsum("bqhd,bkhd->bhqk", q, k) / scale
-    own = jnp.where(jnp.tril(jnp.ones((length, length), bool)), own, -1e9)
-    weights = jax.nn.softmax(jnp.concatenate([earlier, own], axis=-1), axis=-1)
-    num_prefix = prefix_k.shape[1]
-    to_prefix, to_own = weights[..., :num_prefix], weights[..., num_prefix:]
+      earlier = jnp.einsum("bqhd,bkhd->hbqk", q, prefix_k) / scale
+    own = jnp.einsum("bqhd,bkhd->hbqk", q, k) / scale
+    own = jnp.where(jnp.tril(jnp.ones((length, length), bool)), own, -jnp.inf)
+    top = jnp.maximum(jnp.max(earlier, axis=-1, keepdims=True),
+                      jnp.max(own, axis=-1, keepdims=True))
+    to_prefix, to_own = jnp.exp(earlier - top), jnp.exp(own - top)
+    total = jnp.sum(to_prefix, axis=-1, keepdims=True) + jnp.sum(to_own, axis=-1, keepdims=True)
+    to_prefix, to_own = to_prefix / total, to_own / total
     if shared:
-      attended = jnp.einsum("bhqk,khd->bqhd", to_prefix, prefix_v[0])
+      flat = to_prefix.reshape(heads, batch * length, -1)
+      attended = jnp.einsum("hnk,khd->nhd", flat, prefix_v[0]).reshape(q.shape)
     else:
-      attended = jnp.einsum("bhqk,bkhd->bqhd", to_prefix, prefix_v)
-    attended = attended + jnp.einsum("bhqk,bkhd->bqhd", to_own, v)
+      attended = jnp.einsum("hbqk,bkhd->bqhd", to_prefix, prefix_v)
+    attended = attended + jnp.einsum("hbqk,bkhd->bqhd", to_own, v)
     return self._finish(x, attended)
 
 
@@ -231,9 +242,14 @@ class TinyCausalLM(nnx.Module):
     Examples:
       >>> import jax.numpy as jnp
       >>> lm = TinyCausalLM(12, context_length=8, dim=16, heads=2, layers=1, rngs=nnx.Rngs(0))
-      >>> embeds = lm.embedding[jnp.array([[1, 2, 3, 4, 5]])]
+      >>> embeds = lm.embedding[jnp.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])]
+      >>> whole = lm.logits_from_embeddings(embeds)
       >>> after = lm.logits_after_prefix(embeds[:, 3:], lm.prefix_cache(embeds[:, :3]))
-      >>> bool(jnp.allclose(after, lm.logits_from_embeddings(embeds)[:, 3:], atol=1e-5))
+      >>> bool(jnp.allclose(after, whole[:, 3:], atol=1e-5))  # a prefix per row
+      True
+      >>> shared = lm.prefix_cache(embeds[:1, :3])  # one prefix for every row
+      >>> after = lm.logits_after_prefix(jnp.concatenate([embeds[:1, 3:]] * 4), shared)
+      >>> bool(jnp.allclose(after, whole[:1, 3:], atol=1e-5))
       True
     """
     num_prefix = cache[0][0].shape[1] if cache else 0

@@ -25,7 +25,10 @@ vocabulary. One step, for each example:
    ``comb(S, n_replace) * topk ** n_replace`` candidates are distinct (``S * topk`` for
    ``n_replace=1``), so when that is below ``search_width`` a step scores that many rows
    instead (``GCG.scored_rows``; :mod:`jaxrobust.text._gcg_distinct`), with the same results
-   up to float rounding (see :func:`gcg`'s ``dedupe``).
+   up to float rounding (see :func:`gcg`'s ``dedupe``). In chunks, the distinct candidates come
+   first and the chunks past the last one of every example are skipped (``lax.cond``), so the
+   repeats are saved whatever the bound: 512 draws among ``20 * 32 = 640`` possible candidates
+   are about 352 distinct ones, 3 chunks of 128 instead of 4.
 5. **Move.** The current suffix becomes the candidate of lowest loss, even when that is worse
    than the current one (Zou et al.'s Algorithm 1 and nanoGCG without a buffer).
 
@@ -149,6 +152,7 @@ References:
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -198,9 +202,10 @@ class GCG(NamedTuple):
 
   @property
   def scored_rows(self) -> int:
-    """Candidate rows scored per step and example: ``search_width``, or with ``dedupe`` the
-    bound ``min(search_width, comb(suffix_length, n_replace) * topk ** n_replace)`` on the
-    distinct ones."""
+    """Candidate rows scored per step and example, at most: ``search_width``, or with
+    ``dedupe`` the bound ``min(search_width, comb(suffix_length, n_replace) * topk **
+    n_replace)`` on the distinct ones (with ``chunk_size``, the chunks past the distinct
+    candidates drawn are skipped at run time)."""
     if not self.dedupe:
       return self.search_width
     return distinct_bound(self.search_width, self.suffix_length, self.topk, self.n_replace)
@@ -214,8 +219,9 @@ def gcg(*, suffix_length: int = 20, steps: int = 250, search_width: int = 512, t
 
   Each step costs one forward and backward pass on the current suffix and ``search_width``
   forward passes per example, or fewer with ``dedupe``: with ``n_replace=1`` at most
-  ``suffix_length * topk`` distinct candidates exist, so a step scores ``GCG.scored_rows =
-  min(search_width, suffix_length * topk)`` rows.
+  ``suffix_length * topk`` distinct candidates exist, so a step scores at most
+  ``GCG.scored_rows = min(search_width, suffix_length * topk)`` rows, and with ``chunk_size``
+  only the chunks that hold distinct candidates of some example.
 
   Args:
     suffix_length: ``S``, the number of adversarial tokens.
@@ -226,7 +232,9 @@ def gcg(*, suffix_length: int = 20, steps: int = 250, search_width: int = 512, t
     n_replace: positions changed in each candidate (``1 <= n_replace <= suffix_length``).
     chunk_size: at most this many candidates per example in one forward pass (``None``: all
       ``scored_rows`` at once), in equal chunks (the fewest that allows). Results do not depend
-      on it; peak memory is that of ``B * chunk_size`` sequences.
+      on it; peak memory is that of ``B * chunk_size`` sequences. With ``dedupe``, a chunk is run
+      only if some example has a distinct candidate in it (under ``vmap`` of the whole search,
+      where ``lax.cond`` runs both branches, every chunk runs).
     early_stop: stop changing an example once its best suffix succeeds (see the module
       docstring); the returned suffix then keeps the loss it had when it first succeeded.
     dedupe: score each distinct candidate suffix of a step once and give every draw of it that
@@ -235,9 +243,10 @@ def gcg(*, suffix_length: int = 20, steps: int = 250, search_width: int = 512, t
       first draw moves. Only float rounding can differ: XLA may round a loss in a pass of
       another row count differently in the last bit (as for another ``chunk_size``), which
       matters only for candidates tied to within that; with passes of one shape (a
-      ``chunk_size`` dividing both counts) the losses are bitwise equal. It saves passes only
-      where fewer distinct candidates than ``search_width`` can exist:
-      ``math.comb(suffix_length, n_replace) * topk ** n_replace < search_width``.
+      ``chunk_size`` dividing both counts) the losses are bitwise equal. Without ``chunk_size``
+      it saves passes only where fewer distinct candidates than ``search_width`` can exist
+      (``math.comb(suffix_length, n_replace) * topk ** n_replace < search_width``); with it,
+      also the chunks beyond the distinct candidates actually drawn.
 
   Returns:
     A :class:`GCG` configuration.
@@ -368,12 +377,14 @@ def _score(problem: _Problem, suffixes: Array) -> tuple[Array, Array]:
   return _score_embeds(problem, _embed(problem.embedding, suffixes))
 
 
-def _score_in_chunks(problem: _Problem, suffixes: Array, chunk_size: Optional[int]
-                     ) -> tuple[Array, Array]:
+def _score_in_chunks(problem: _Problem, suffixes: Array, chunk_size: Optional[int],
+                     needed: Optional[Array] = None) -> tuple[Array, Array]:
   """:func:`_score` on ``[B, W, S]`` suffixes, at most ``chunk_size`` per example at a time: the
   fewest chunks that allows, of equal size (192 rows in chunks of at most 128: two of 96, not
   128 + 64 padded to 128), the last one padded with copies of the first suffix, whose scores are
-  dropped."""
+  dropped. With ``needed`` (an int32 scalar: only the first ``needed`` rows of every example are
+  read), a chunk that starts at or after it is not run (``lax.cond``; under ``vmap`` both
+  branches run) and its rows get loss ``inf`` and no success."""
   batch, width, length = suffixes.shape
   if chunk_size is None or chunk_size >= width:
     return _score(problem, suffixes)
@@ -383,21 +394,34 @@ def _score_in_chunks(problem: _Problem, suffixes: Array, chunk_size: Optional[in
   padded = jnp.concatenate(
       [suffixes, jnp.broadcast_to(suffixes[:, :1], (batch, pad, length))], axis=1)
   per_chunk = padded.reshape(batch, chunks, chunk_size, length).transpose(1, 0, 2, 3)
-  loss, success = lax.map(lambda c: _score(problem, c), per_chunk)  # [chunks, B, chunk]
+  if needed is None:
+    loss, success = lax.map(lambda c: _score(problem, c), per_chunk)  # [chunks, B, chunk]
+  else:
+    loss_type = jax.eval_shape(functools.partial(_score, problem), per_chunk[0])[0].dtype
+    # Built from the chunk's own ids, so the rows carry its batch sharding (Explicit mesh axes).
+    skipped = lambda c: (jnp.full_like(c[..., 0], jnp.inf, dtype=loss_type),
+                         jnp.zeros_like(c[..., 0], dtype=bool))
+    starts = jnp.arange(chunks, dtype=jnp.int32) * chunk_size
+    loss, success = lax.map(
+        lambda args: lax.cond(args[1] < needed, functools.partial(_score, problem), skipped,
+                              args[0]), (per_chunk, starts))
   unchunk = lambda a: a.transpose(1, 0, 2).reshape(batch, chunks * chunk_size)[:, :width]
   return unchunk(loss), unchunk(success)
 
 
 def _score_candidates(problem: _Problem, attack: GCG, candidates: Array) -> tuple[Array, Array]:
-  """``(loss, success)`` ``[B, W]`` of the step's draws ``[B, W, S]``: with ``attack.dedupe`` (and
-  fewer possible distinct candidates than draws) each distinct candidate is scored once, in
-  ``attack.scored_rows`` rows per example (:func:`distinct_rows`), and every draw gets its
-  candidate's scores; otherwise every draw is scored."""
-  rows = attack.scored_rows
-  if rows >= attack.search_width:
+  """``(loss, success)`` ``[B, W]`` of the step's draws ``[B, W, S]``: with ``attack.dedupe``
+  each distinct candidate is scored once, in at most ``attack.scored_rows`` rows per example
+  (:func:`distinct_rows`), and every draw gets its candidate's scores; otherwise every draw is
+  scored. In chunks (``attack.chunk_size``), the chunks past the last distinct candidate of
+  every example are skipped, which saves passes even when ``scored_rows == search_width``
+  (e.g. 512 draws among 640 possible candidates are about 352 distinct ones)."""
+  rows, chunked = attack.scored_rows, attack.chunk_size is not None
+  if not attack.dedupe or (rows >= attack.search_width and not chunked):
     return _score_in_chunks(problem, candidates, attack.chunk_size)
   unique, inverse = jax.vmap(lambda c: distinct_rows(c, rows))(candidates)  # [B, D, S], [B, W]
-  loss, success = _score_in_chunks(problem, unique, attack.chunk_size)  # [B, D]
+  needed = jnp.max(inverse) + 1 if chunked else None  # the most distinct rows of any example
+  loss, success = _score_in_chunks(problem, unique, attack.chunk_size, needed)  # [B, D]
   return jax.vmap(lambda l, s, i: (l[i], s[i]))(loss, success, inverse)
 
 
