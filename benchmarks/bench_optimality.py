@@ -35,10 +35,8 @@ Attacks, each at its defaults unless noted, without a budget:
 * jaxrobust, each ``jax.jit``-ed with the weights, inputs, labels and key as arguments (the
   compile time, from ``lower().compile()``, reported apart): Linf ``fmn``, ``fab``,
   ``min_norm_search(apgd)``, ``min_norm_search(pgd)``, ``deepfool``, ``brendel_bethge`` (row
-  ``bb``, 1000 steps from its default start; row ``bb+mns(apgd)``, the same from FMN, FAB and
-  ``min_norm_search(apgd)``); L2 ``ddn``, ``fmn``, ``carlini_wagner_l2``, ``fab``, ``deepfool``,
-  ``min_norm_search(apgd)``, ``brendel_bethge`` (``bb``, and ``bb+mns(apgd)`` from DDN, FMN,
-  FAB and ``min_norm_search(apgd)``); L1 ``fmn``, ``fab``,
+  ``bb``, 1000 steps from its default start); L2 ``ddn``, ``fmn``, ``carlini_wagner_l2``,
+  ``fab``, ``deepfool``, ``min_norm_search(apgd)``, ``brendel_bethge``; L1 ``fmn``, ``fab``,
   ``min_norm_search(apgd)``, ``brendel_bethge``;
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1; started from the best
@@ -280,20 +278,15 @@ def diagnosis_line(model: str, n: int) -> str:
 def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
   a = jr.attacks
   mns = a.min_norm_search
-  # BB from its default start (FMN, FAB; DDN for L2) plus min_norm_search(apgd) (issue #27,
-  # "Brendel-Bethge Linf/L2 start"), measured against the default start's row ``bb``.
-  bb_mns = lambda: a.brendel_bethge(norm, init_attack=(
-      ((a.ddn(),) if norm == "l2" else ()) + (a.fmn(norm), a.fab(norm), mns(a.apgd(norm)))))
   if norm == "linf":
     return {"fmn": lambda: a.fmn("linf"), "fab": lambda: a.fab("linf"),
             "mns(apgd)": lambda: mns(a.apgd("linf")), "mns(pgd)": lambda: mns(a.pgd("linf")),
-            "deepfool": lambda: a.deepfool("linf"), "bb": lambda: a.brendel_bethge("linf"),
-            "bb+mns(apgd)": bb_mns}
+            "deepfool": lambda: a.deepfool("linf"), "bb": lambda: a.brendel_bethge("linf")}
   if norm == "l2":
     return {"ddn": lambda: a.ddn(), "fmn": lambda: a.fmn("l2"),
             "cw": lambda: a.carlini_wagner_l2(), "fab": lambda: a.fab("l2"),
             "deepfool": lambda: a.deepfool("l2"), "mns(apgd)": lambda: mns(a.apgd("l2")),
-            "bb": lambda: a.brendel_bethge("l2"), "bb+mns(apgd)": bb_mns}
+            "bb": lambda: a.brendel_bethge("l2")}
   return {"fmn": lambda: a.fmn("l1"), "fab": lambda: a.fab("l1"),
           "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1")}
 
