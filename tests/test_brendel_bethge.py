@@ -217,12 +217,14 @@ def test_defaults_and_recorded_configuration():
   config = json.loads(attack.config)
   assert config["factory"] == "brendel_bethge" and config["init_attack"] is None
   assert (config["lr"], config["momentum"], config["overshoot"]) == (1e-3, 0.8, 1.1)
-  starts = [a.name for a in jr.attacks._brendel_bethge.default_init_attack("l2")]
-  assert [name.split("-")[0] for name in starts] == ["ddn", "fmn", "fab"], starts
-  for targeted in (False, True):
-    starts = [a.name for a in jr.attacks._brendel_bethge.default_init_attack("l1", targeted)]
-    assert [name.split("-")[0] for name in starts] == ["fmn", "fab", "min"], starts
-    assert "apgd-ce-l1" in starts[2] and ("-targeted" in starts[2]) == targeted, starts
+  for norm in ("l2", "linf", "l1"):
+    for targeted in (False, True):
+      starts = [a.name for a in jr.attacks._brendel_bethge.default_init_attack(norm, targeted)]
+      kinds = ["ddn"] * (norm == "l2") + ["fmn", "fab", "min"]
+      assert [name.split("-")[0] for name in starts] == kinds, starts
+      assert all(("-targeted" in name) == targeted for name in starts), starts
+      assert f"apgd-ce-{norm}" in starts[-1], starts
+      assert A.brendel_bethge(norm, targeted=targeted).targeted == targeted  # the starts agree
   given = json.loads(A.brendel_bethge("l2", init_attack=(A.ddn(steps=5),)).config)
   assert given["init_attack"][0]["factory"] == "ddn"
 

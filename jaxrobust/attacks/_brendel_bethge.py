@@ -3,15 +3,16 @@ along the decision boundary towards the clean point, under L2, Linf and L1.
 
 BB starts from an adversarial point and never leaves the boundary's neighbourhood. Per example:
 
-1. **Start.** Inner minimum-norm attacks (``init_attack``; by default DDN (L2 only), FMN and FAB
-   in the same norm, and ``min_norm_search(apgd("l1"))`` (L1 only), at their defaults) are run without a bound; the smallest of their points,
-   re-checked by the model, is the start :math:`x_s`. A bisection of ``binary_search_steps`` steps on the path from the clean
-   point :math:`x_0` to :math:`x_s` (L2 and L1: the segment :math:`x_0 + \tau (x_s - x_0)`; Linf: the
-   perturbation clipped to :math:`\pm\tau \|x_s - x_0\|_\infty`, whose Linf norm is
-   :math:`\tau \|x_s - x_0\|_\infty`) moves it to the boundary: the smallest :math:`\tau` found
-   adversarial. Every adversarial point on the way is scored, so the result is never worse than
-   the start. Where the inner attack found nothing, BB starts at :math:`x_0` itself (its steps
-   then move towards the boundary within the trust region, a gradient attack of their own).
+1. **Start.** Inner minimum-norm attacks (``init_attack``; by default DDN (L2 only), FMN, FAB and
+   ``min_norm_search(apgd)`` in the same norm, at their defaults) are run without a bound; the
+   smallest of their points, re-checked by the model, is the start :math:`x_s`. A bisection of
+   ``binary_search_steps`` steps on the path from the clean point :math:`x_0` to :math:`x_s` (L2 and
+   L1: the segment :math:`x_0 + \tau (x_s - x_0)`; Linf: the perturbation clipped to
+   :math:`\pm\tau \|x_s - x_0\|_\infty`, whose Linf norm is :math:`\tau \|x_s - x_0\|_\infty`)
+   moves it to the boundary: the smallest :math:`\tau` found adversarial. Every adversarial point
+   on the way is scored, so the result is never worse than the start. Where the inner attack found
+   nothing, BB starts at :math:`x_0` itself (its steps then move towards the boundary within the
+   trust region, a gradient attack of their own).
 2. **Steps** :math:`k = 0, \dots, K - 1`. At the iterate :math:`x_k`, one forward and one
    backward pass give the logit difference :math:`\ell = z_y - \max_{j \ne y} z_j` (targeted:
    :math:`\max_{j \ne t} z_j - z_t`; adversarial iff :math:`\ell < 0`) and its gradient
@@ -48,17 +49,22 @@ Defaults are those of the paper and of Foolbox 3.3's ``L2BrendelBethgeAttack`` /
 ``lr_num_decay=20``, ``momentum=0.8``, ``overshoot=1.1``, ``binary_search_steps=10``). Where this
 implementation departs from Foolbox's:
 
-* **The start.** Foolbox starts from a blended-uniform-noise line search by default; here from
-  the smallest point of DDN (L2), FMN, FAB and APGD-L1 (L1). BB is a local method: on a ReLU network the linearised
-  problem has many local optima (a start where the direction to :math:`x_0` is normal to the
-  boundary, the clipped coordinates aside, does not move), so the answer is only as good as the
-  basin of its start. On the digits MLP, BB from FMN's points alone ended where FMN did (median
-  L2 0.4950), from FAB's at 0.4676, from the best of FMN and FAB at 0.4676 and 3-8% lower on the
-  CNN and k-WTA models than from either alone. In L1, adding ``min_norm_search(apgd("l1"))`` to
-  FMN and FAB raised BB's optimality (``benchmarks/bench_optimality.py``, n=100) on the k-WTA MLP
-  from 0.880 to 0.969 and on the PGD-AT CNN from 0.921 to 0.998 (median L1 1.352 to 1.108 and
-  1.230 to 1.203; ``benchmarks/RESULTS.md``, "Brendel-Bethge L1"). Any minimum-norm attack, or a sequence of them, can be given as
-  ``init_attack``.
+* **The start.** Foolbox starts from a blended-uniform-noise line search by default; here from the
+  smallest point of DDN (L2), FMN, FAB and ``min_norm_search(apgd)``. BB is a local method: on a
+  ReLU network the linearised problem has many local optima (a start where the direction to
+  :math:`x_0` is normal to the boundary, the clipped coordinates aside, does not move), so the
+  answer is only as good as the basin of its start. On the digits MLP, BB from FMN's points alone
+  ended where FMN did (median L2 0.4950), from FAB's at 0.4676, from the best of FMN and FAB at
+  0.4676 and 3-8% lower on the CNN and k-WTA models than from either alone. In L1, adding
+  ``min_norm_search(apgd("l1"))`` to FMN and FAB raised BB's optimality
+  (``benchmarks/bench_optimality.py``, n=100) on the k-WTA MLP from 0.880 to 0.969 and on the PGD-AT
+  CNN from 0.921 to 0.998 (median L1 1.352 to 1.108 and 1.230 to 1.203; ``benchmarks/RESULTS.md``,
+  "Brendel-Bethge L1"). In Linf and L2 it raised BB's optimality on the k-WTA MLP from 0.8406 to
+  0.9745 (Linf; median 0.1129 to 0.0864) and from 0.9411 to 0.9768 (L2), on the PGD-AT MLP (Linf)
+  from 0.9781 to 0.9984, and lowered it on no model ("Brendel-Bethge Linf/L2 start"). It is not
+  better on every point: from a better start BB can end in a worse basin (7 of 96 k-WTA Linf
+  points end higher, by up to 33%). Any minimum-norm attack, or a sequence of them, can be given
+  as ``init_attack``.
 * **The trust region** is per example: Foolbox multiplies ``lr`` by the number of elements of the
   whole batch (``prod(x.shape)``), so its trust region grows with the batch size; here :math:`D`
   is one example's (Foolbox's radius at batch size :math:`B` is this one's at ``lr * B``).
@@ -237,18 +243,15 @@ def _done(state: BBState) -> Array:
 
 
 def default_init_attack(norm: str, targeted: bool = False) -> tuple[Attack, ...]:
-  """The starts tried when ``init_attack`` is ``None``: FMN and FAB in the attack's norm, for L2
-  DDN as well, for L1 ``min_norm_search(apgd("l1"))`` as well (targeted: APGD towards
-  ``target=`` with the cross-entropy), each at its defaults (the smallest adversarial point of
-  theirs is the start)."""
-  starts = (fmn(norm, targeted=targeted), fab(norm, targeted=targeted, n_target_classes=None))
-  if norm == "l2":
-    return (ddn(targeted=targeted),) + starts
-  if norm == "l1":
-    inner = (apgd("l1", targeted=True, n_target_classes=None, loss="ce") if targeted
-             else apgd("l1"))
-    return starts + (min_norm_search(inner),)
-  return starts
+  """The starts tried when ``init_attack`` is ``None``: FMN, FAB and ``min_norm_search(apgd)``
+  in the attack's norm, for L2 DDN first (targeted: FAB and APGD towards ``target=``, APGD with
+  the cross-entropy), each at its defaults (the smallest adversarial point of theirs is the
+  start)."""
+  inner = (apgd(norm, targeted=True, n_target_classes=None, loss="ce") if targeted
+           else apgd(norm))
+  starts = (fmn(norm, targeted=targeted), fab(norm, targeted=targeted, n_target_classes=None),
+            min_norm_search(inner))
+  return ((ddn(targeted=targeted),) + starts) if norm == "l2" else starts
 
 
 def _check_init_attacks(init_attack, targeted: bool) -> tuple[Attack, ...]:
@@ -284,12 +287,14 @@ def brendel_bethge(norm: str = "l2", *, steps: int = 1000, lr: float = 1e-3,
                    targeted: bool = False) -> Attack:
   r"""Brendel-Bethge: refine an adversarial start along the decision boundary (L2, Linf or L1).
 
-  A minimum-norm attack (``minimum_norm=True``). ``init_attack`` (default: FMN and FAB in the
-  attack's norm, and DDN for L2; see :func:`default_init_attack`) runs first, without a bound, inside ``init``; a bisection of ``binary_search_steps`` forward passes
-  on the path from ``x`` to its point moves the start onto the boundary. Each of ``steps``
-  iterations then takes one forward and one backward pass at the iterate :math:`x_k`, averages
-  the gradient of the logit difference :math:`\ell = z_y - \max_{j \ne y} z_j` into the boundary
-  normal :math:`b_k` (``momentum``), and moves by the exact solution of
+  A minimum-norm attack (``minimum_norm=True``). ``init_attack`` (default: FMN, FAB and
+  ``min_norm_search(apgd)`` in the attack's norm, and DDN for L2; see
+  :func:`default_init_attack`) runs first, without a bound, inside ``init``; a bisection of
+  ``binary_search_steps`` forward passes on the path from ``x`` to its point moves the start onto
+  the boundary. Each of ``steps`` iterations then takes one forward and one backward pass at the
+  iterate :math:`x_k`, averages the gradient of the logit difference
+  :math:`\ell = z_y - \max_{j \ne y} z_j` into the boundary normal :math:`b_k` (``momentum``),
+  and moves by the exact solution of
 
   .. math::
      \min_\delta\ \|x - x_k - \delta\|_p \quad\text{s.t.}\quad b_k^\top\delta = c,\
@@ -326,7 +331,8 @@ def brendel_bethge(norm: str = "l2", *, steps: int = 1000, lr: float = 1e-3,
     binary_search_steps: bisections (>= 0) on the path from ``x`` to the inner attack's point.
     init_attack: the minimum-norm attack that finds the start (run at ``eps = inf``), targeted
       as this attack is, or a sequence of them (the smallest point of theirs is the start);
-      ``None``: :func:`default_init_attack` (``fmn`` and ``fab`` in ``norm``, and ``ddn`` for L2).
+      ``None``: :func:`default_init_attack` (``fmn``, ``fab`` and ``min_norm_search(apgd)`` in
+      ``norm``, and ``ddn`` for L2).
     targeted: drive the prediction to ``target`` (pass ``target=`` to :func:`jaxrobust.run`).
 
   Returns:
