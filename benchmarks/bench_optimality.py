@@ -35,9 +35,10 @@ Attacks, each at its defaults unless noted, without a budget:
 * jaxrobust, each ``jax.jit``-ed with the weights, inputs, labels and key as arguments (the
   compile time, from ``lower().compile()``, reported apart): Linf ``fmn``, ``fab``,
   ``min_norm_search(apgd)``, ``min_norm_search(pgd)``, ``deepfool``, ``brendel_bethge`` (row
-  ``bb``, 1000 steps from its default start); L2 ``ddn``, ``fmn``, ``carlini_wagner_l2``,
-  ``fab``, ``deepfool``, ``min_norm_search(apgd)``, ``brendel_bethge``; L1 ``fmn``, ``fab``,
-  ``min_norm_search(apgd)``, ``brendel_bethge``;
+  ``bb``, 1000 steps from its default start), ``min_norm_search(square)`` (gradient-free: 5000
+  queries per eps tried); L2 ``ddn``, ``fmn``, ``carlini_wagner_l2``, ``fab``, ``deepfool``,
+  ``min_norm_search(apgd)``, ``brendel_bethge``, ``min_norm_search(square)``; L1 ``fmn``,
+  ``fab``, ``min_norm_search(apgd)``, ``brendel_bethge`` (Square has no L1 form);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1; started from the best
   point the other Foolbox attacks found; only with ``--bb``);
@@ -281,12 +282,13 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
   if norm == "linf":
     return {"fmn": lambda: a.fmn("linf"), "fab": lambda: a.fab("linf"),
             "mns(apgd)": lambda: mns(a.apgd("linf")), "mns(pgd)": lambda: mns(a.pgd("linf")),
-            "deepfool": lambda: a.deepfool("linf"), "bb": lambda: a.brendel_bethge("linf")}
+            "deepfool": lambda: a.deepfool("linf"), "bb": lambda: a.brendel_bethge("linf"),
+            "mns(square)": lambda: mns(a.square("linf"))}
   if norm == "l2":
     return {"ddn": lambda: a.ddn(), "fmn": lambda: a.fmn("l2"),
             "cw": lambda: a.carlini_wagner_l2(), "fab": lambda: a.fab("l2"),
             "deepfool": lambda: a.deepfool("l2"), "mns(apgd)": lambda: mns(a.apgd("l2")),
-            "bb": lambda: a.brendel_bethge("l2")}
+            "bb": lambda: a.brendel_bethge("l2"), "mns(square)": lambda: mns(a.square("l2"))}
   return {"fmn": lambda: a.fmn("l1"), "fab": lambda: a.fab("l1"),
           "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1")}
 
