@@ -368,6 +368,50 @@ def run_fab_reference(aa_path: str, norm: str, port, x, y) -> np.ndarray:
   return adv.detach().numpy()
 
 
+def run_apgd_eps_search(aa_path: str, norm: str, port, x, y, *, search_steps: int = 16
+                        ) -> np.ndarray:
+  """The AutoAttack reference's APGD-CE (100 iterations, one restart, its defaults) turned into a
+  minimum-norm attack by a per-sample search on eps, as AttackBench wraps fixed-budget attacks:
+  from ``INIT_EPS[norm]`` the eps of a sample doubles until APGD finds an adversarial point, then
+  bisects between the largest eps that failed and the smallest norm found, ``search_steps`` runs
+  in all (every sample in every run; a sample's eps is a ``[B, 1, 1, 1]`` tensor, which the
+  reference's Linf and L2 steps and projections broadcast). Returns the smallest adversarial
+  point found per sample (the clean point where none was), NCHW."""
+  import torch
+
+  module, note = import_autoattack(aa_path)
+  if module is None:
+    raise RuntimeError(note)
+  from autoattack.autopgd_base import APGDAttack
+
+  if norm not in ("linf", "l2"):
+    raise ValueError("the reference's L1 step does not take a per-sample eps")
+  torch.manual_seed(0)
+  attack = APGDAttack(port, norm={"linf": "Linf", "l2": "L2"}[norm], eps=1.0, n_iter=100,
+                      n_restarts=1, loss="ce", seed=0, device="cpu")
+  xt, yt = torch.from_numpy(nchw(x)), torch.from_numpy(y.astype(np.int64))
+  attack.init_hyperparam(xt)
+  num = xt.shape[0]
+  eps = np.full(num, INIT_EPS[norm])
+  lower, upper = np.zeros(num), np.full(num, np.inf)
+  best = nchw(x).copy()
+  for _ in range(search_steps):
+    attack.eps = torch.from_numpy(eps.astype(np.float32)).view(num, 1, 1, 1)
+    adv = attack.attack_single_run(xt, yt)[3].detach()
+    with torch.no_grad():
+      fooled = (port(adv).argmax(1) != yt).numpy()
+    size = lp_norms(adv.numpy().transpose(0, 2, 3, 1), x, norm)
+    better = fooled & (size < upper)
+    best[better], upper[better] = adv.numpy()[better], size[better]
+    lower[~fooled] = np.maximum(lower[~fooled], eps[~fooled])
+    eps = np.where(np.isfinite(upper), (lower + upper) / 2, 2 * eps)
+  return best
+
+
+INIT_EPS = {"linf": 8 / 255, "l2": 0.5}
+"""The eps each sample's search starts from (the usual image budgets; doubled until it breaks)."""
+
+
 def run_torchattacks(which: str, port, x, y) -> np.ndarray:
   import torchattacks
   import torch
@@ -404,6 +448,9 @@ def peer_attacks(norm: str, args) -> dict[str, Callable]:
     peers[name] = functools.partial(lambda make, port, x, y: run_foolbox(make, port, x, y), make)
   if args.autoattack_path:
     peers["autoattack fab"] = functools.partial(run_fab_reference, args.autoattack_path, norm)
+    if norm in ("linf", "l2"):
+      peers["autoattack apgd-ce (eps search)"] = functools.partial(
+          run_apgd_eps_search, args.autoattack_path, norm)
   try:
     import torchattacks  # noqa: F401
 
