@@ -22,10 +22,21 @@ Zoo (``--models``):
 * ``mlp-ibp``: DigitsMLP trained with ``jr.training.ibp_loss`` (Gowal et al. 2018), Linf, with
   ``IBP_TRAINING``'s schedule: ``eps = 0`` and ``kappa = 1`` for the warm-up epochs, then both
   ramped linearly per step to ``eps = 0.1`` and ``kappa = 0.5``, held there to the end; the
-  other settings (epochs, batch, learning rate, seed) are ``MLP_TRAINING``'s.
+  other settings (epochs, batch, learning rate, seed) are ``MLP_TRAINING``'s;
+* ``mlp-ccat``: a DigitsMLP trained CCAT-style (Stutz, Hein & Schiele 2020; ``ccat_loss``: half
+  of each batch clean, half at a PGD point maximising the largest wrong-class probability within
+  Linf ``CCAT_TRAINING["eps"]``, trained towards ``lambda * onehot(y) + (1 - lambda) / 10`` with
+  ``lambda = (1 - min(1, |delta|_inf / eps))^10``), evaluated through a confidence gate
+  (``ccat_gate``): ``z`` where the max softmax is at least ``tau``, else ``100 z``. ``tau`` keeps
+  99% of the correct clean test points (CCAT's choice; stored with the weights as ``gate/tau``).
+  The gate changes no argmax, so it changes no prediction and no minimum adversarial distance:
+  CCAT's rejection cannot be expressed by argmax success, which every peer and AttackBench use;
+  instead, below ``tau`` the softmax saturates and cross-entropy gradients vanish (a
+  confidence-thresholded, gradient-obfuscating model). Its PyTorch port may differ by ``100``
+  times the other new models' tolerance (the gate scales the rounding with the logits).
 
-The three new models are trained on first use (seconds on a CPU) and frozen under
-``benchmarks/reference/digits_mlp_{trades,kwta,ibp}.npz`` (about 70 kB each); ``--retrain``
+The four new models are trained on first use (seconds on a CPU) and frozen under
+``benchmarks/reference/digits_mlp_{trades,kwta,ibp,ccat}.npz`` (about 70 kB each); ``--retrain``
 regenerates them. ``--certify`` prints each model's clean accuracy and IBP-certified accuracy at
 ``IBP_TRAINING["eps"]`` on the digits test split (``jr.certify.margin_bounds``); ``--diagnose``
 prints each model's static gradient-masking diagnosis (``jr.diagnose``), one line per model.
@@ -99,12 +110,16 @@ NORMS = ("linf", "l2", "l1")
 KWTA_RATIO = 0.1
 NEW_PORT_TOLERANCE = 1e-5
 """|torch logits - JAX logits| allowed for the models trained here (the brief's 1e-5)."""
-NEW_KINDS = ("trades", "kwta", "ibp")
+NEW_KINDS = ("trades", "kwta", "ibp", "ccat")
 """The MLPs trained by ``train_new_mlp`` (the others are ``bench_peers.py``'s frozen models)."""
 IBP_TRAINING = {"eps": 0.1, "warmup_epochs": 2, "ramp_epochs": 10, "kappa_end": 0.5}
 """``mlp-ibp``'s schedule (Gowal et al. 2018's shape on ``MLP_TRAINING``'s 30 epochs): eps 0 and
 kappa 1 for ``warmup_epochs``, then linear per step to ``eps`` and ``kappa_end`` over
 ``ramp_epochs``, then constant. Linf, on inputs in [0, 1]."""
+CCAT_TRAINING = {"eps": 0.2, "rho": 10.0, "attack_steps": 10, "keep": 0.99, "temperature": 100.0}
+"""``mlp-ccat``: Linf ``eps`` of the training attack (``MLP_TRAINING``'s), CCAT's ``rho``, PGD steps
+maximising the largest wrong-class probability, the fraction of correct clean test points the
+confidence threshold keeps, and the factor ``T`` of the gate below the threshold."""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,6 +166,99 @@ def torch_kwta_port(params: Any):
   return model
 
 
+def ccat_gate(logits: jax.Array, tau: jax.Array,
+              temperature: float = CCAT_TRAINING["temperature"]) -> jax.Array:
+  r"""The confidence gate of ``mlp-ccat``: ``z`` where :math:`\max_j \mathrm{softmax}(z)_j \ge \tau`,
+  else ``T z`` (``T = temperature``).
+
+  Scaling by ``T > 0`` keeps the argmax, so every prediction (and every minimum adversarial
+  distance) is the ungated model's; below the threshold the softmax of ``T z`` saturates and
+  cross-entropy gradients vanish, and the logits jump where the confidence crosses ``tau``.
+
+  >>> z = jnp.array([[4.0, 0.0], [0.1, 0.0]])
+  >>> ccat_gate(z, jnp.float32(0.9)).tolist()
+  [[4.0, 0.0], [10.0, 0.0]]
+  """
+  confidence = jnp.max(jax.nn.softmax(logits, axis=-1), axis=-1, keepdims=True)
+  return jnp.where(confidence >= tau, logits, temperature * logits)
+
+
+def ccat_apply(variables: Any, x: jax.Array) -> jax.Array:
+  """``mlp-ccat``'s logits: DigitsMLP's, through ``ccat_gate`` at the stored threshold
+  ``variables["params"]["gate"]["tau"]`` (a weight like the others: an argument of the jitted
+  programs)."""
+  p = variables["params"]
+  logits = DigitsMLP().apply({"params": {k: p[k] for k in ("dense1", "dense2", "dense3")}}, x)
+  return ccat_gate(logits, p["gate"]["tau"])
+
+
+def torch_ccat_port(params: Any):
+  """The PyTorch mirror of ``ccat_apply``: the DigitsMLP port and the gate with ``torch.where``."""
+  import torch
+
+  model = torch_mlp_port(params)
+  tau = torch.tensor(np.asarray(params["params"]["gate"]["tau"], np.float32))
+  temperature = CCAT_TRAINING["temperature"]
+  mlp = model.forward
+
+  def forward(x):
+    z = mlp(x)
+    confidence = torch.softmax(z, dim=-1).max(dim=-1, keepdim=True).values
+    return torch.where(confidence >= tau, z, temperature * z)
+
+  model.forward = forward
+  return model
+
+
+def wrong_confidence(logits: jax.Array, y: jax.Array) -> jax.Array:
+  """CCAT's attack objective, ``max_{j != y} softmax(z)_j`` (``[B]``, larger is more adversarial)."""
+  return jr.losses.max_other_logit(jax.nn.softmax(logits, axis=-1), y)
+
+
+def ccat_loss(logits_fn: Callable, x: jax.Array, y: jax.Array, key: jax.Array,
+              eps: jax.Array) -> jax.Array:
+  r"""CCAT's loss (Stutz, Hein & Schiele 2020) on one batch: cross-entropy on the first half
+  (clean) and, on the second half, cross-entropy towards
+  :math:`\lambda\,\mathrm{onehot}(y) + (1 - \lambda)/C` at :math:`x + \delta`, with
+  :math:`\lambda = (1 - \min(1, \|\delta\|_\infty / \epsilon))^\rho`; :math:`\delta` from
+  ``jr.attacks.pgd("linf")`` (``CCAT_TRAINING["attack_steps"]`` steps, random start) maximising
+  ``wrong_confidence`` on every point (``jr.training.adversarial_loss``'s inner attack)."""
+  cfg = CCAT_TRAINING
+  half = x.shape[0] // 2
+  attack = jr.attacks.pgd("linf", steps=cfg["attack_steps"], loss=wrong_confidence)
+  _, aux = jr.training.adversarial_loss(logits_fn, x[half:], y[half:], jr.Budget(eps), key,
+                                        attack=attack)
+  delta = jnp.max(jnp.abs(aux.x_adv - x[half:]).reshape(x.shape[0] - half, -1), axis=-1)
+  lam = (1.0 - jnp.minimum(1.0, delta / eps)) ** cfg["rho"]
+  logits_clean, logits_adv = logits_fn(x[:half]), logits_fn(aux.x_adv)
+  classes = logits_adv.shape[-1]
+  target = (lam[:, None] * jax.nn.one_hot(y[half:], classes)
+            + (1.0 - lam[:, None]) / classes)
+  return jnp.concatenate([
+      optax.softmax_cross_entropy_with_integer_labels(logits_clean, y[:half]),
+      optax.softmax_cross_entropy(logits_adv, target)]).mean()
+
+
+def ccat_threshold(params: Any) -> tuple[float, dict]:
+  """``tau`` of ``mlp-ccat``: between the confidences (max softmax) of the correct clean digits test
+  points so that exactly ``ceil(keep * n_correct)`` lie above it (the midpoint of the two
+  neighbouring confidences, so no test point sits on the threshold), and what it leaves: clean
+  accuracy, points below ``tau`` (all and correct). Weights and data are jit arguments."""
+  from jaxrobust.demo.data import load_digits
+
+  _, _, x_test, y_test = load_digits()
+  probs = jax.jit(lambda params, x: jax.nn.softmax(DigitsMLP().apply(params, x), axis=-1))
+  p = np.asarray(probs(params, jnp.asarray(x_test)), np.float64)
+  confidence, correct = p.max(-1), p.argmax(-1) == np.asarray(y_test)
+  ranked = np.sort(confidence[correct])
+  drop = len(ranked) - math.ceil(CCAT_TRAINING["keep"] * len(ranked))
+  tau = float(np.float32((ranked[drop - 1] + ranked[drop]) / 2 if drop else ranked[0] / 2))
+  stats = {"tau": tau, "clean": f"{int(correct.sum())}/{len(correct)}",
+           "below_tau": f"{int((confidence < tau).sum())}/{len(correct)}",
+           "correct_below_tau": f"{int((confidence[correct] < tau).sum())}/{int(correct.sum())}"}
+  return tau, stats
+
+
 def ibp_schedule(epochs: int, batches: int) -> tuple[np.ndarray, np.ndarray]:
   """``(eps, kappa)``, each ``[epochs, batches]``: ``IBP_TRAINING``'s per-step schedule.
 
@@ -168,9 +276,11 @@ def ibp_schedule(epochs: int, batches: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def train_new_mlp(kind: str) -> Any:
-  """``mlp-trades``, ``mlp-kwta`` or ``mlp-ibp`` trained on the digits training split with
-  ``bench_peers.MLP_TRAINING``'s epochs, batch, learning rate and seed (``mlp-ibp``: eps and
-  kappa per step from ``ibp_schedule``, passed to the jitted epoch as data)."""
+  """``mlp-trades``, ``mlp-kwta``, ``mlp-ibp`` or ``mlp-ccat`` trained on the digits training split
+  with ``bench_peers.MLP_TRAINING``'s epochs, batch, learning rate and seed (``mlp-ibp``: eps and
+  kappa per step from ``ibp_schedule``, passed to the jitted epoch as data; ``mlp-ccat``:
+  ``ccat_loss`` at ``CCAT_TRAINING["eps"]``, also passed as data, then its gate's threshold
+  ``ccat_threshold`` stored with the weights as ``gate/tau``)."""
   from jaxrobust.demo.data import load_digits
 
   cfg = MLP_TRAINING
@@ -181,6 +291,8 @@ def train_new_mlp(kind: str) -> Any:
   optimizer = optax.adam(cfg["learning_rate"])
   batches = x_train.shape[0] // cfg["batch_size"]
   eps_schedule, kappa_schedule = ibp_schedule(cfg["epochs"], batches)
+  if kind == "ccat":
+    eps_schedule = np.full_like(eps_schedule, CCAT_TRAINING["eps"])
 
   def loss_fn(params, x, y, key, eps, kappa):
     logits_fn = functools.partial(model.apply, params)
@@ -188,6 +300,8 @@ def train_new_mlp(kind: str) -> Any:
       return jr.training.trades_loss(logits_fn, x, y, jr.Budget(cfg["eps"]), key)[0]
     if kind == "ibp":
       return jr.training.ibp_loss(logits_fn, x, y, jr.Budget(eps), kappa=kappa)[0]
+    if kind == "ccat":
+      return ccat_loss(logits_fn, x, y, key, eps)
     return optax.softmax_cross_entropy_with_integer_labels(logits_fn(x), y).mean()
 
   def step(carry, batch):
@@ -211,6 +325,10 @@ def train_new_mlp(kind: str) -> Any:
   for e in range(cfg["epochs"]):
     params, opt_state = epoch(params, opt_state, x, y, jax.random.fold_in(key, e + 1),
                               jnp.asarray(eps_schedule[e]), jnp.asarray(kappa_schedule[e]))
+  if kind == "ccat":
+    tau, stats = ccat_threshold(params)
+    print(f"mlp-ccat gate: {stats}")
+    params = {"params": {**params["params"], "gate": {"tau": jnp.float32(tau)}}}
   return params
 
 
@@ -227,13 +345,15 @@ def zoo_model(name: str, retrain: bool = False) -> tuple[Callable, Any, Callable
     params = load_frozen_params(kind, "mlp")
     if kind == "kwta":
       return KWTAMLP().apply, params, torch_kwta_port
+    if kind == "ccat":
+      return ccat_apply, params, torch_ccat_port
     return DigitsMLP().apply, params, torch_mlp_port
   return ARCHS[arch]().apply, load_frozen_params(kind, arch), (
       torch_port if arch == "cnn" else torch_mlp_port)
 
 
 MODELS = ("cnn-plain", "cnn-adversarial", "mlp-plain", "mlp-adversarial", "mlp-trades",
-          "mlp-kwta", "mlp-ibp")
+          "mlp-kwta", "mlp-ibp", "mlp-ccat")
 
 
 def certified_accuracy(model: str, x: np.ndarray, y: np.ndarray) -> str:
@@ -519,6 +639,8 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
       port_gap = float(np.max(np.abs(port(torch.from_numpy(nchw(x_all))).numpy()
                                      - np.asarray(apply_fn(params, jnp.asarray(x_all))))))
     tolerance = NEW_PORT_TOLERANCE if model.endswith(NEW_KINDS) else 1e-4
+    if model == "mlp-ccat":  # the gate scales the logits below tau, and their rounding, by T
+      tolerance *= CCAT_TRAINING["temperature"]
     assert port_gap <= tolerance, f"{model}: the PyTorch port differs by {port_gap}"
     best_fb = None
     for name, run in peer_attacks(norm, args).items():
@@ -658,7 +780,7 @@ def main(argv=None) -> int:
                       help="peers only (e.g. a later --bb run, merged by --summarize)")
   parser.add_argument("--skip", nargs="*", default=[], help="row names to leave out")
   parser.add_argument("--retrain", action="store_true",
-                      help="retrain mlp-trades, mlp-kwta and mlp-ibp")
+                      help="retrain mlp-trades, mlp-kwta, mlp-ibp and mlp-ccat")
   parser.add_argument("--certify", action="store_true",
                       help="print clean and IBP-certified accuracy on the test split and exit")
   parser.add_argument("--diagnose", action="store_true",
