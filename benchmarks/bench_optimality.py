@@ -31,8 +31,8 @@ Zoo (``--models``):
   99% of the correct clean test points (CCAT's choice; stored with the weights as ``gate/tau``).
   The gate changes no argmax, so it changes no prediction and no minimum adversarial distance:
   CCAT's rejection cannot be expressed by argmax success, which every peer and AttackBench use;
-  instead, below ``tau`` the softmax saturates and cross-entropy gradients vanish (a
-  confidence-thresholded, gradient-obfuscating model). Its PyTorch port may differ by ``100``
+  instead, the logits jump by 100x where the confidence crosses ``tau`` (measured: it misleads
+  loss-value attacks, Square and C&W/EAD, far more than gradient steps). Its port may differ by 100
   times the other new models' tolerance (the gate scales the rounding with the logits).
 
 The four new models are trained on first use (seconds on a CPU) and frozen under
@@ -172,8 +172,8 @@ def ccat_gate(logits: jax.Array, tau: jax.Array,
   else ``T z`` (``T = temperature``).
 
   Scaling by ``T > 0`` keeps the argmax, so every prediction (and every minimum adversarial
-  distance) is the ungated model's; below the threshold the softmax of ``T z`` saturates and
-  cross-entropy gradients vanish, and the logits jump where the confidence crosses ``tau``.
+  distance) is the ungated model's; below the threshold the softmax of ``T z`` saturates (CE
+  gradients vanish where z's top-two margin is large), and the loss jumps where it crosses tau.
 
   >>> z = jnp.array([[4.0, 0.0], [0.1, 0.0]])
   >>> ccat_gate(z, jnp.float32(0.9)).tolist()
