@@ -61,6 +61,27 @@ Attacks, each at its defaults unless noted, without a budget:
   EAD (L1, ``decision_rule="L1"``, 5 x 20). ART's and Foolbox's C&W/EAD cost about 10 ms per
   step here whatever the batch, so larger settings did not fit the time of this benchmark.
 
+Propagations per sample (issue #27, item 3), forward and backward, are recorded for every row
+(JSON keys ``forward_mean``, ``backward_mean``, ``forward_max``, ``backward_max``, ``total_max``
+and ``how``; absent in files written before, where the tables print ``-``), over the samples
+attacked (the clean-correct ones):
+
+* jaxrobust (``how = "info"``): the library's exact per-example counts,
+  ``result.info["propagations"]`` (``jaxrobust.engine.propagations``: AttackBench's semantics,
+  a gradient is one forward and one backward, ``jr.run``'s own scoring not counted); mean and
+  max over the samples. An attack without them (``how = "count_evaluations"``) is run a second
+  time with the model wrapped by ``jr.metrics.count_evaluations``: its row totals less
+  ``jr.run``'s own work (one gradient and one forward row per point), divided by the samples
+  (no max; a pullback applied K times to one call counts once there);
+* peers (``how = "hooks"``): the PyTorch port inside a counting module (``counted_port``): the
+  batch size of every call (forward) and the rows of every gradient flowing back through the
+  logits (backward, a hook on the output), divided by the samples; also the calls of each, which
+  is AttackBench's own per-batch count (its model wrapper counts calls). Foolbox BB's count
+  leaves out the Foolbox attacks that found its starting points.
+
+``--check-counting`` runs each peer also on the bare port, and each jaxrobust attack also under
+``count_evaluations``, and records whether the points are the same, bitwise (``same_points``).
+
 A point counts as found when the attack's own framework (JAX or the PyTorch port) misclassifies
 it; a peer's point is also re-judged by the JAX model and disagreements are counted. Time is the
 wall time of one call (2 cores shared with other jobs: the 1-min load average is printed).
@@ -413,7 +434,8 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
           "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1")}
 
 
-def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y) -> dict:
+def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y,
+                  check_counting: bool = False) -> dict:
   run = jax.jit(lambda params, x, y, key: jr.run(attack, lambda v: apply_fn(params, v), x, y,
                                                  jr.Budget(jnp.inf), key))
   args = (params, jnp.asarray(x), jnp.asarray(y), jax.random.key(0))
@@ -429,12 +451,121 @@ def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y) -> dict:
   if not np.array_equal(success, np.asarray(result.success)):
     print(f"  note: {attack.name}: result.success differs from the model's verdict on "
           f"{int(np.sum(success != np.asarray(result.success)))} points")
+  props = (propagations_of_info(result.info["propagations"])
+           if "propagations" in (result.info or {}) else None)
+  if props is None or check_counting:
+    counted = count_jaxrobust(attack, apply_fn, params, x, y)
+    counted["same_points"] = bool(np.array_equal(counted.pop("x_adv"), x_adv))
+    if props is None:
+      props = counted
+    else:  # the check: the library's per-example counts against count_evaluations' totals
+      props["same_points"] = counted["same_points"]
+      props["check_count_evaluations"] = {k: counted[k] for k in
+                                          ("forward_mean", "backward_mean")}
   return {"norms": np.where(success, lp_norms(x_adv, x, norm), np.inf), "seconds": seconds,
-          "compile_s": compile_s, "disagree": 0}
+          "compile_s": compile_s, "disagree": 0, **props}
+
+
+def propagations_of_info(counts: dict) -> dict:
+  """The row's propagation keys from ``info["propagations"]`` (per example, exact).
+
+  >>> row = propagations_of_info({"forward": np.array([3, 5]), "backward": np.array([2, 4])})
+  >>> row["forward_mean"], row["backward_mean"], row["total_max"], row["how"]
+  (4.0, 3.0, 9, 'info')
+  """
+  forward, backward = (np.asarray(counts[k], np.int64) for k in ("forward", "backward"))
+  return {"forward_mean": float(forward.mean()), "backward_mean": float(backward.mean()),
+          "forward_max": int(forward.max()), "backward_max": int(backward.max()),
+          "total_max": int((forward + backward).max()), "how": "info"}
+
+
+def run_overhead(forward_rows: int, gradient_rows: int, n: int) -> dict:
+  """The row's propagation keys from ``count_evaluations``' totals of one ``jr.run`` on ``n``
+  clean-correct points, less ``jr.run``'s own work (one gradient row per point for the clean
+  verdict and gradient check, one forward row per point for re-scoring the returned point; see
+  ``tests/test_propagations.py``). A gradient row is one forward and one backward (a pullback
+  applied K times to one call counts once: a lower bound on the backward propagations then).
+
+  >>> row = run_overhead(forward_rows=50, gradient_rows=110, n=10)
+  >>> row["forward_mean"], row["backward_mean"], row["total_max"], row["how"]
+  (14.0, 10.0, None, 'count_evaluations')
+  """
+  gradient, forward = gradient_rows - n, forward_rows - n
+  return {"forward_mean": (forward + gradient) / n, "backward_mean": gradient / n,
+          "forward_max": None, "backward_max": None, "total_max": None,
+          "how": "count_evaluations"}
+
+
+def count_jaxrobust(attack: jr.Attack, apply_fn, params, x, y) -> dict:
+  """``jr.run`` again with the model wrapped by ``jr.metrics.count_evaluations`` (weights, data
+  and key arguments of the jitted program, as the timed run): the row's propagation keys and the
+  returned points (to check that counting changes nothing)."""
+  holder = {}
+
+  def counted_run(params, x, y, key):
+    logits_fn, holder["counter"] = jr.metrics.count_evaluations(lambda v: apply_fn(params, v))
+    return jr.run(attack, logits_fn, x, y, jr.Budget(jnp.inf), key)
+
+  compiled = jax.jit(counted_run).lower(params, jnp.asarray(x), jnp.asarray(y),
+                                        jax.random.key(0)).compile()
+  holder["counter"].reset()  # nothing ran yet; the counter of the traced program
+  result = jax.block_until_ready(compiled(params, jnp.asarray(x), jnp.asarray(y),
+                                          jax.random.key(0)))
+  jax.effects_barrier()
+  counter = holder["counter"]
+  return dict(run_overhead(counter.forward, counter.gradient, len(y)),
+              x_adv=np.asarray(result.x_adv))
 
 
 # ------------------------------------------------------------------------------------------------
 # Peers (PyTorch, on the port).
+
+
+def counted_port(port):
+  """``port`` inside a PyTorch module that counts what goes through it, AttackBench's way (a
+  model wrapper) but per row: ``forward_rows`` (the batch size of every call) and
+  ``backward_rows`` (the rows of every gradient that flows back through the logits: a hook on
+  the output tensor, which runs once per backward pass, so a graph differentiated K times with
+  ``retain_graph`` counts K), and the calls of each (AttackBench's per-batch counts). The
+  logits and gradients are ``port``'s, untouched."""
+  import torch
+
+  class Counted(torch.nn.Module):
+
+    def __init__(self, model):
+      super().__init__()
+      self.model = model
+      self.forward_rows = self.backward_rows = self.forward_calls = self.backward_calls = 0
+
+    def _backward(self, grad):
+      self.backward_rows += int(grad.shape[0])
+      self.backward_calls += 1
+
+    def forward(self, x):
+      out = self.model(x)
+      self.forward_rows += int(x.shape[0])
+      self.forward_calls += 1
+      if out.requires_grad:
+        out.register_hook(self._backward)
+      return out
+
+  return Counted(port).eval()
+
+
+def propagations_of_port(counted, n: int) -> dict:
+  """The row's propagation keys from a ``counted_port`` after a peer attacked ``n`` points:
+  rows / n per sample (the max per sample is not known: at most the calls, when no call holds a
+  point twice).
+
+  >>> class C: forward_rows, backward_rows, forward_calls, backward_calls = 60, 40, 3, 2
+  >>> row = propagations_of_port(C, 20)
+  >>> row["forward_mean"], row["backward_mean"], row["forward_calls"], row["how"]
+  (3.0, 2.0, 3, 'hooks')
+  """
+  return {"forward_mean": counted.forward_rows / n, "backward_mean": counted.backward_rows / n,
+          "forward_max": None, "backward_max": None, "total_max": None,
+          "forward_calls": counted.forward_calls, "backward_calls": counted.backward_calls,
+          "how": "hooks"}
 
 
 def foolbox_attacks(norm: str, bb: bool) -> dict[str, Callable]:
@@ -625,10 +756,11 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
   for name, make in jaxrobust_attacks(norm).items():
     if args.no_jaxrobust or f"jaxrobust {name}" in args.skip:
       continue
-    row = run_jaxrobust(make(), norm, apply_fn, params, xc, yc)
+    row = run_jaxrobust(make(), norm, apply_fn, params, xc, yc, args.check_counting)
     rows[f"jaxrobust {name}"] = dict(row, norms=full(row["norms"]))
-    print(f"  jaxrobust {name}: {row['seconds']:.2f} s (+{row['compile_s']:.1f} compile)",
-          flush=True)
+    same = "" if "same_points" not in row else f", same points counted: {row['same_points']}"
+    print(f"  jaxrobust {name}: {row['seconds']:.2f} s (+{row['compile_s']:.1f} compile), "
+          f"{props_cell(row)} fwd+bwd per sample ({row['how']}){same}", flush=True)
   load.append(os.getloadavg()[0])
   port_gap = None
   if not args.no_peers:
@@ -644,15 +776,21 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
     assert port_gap <= tolerance, f"{model}: the PyTorch port differs by {port_gap}"
     best_fb = None
     for name, run in peer_attacks(norm, args).items():
+      counted = counted_port(port)
       torch.manual_seed(0)
       start = time.perf_counter()
       try:
-        x_adv = run(port, xc, yc)
+        x_adv = run(counted, xc, yc)
       except Exception as error:  # a peer failing is reported, not fatal
         print(f"  {name}: failed ({type(error).__name__}: {error})", flush=True)
         rows[name] = {"error": f"{type(error).__name__}: {error}"}
         continue
       seconds = time.perf_counter() - start
+      props = propagations_of_port(counted, len(yc))
+      if args.check_counting:  # the same attack on the bare port: the same points, bitwise
+        torch.manual_seed(0)
+        props["same_points"] = bool(np.array_equal(np.asarray(run(port, xc, yc), np.float32),
+                                                   np.asarray(x_adv, np.float32)))
       judged = judge_peer(x_adv, norm, port, apply_fn, params, xc, yc)
       if name.startswith("foolbox"):
         better = judged["norms"] if best_fb is None else np.minimum(best_fb[0], judged["norms"])
@@ -661,21 +799,26 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
             take[:, None, None, None], judged["x_adv"], best_fb[1])
         best_fb = (better, points)
       rows[name] = {"norms": full(judged["norms"]), "seconds": seconds, "compile_s": 0.0,
-                    "disagree": judged["disagree"]}
-      print(f"  {name}: {seconds:.2f} s", flush=True)
+                    "disagree": judged["disagree"], **props}
+      same = "" if "same_points" not in props else f", same points bare: {props['same_points']}"
+      print(f"  {name}: {seconds:.2f} s, {props_cell(props)} fwd+bwd per sample{same}",
+            flush=True)
     if args.bb and "foolbox bb" not in args.skip:
       make = foolbox_attacks(norm, True).get("foolbox bb")
       if make is None or best_fb is None or not np.isfinite(best_fb[0]).all():
         rows["foolbox bb"] = {"error": "no Foolbox starting point for every sample"}
       else:
+        counted = counted_port(port)
         start = time.perf_counter()
         try:
-          x_adv = run_foolbox(make, port, xc, yc, starting_points=best_fb[1])
+          x_adv = run_foolbox(make, counted, xc, yc, starting_points=best_fb[1])
           seconds = time.perf_counter() - start
+          props = propagations_of_port(counted, len(yc))  # its start's cost not included
           judged = judge_peer(x_adv, norm, port, apply_fn, params, xc, yc)
           rows["foolbox bb"] = {"norms": full(judged["norms"]), "seconds": seconds,
-                                "compile_s": 0.0, "disagree": judged["disagree"]}
-          print(f"  foolbox bb: {seconds:.2f} s", flush=True)
+                                "compile_s": 0.0, "disagree": judged["disagree"], **props}
+          print(f"  foolbox bb: {seconds:.2f} s, {props_cell(props)} fwd+bwd per sample",
+                flush=True)
         except Exception as error:
           rows["foolbox bb"] = {"error": f"{type(error).__name__}: {error}"}
           print(f"  foolbox bb: failed ({error})", flush=True)
@@ -687,6 +830,21 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
 
 # ------------------------------------------------------------------------------------------------
 # Tables.
+
+
+def props_cell(row: dict) -> str:
+  """``fwd+bwd per sample``: the mean and, where known, the max over the samples; ``-`` for a
+  row without counts (files written before they were recorded).
+
+  >>> props_cell({"forward_mean": 101.0, "backward_mean": 100.0, "total_max": 201})
+  '201.0 (max 201)'
+  >>> props_cell({"forward_mean": 12.5, "backward_mean": 10.0, "total_max": None}), props_cell({})
+  ('22.5', '-')
+  """
+  if row.get("forward_mean") is None:
+    return "-"
+  mean = f"{row['forward_mean'] + row['backward_mean']:.1f}"
+  return mean if row.get("total_max") is None else f"{mean} (max {row['total_max']})"
 
 
 def scores(entry: dict) -> dict:
@@ -701,7 +859,7 @@ def scores(entry: dict) -> dict:
     out[name] = {"found": int(found.sum()), "of": int(correct.sum()),
                  "median": float(np.median(d[correct])), "optimality": optimality(d, best),
                  "seconds": rows[name]["seconds"], "compile_s": rows[name]["compile_s"],
-                 "disagree": rows[name]["disagree"]}
+                 "disagree": rows[name]["disagree"], "props": props_cell(rows[name])}
   ours = [k for k in norms if k.startswith("jaxrobust")]
   peers = [k for k in norms if not k.startswith("jaxrobust")]
   ens = {}
@@ -736,35 +894,46 @@ def summarize(entries: list[dict]) -> None:
     if not keys:
       continue
     print(f"\n#### {norm}: best single attack and ensembles\n")
-    print("| model | best jaxrobust | opt. | best peer | opt. | jaxrobust ensemble | "
-          "peers ensemble |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | best jaxrobust | opt. | fwd+bwd per sample | best peer | opt. | "
+          "fwd+bwd per sample | jaxrobust ensemble | peers ensemble |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for key in sorted(keys, key=lambda k: MODELS.index(k[0])):
       s = scores(latest[key])
       ours, peers = s["ensembles"].get("jaxrobust"), s["ensembles"].get("peers")
-      cell = lambda side: (f"{side['best']} | {s['rows'][side['best']]['optimality']:.4f}"
-                           if side else "- | -")
+      cell = lambda side: (f"{side['best']} | {s['rows'][side['best']]['optimality']:.4f} | "
+                           f"{s['rows'][side['best']]['props']}" if side else "- | - | -")
       print(f"| {key[0]} | {cell(ours)} | {cell(peers)} | "
             f"{ours['optimality'] if ours else float('nan'):.4f} | "
             f"{peers['optimality'] if peers else float('nan'):.4f} |")
+    models = sorted({k[0] for k in keys}, key=MODELS.index)
+    cells = {(name, m): props_cell(row) for (m, nm), e in latest.items() if nm == norm
+             for name, row in e["rows"].items() if "norms" in row}
+    if any(c != "-" for c in cells.values()):
+      print(f"\n#### {norm}: fwd+bwd per sample (mean over the attacked samples; max where "
+            "counted per sample)\n")
+      print("| attack | " + " | ".join(models) + " |")
+      print("|---|" + "---|" * len(models))
+      names = sorted({name for name, _ in cells}, key=lambda k: (not k.startswith("jaxrobust"), k))
+      for name in names:
+        print(f"| {name} | " + " | ".join(cells.get((name, m), "") for m in models) + " |")
   for key in sorted(latest, key=lambda k: (NORMS.index(k[1]), MODELS.index(k[0]))):
     entry, s = latest[key], scores(latest[key])
     load = " → ".join(f"{v:.1f}" for v in entry["load"])
     print(f"\n#### {key[0]}, {key[1]} (weights {entry['weights']}; {entry['clean_correct']}/"
           f"{entry['n']} clean-correct; eps_max {s['eps_max']:.4f}; port gap "
           f"{entry['port_gap'] if entry['port_gap'] is not None else float('nan'):.1e}; load {load})\n")
-    print("| attack | found | median | optimality | s (compile) |")
-    print("|---|---|---|---|---|")
+    print("| attack | found | median | optimality | fwd+bwd per sample | s (compile) |")
+    print("|---|---|---|---|---|---|")
     for name, r in sorted(s["rows"].items(), key=lambda kv: -kv[1]["optimality"]):
       disagree = f" ({r['disagree']} judged otherwise by JAX)" if r["disagree"] else ""
       compile_s = f" ({r['compile_s']:.1f})" if r["compile_s"] else ""
       print(f"| {name} | {r['found']}/{r['of']}{disagree} | {r['median']:.4f} | "
-            f"{r['optimality']:.4f} | {r['seconds']:.2f}{compile_s} |")
+            f"{r['optimality']:.4f} | {r['props']} | {r['seconds']:.2f}{compile_s} |")
     for side, e in s["ensembles"].items():
       print(f"| *{side} ensemble* | {e['found']}/{s['rows'][e['best']]['of']} | | "
-            f"{e['optimality']:.4f} | |")
+            f"{e['optimality']:.4f} | | |")
     for name, error in s["errors"].items():
-      print(f"| {name} | failed: {error[:80]} | | | |")
+      print(f"| {name} | failed: {error[:80]} | | | | |")
 
 
 def main(argv=None) -> int:
@@ -785,6 +954,9 @@ def main(argv=None) -> int:
                       help="print clean and IBP-certified accuracy on the test split and exit")
   parser.add_argument("--diagnose", action="store_true",
                       help="print jr.diagnose of each model (one line each) and exit")
+  parser.add_argument("--check-counting", action="store_true",
+                      help="run every attack also without counting (jaxrobust: also with "
+                      "count_evaluations) and record whether the points are the same, bitwise")
   parser.add_argument("--torch-threads", type=int, default=None)
   parser.add_argument("--out", type=pathlib.Path, default=None, help="append JSON lines here")
   parser.add_argument("--summarize", nargs="+", type=pathlib.Path, default=None,
