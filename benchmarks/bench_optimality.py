@@ -759,6 +759,10 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
     row = run_jaxrobust(make(), norm, apply_fn, params, xc, yc, args.check_counting)
     rows[f"jaxrobust {name}"] = dict(row, norms=full(row["norms"]))
     same = "" if "same_points" not in row else f", same points counted: {row['same_points']}"
+    check = row.get("check_count_evaluations")
+    if check and (check["forward_mean"], check["backward_mean"]) != (row["forward_mean"],
+                                                                      row["backward_mean"]):
+      same += f", count_evaluations differs: {check}"
     print(f"  jaxrobust {name}: {row['seconds']:.2f} s (+{row['compile_s']:.1f} compile), "
           f"{props_cell(row)} fwd+bwd per sample ({row['how']}){same}", flush=True)
   load.append(os.getloadavg()[0])
