@@ -837,17 +837,22 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
 
 
 def props_cell(row: dict) -> str:
-  """``fwd+bwd per sample``: the mean and, where known, the max over the samples; ``-`` for a
-  row without counts (files written before they were recorded).
+  """``fwd+bwd per sample``: the mean and, where known, the max over the samples; marked where
+  only ``count_evaluations``' totals counted it; ``-`` for a row without counts (files written
+  before they were recorded).
 
   >>> props_cell({"forward_mean": 101.0, "backward_mean": 100.0, "total_max": 201})
   '201.0 (max 201)'
   >>> props_cell({"forward_mean": 12.5, "backward_mean": 10.0, "total_max": None}), props_cell({})
   ('22.5', '-')
+  >>> props_cell({"forward_mean": 2.0, "backward_mean": 1.0, "how": "count_evaluations"})
+  '3.0 (count_evaluations)'
   """
   if row.get("forward_mean") is None:
     return "-"
   mean = f"{row['forward_mean'] + row['backward_mean']:.1f}"
+  if row.get("how") == "count_evaluations":
+    return f"{mean} (count_evaluations)"
   return mean if row.get("total_max") is None else f"{mean} (max {row['total_max']})"
 
 
