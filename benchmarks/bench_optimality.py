@@ -54,7 +54,9 @@ Attacks, each at its defaults unless noted, without a budget:
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1; started from the best
   point the other Foolbox attacks found; only with ``--bb``);
 * the AutoAttack reference (``--autoattack-path``): FAB (Linf, L2, L1), untargeted, one run of
-  ``attack_single_run`` (the minimum-norm mode: the smallest adversarial point found);
+  ``attack_single_run`` (the minimum-norm mode: the smallest adversarial point found); APGD-CE
+  (Linf, L2) made minimum-norm by AttackBench's per-sample eps search
+  (``run_apgd_eps_search``);
 * torchattacks: DeepFool (L2), CW (L2, its defaults ``c=1, steps=50``: a fixed penalty, no
   search);
 * ART (adversarial-robustness-toolbox): DeepFool (L2), Carlini-Wagner L2 (its defaults, 10 x 10),
