@@ -397,9 +397,9 @@ def _score_in_chunks(problem: _Problem, suffixes: Array, chunk_size: Optional[in
   if needed is None:
     loss, success = lax.map(lambda c: _score(problem, c), per_chunk)  # [chunks, B, chunk]
   else:
-    loss_type = jax.eval_shape(functools.partial(_score, problem), per_chunk[0])[0].dtype
-    # Built from the chunk's own ids, so the rows carry its batch sharding (Explicit mesh axes).
-    skipped = lambda c: (jnp.full_like(c[..., 0], jnp.inf, dtype=loss_type),
+    # Losses are float32 whatever the model's dtype (_target_scores). Built from the chunk's own
+    # ids, so the rows carry its batch sharding (Explicit mesh axes).
+    skipped = lambda c: (jnp.full_like(c[..., 0], jnp.inf, dtype=jnp.float32),
                          jnp.zeros_like(c[..., 0], dtype=bool))
     starts = jnp.arange(chunks, dtype=jnp.int32) * chunk_size
     loss, success = lax.map(
