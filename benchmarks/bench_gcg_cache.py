@@ -123,7 +123,8 @@ def jax_runs(model, prompts, target, allowed, init, *, cached, chunk_size, batch
       times.append(time.perf_counter() - t0)
     num = int(call[1].shape[0])
     out[label] = {"prompts": num, "seconds": min(times), "compile_seconds": first - min(times),
-                  "dedupe": dedupe, "rows_per_prompt_step": attack.scored_rows + 1,
+                  "dedupe": dedupe,  # an upper bound with dedupe and chunks (chunks of repeats are skipped)
+                  "rows_per_prompt_step": attack.scored_rows + 1,
                   "ms_per_prompt_step": 1e3 * min(times) / args.steps / num,
                   "loss": np.asarray(result.loss).tolist(),
                   "suffix": np.asarray(result.suffix).tolist(), "load": load_average()}
@@ -344,7 +345,8 @@ def print_summary(report):
         print(f"  jaxrobust {chunk} {label} ({c['prompts']}): cached "
               f"{c['ms_per_prompt_step']:.1f} ms, whole {w['ms_per_prompt_step']:.1f} ms per "
               f"prompt-step (ratio {c['ms_per_prompt_step'] / w['ms_per_prompt_step']:.2f}); "
-              f"{c.get('rows_per_prompt_step', '?')} rows per prompt-step; "
+              f"at most {c.get('rows_per_prompt_step', '?')} rows per prompt-step (dedupe "
+              f"skips chunks past the distinct candidates); "
               f"same suffixes {c['suffix'] == w['suffix']}, max |loss diff| {gap:.1e}, mean "
               f"loss {np.mean(c['loss']):.4f}; compile {c['compile_seconds']:.1f} s; load "
               f"{c['load']}")
