@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrobust import projections
 from jaxrobust._batch import expand
 from jaxrobust.attacks._square_layouts import Grid
 
@@ -135,52 +136,68 @@ def run_lengths(norm: str, queries: int, p_init: float, length: int,
   return np.asarray(sizes, np.int32)
 
 
-def _nested(rows: int, cols: int) -> np.ndarray:
+def _power(norm: str) -> int:
+  """The exponent of the nested-square weights: 2 for the L2 pattern, 4 for the L1 one."""
+  return 4 if norm == "l1" else 2
+
+
+def _nested(rows: int, cols: int, power: int = 2) -> np.ndarray:
   """Nested squares around the centre of a ``rows x cols`` array, not normalised (float64).
 
   The entry at Chebyshev distance ``d`` from the centre ``(rows // 2, cols // 2)`` is
-  ``sum_{k=d}^{K-1} 1 / (k + 1)**2`` with ``K = max(rows, cols) // 2 + 1``.
+  ``sum_{k=d}^{K-1} 1 / (k + 1)**power`` with ``K = max(rows, cols) // 2 + 1``.
   """
   levels = max(rows, cols) // 2 + 1
-  tail = np.cumsum((1.0 / np.arange(1, levels + 1) ** 2)[::-1])[::-1]  # tail[d] = sum_{k>=d}
+  tail = np.cumsum((1.0 / np.arange(1, levels + 1) ** power)[::-1])[::-1]  # sum_{k>=d}
   dist = np.maximum(np.abs(np.arange(rows) - rows // 2)[:, None],
                     np.abs(np.arange(cols) - cols // 2)[None, :])
   return tail[dist]
 
 
-def _rectangle(rows: int, cols: int) -> np.ndarray:
-  """:func:`_nested` with unit L2 norm (an empty array when ``rows`` or ``cols`` is 0)."""
+def _unit(v: np.ndarray, norm: str) -> np.ndarray:
+  """``v`` divided by its L2 norm (its L1 norm for ``norm="l1"``)."""
+  size = np.sum(np.abs(v)) if norm == "l1" else np.sqrt(np.sum(v * v))
+  return v / size
+
+
+def _rectangle(rows: int, cols: int, norm: str = "l2") -> np.ndarray:
+  """:func:`_nested` with unit L2 norm, or unit L1 norm and weights ``(k + 1)**-4`` for
+  ``norm="l1"`` (an empty array when ``rows`` or ``cols`` is 0)."""
   if rows == 0 or cols == 0:
     return np.zeros((rows, cols))
-  r = _nested(rows, cols)
-  return r / np.sqrt(np.sum(r * r))
+  return _unit(_nested(rows, cols, _power(norm)), norm)
 
 
-def eta(s: int) -> np.ndarray:
-  r"""The L2 window pattern :math:`\eta(s)`: ``[s, s]`` float64 with unit L2 norm.
+def eta(s: int, norm: str = "l2") -> np.ndarray:
+  r"""The window pattern :math:`\eta(s)`: ``[s, s]`` float64 of unit L2 norm (L1 for ``"l1"``).
 
-  The top ``s // 2`` rows are nested squares (:math:`\sum_{k \ge d} (k+1)^{-2}` at Chebyshev
-  distance :math:`d` from their centre) of norm :math:`1/\sqrt 2`; the bottom rows the same with
-  a minus sign.
+  L2: the top ``s // 2`` rows are nested squares (:math:`\sum_{k \ge d} (k+1)^{-2}` at
+  Chebyshev distance :math:`d` from their centre) of norm :math:`1/\sqrt 2`; the bottom rows the
+  same with a minus sign. L1 (Square L1 of Croce et al., 2021): the weights are
+  :math:`\sum_{k \ge d} (k+1)^{-4}`, more concentrated at the centres, and each half has L1
+  norm :math:`1/2`.
 
   Examples:
     >>> import numpy as np
     >>> e = eta(5)
     >>> round(float(np.sum(e ** 2)), 6), bool((e[:2] > 0).all() and (e[2:] < 0).all())
     (1.0, True)
+    >>> e = eta(5, "l1")
+    >>> round(float(np.abs(e).sum()), 6), round(float(e[:2].sum()), 6)
+    (1.0, 0.5)
   """
-  top = _rectangle(s // 2, s)
-  bottom = -_rectangle(s - s // 2, s)
-  pattern = np.concatenate([top, bottom], axis=0)
-  return pattern / np.sqrt(np.sum(pattern * pattern))
+  top = _rectangle(s // 2, s, norm)
+  bottom = -_rectangle(s - s // 2, s, norm)
+  return _unit(np.concatenate([top, bottom], axis=0), norm)
 
 
-def eta_run(s: int) -> np.ndarray:
-  r"""The L2 pattern of a run of ``s`` positions, the one-dimensional :math:`\eta(s)`: ``[s]``.
+def eta_run(s: int, norm: str = "l2") -> np.ndarray:
+  r"""The pattern of a run of ``s`` positions, the one-dimensional :math:`\eta(s)`: ``[s]``.
 
   The first ``s // 2`` entries are nested intervals around their centre (:math:`\sum_{k \ge d}
-  (k+1)^{-2}` at distance :math:`d` from it) of norm :math:`1/\sqrt 2`; the others the same with
-  a minus sign. Unit L2 norm.
+  (k+1)^{-2}` at distance :math:`d` from it; :math:`(k+1)^{-4}` for ``"l1"``) of norm
+  :math:`1/\sqrt 2` (L1 norm :math:`1/2`); the others the same with a minus sign. Unit L2 norm
+  (unit L1 norm for ``"l1"``).
 
   Examples:
     >>> import numpy as np
@@ -188,10 +205,9 @@ def eta_run(s: int) -> np.ndarray:
     >>> round(float(np.sum(e ** 2)), 6), bool((e[:2] > 0).all() and (e[2:] < 0).all())
     (1.0, True)
   """
-  first = _rectangle(1, s // 2)
-  second = -_rectangle(1, s - s // 2)
-  pattern = np.concatenate([first, second], axis=1)[0]
-  return pattern / np.sqrt(np.sum(pattern * pattern))
+  first = _rectangle(1, s // 2, norm)
+  second = -_rectangle(1, s - s // 2, norm)
+  return _unit(np.concatenate([first, second], axis=1)[0], norm)
 
 
 def _trigamma(x: Array) -> Array:
@@ -207,33 +223,70 @@ def _trigamma(x: Array) -> Array:
   return head + tail
 
 
+def _zeta4(x: Array) -> Array:
+  r"""The Hurwitz zeta :math:`\zeta(4, x) = \sum_{k \ge 0} (x + k)^{-4}` for :math:`x \ge 1`.
+
+  Six terms of the series, then the Euler-Maclaurin expansion at :math:`z = x + 6 \ge 7`,
+  :math:`z^{-3}/3 + z^{-4}/2 + z^{-5}/3 - z^{-7}/6 + 2 z^{-9}/9` (truncation error below
+  :math:`10^{-9}` relative). The L1 pattern's nested sums are :math:`\sum_{k=d}^{K-1} (k+1)^{-4} =
+  \zeta(4, d + 1) - \zeta(4, K + 1)`.
+  """
+  head = sum(1 / (x + i) ** 4 for i in range(6))
+  z = x + 6
+  w = 1 / (z * z)
+  tail = (1 / 3 + (1 / 2 + (1 / 3 + (-1 / 6 + 2 / 9 * w) * w) / z) / z) / (z * z * z)
+  return head + tail
+
+
+def _tail(x: Array, power: int) -> Array:
+  """``sum_{k >= 0} (x + k)**-power`` for the pattern's exponent (2: L2, 4: L1)."""
+  return _zeta4(x) if power == 4 else _trigamma(x)
+
+
+def _zeta_np(x: float, power: int) -> float:
+  """:func:`_tail` in float64 NumPy, for the static tables."""
+  return float(_zeta4(x)) if power == 4 else float(_trigamma(x))
+
+
+def _half_scale(rows: int, cols: int, norm: str, halves: bool) -> float:
+  """The factor that turns :func:`_nested` into one half of :func:`eta` (0 for an empty half)."""
+  if not rows or not cols:
+    return 0.0
+  r = _nested(rows, cols, _power(norm))
+  if norm == "l1":
+    return 1 / (np.sum(r) * (2.0 if halves else 1.0))
+  return 1 / (math.sqrt(np.sum(r ** 2)) * (math.sqrt(2.0) if halves else 1.0))
+
+
 @functools.lru_cache(maxsize=32)
 def schedule_tables(norm: str, queries: int, p_init: float, height: int, width: int,
                      rescale: bool = True):
-  """Static per-iteration tables: window sides ``[queries]`` and, for L2, the ``eta`` constants.
+  """Static per-iteration tables: window sides ``[queries]`` and, for L2 and L1, the ``eta``
+  constants.
 
   For L2 the second result is ``[queries, 3]``: ``psi_1(K + 1)`` with ``K = s // 2 + 1`` (so the
   nested-square sum is ``psi_1(d + 1) - psi_1(K + 1)`` at Chebyshev distance ``d``), and the
-  scales of the top and bottom halves that make the pattern equal :func:`eta`.
+  scales of the top and bottom halves that make the pattern equal :func:`eta`. For L1 the same
+  with ``zeta(4, K + 1)`` (:func:`_zeta4`) and the scales of ``eta(s, "l1")``.
   """
   sizes = window_sizes(norm, queries, p_init, height, width, rescale)
   if norm == "linf":
     return sizes, None
   constants = {}
   for s in set(sizes.tolist()):
-    total = math.sqrt(2.0) if s // 2 else 1.0  # the norm of the two unit-norm halves together
-    scales = [1 / (math.sqrt(np.sum(_nested(rows, s) ** 2)) * total) if rows else 0.0
-              for rows in (s // 2, s - s // 2)]
-    constants[s] = (_trigamma(float(s // 2 + 2)), *scales)
+    scales = [_half_scale(rows, s, norm, s // 2 > 0) for rows in (s // 2, s - s // 2)]
+    constants[s] = (_zeta_np(float(s // 2 + 2), _power(norm)), *scales)
   return sizes, np.asarray([constants[s] for s in sizes.tolist()])
 
 
 @functools.lru_cache(maxsize=32)
 def run_tables(norm: str, queries: int, p_init: float, length: int, rescale: bool = True):
-  """:func:`schedule_tables` for runs: lengths ``[queries]`` and, for L2, ``[queries, 4]``.
+  """:func:`schedule_tables` for runs: lengths ``[queries]`` and, for L2 and L1,
+  ``[queries, 4]``.
 
-  The four L2 constants are ``psi_1(K + 1)`` of the first and of the second half (``K`` = half
-  length ``// 2 + 1``) and the scales that make the two halves equal :func:`eta_run`.
+  The four constants are ``psi_1(K + 1)`` (``zeta(4, K + 1)`` for L1) of the first and of the
+  second half (``K`` = half length ``// 2 + 1``) and the scales that make the two halves equal
+  :func:`eta_run`.
   """
   sizes = run_lengths(norm, queries, p_init, length, rescale)
   if norm == "linf":
@@ -241,18 +294,18 @@ def run_tables(norm: str, queries: int, p_init: float, length: int, rescale: boo
   constants = {}
   for s in set(sizes.tolist()):
     halves = (s // 2, s - s // 2)
-    total = math.sqrt(2.0) if s // 2 else 1.0
-    scales = [1 / (math.sqrt(np.sum(_nested(1, n) ** 2)) * total) if n else 0.0 for n in halves]
-    constants[s] = (*(_trigamma(float(n // 2 + 2)) for n in halves), *scales)
+    scales = [_half_scale(1, n, norm, s // 2 > 0) for n in halves]
+    constants[s] = (*(_zeta_np(float(n // 2 + 2), _power(norm)) for n in halves), *scales)
   return sizes, np.asarray([constants[s] for s in sizes.tolist()])
 
 
 def eta_window(s: Array, constants: Array, start_h: Array, start_w: Array, flip: Array,
-                height: int, width: int, dtype) -> Array:
-  """``eta(s)`` (transposed where ``flip``) placed at ``(start_h, start_w)``: ``[B, H, W, 1]``.
+                height: int, width: int, dtype, norm: str = "l2") -> Array:
+  """``eta(s, norm)`` (transposed where ``flip``) placed at ``(start_h, start_w)``:
+  ``[B, H, W, 1]``.
 
   Evaluated per pixel in closed form from iota comparisons (no gathers, no matmuls): 0 outside
-  the window.
+  the window. ``constants`` is a row of :func:`schedule_tables` for the same ``norm``.
   """
   rows = jax.lax.broadcasted_iota(jnp.int32, (1, height, width, 1), 1) - expand(start_h, 4)
   cols = jax.lax.broadcasted_iota(jnp.int32, (1, height, width, 1), 2) - expand(start_w, 4)
@@ -264,15 +317,15 @@ def eta_window(s: Array, constants: Array, start_h: Array, start_w: Array, flip:
   centre = jnp.where(top, half // 2, half + (s - half) // 2)
   d = jnp.maximum(jnp.abs(li - centre), jnp.abs(lj - half))
   psi_k, scale_top, scale_bottom = (constants[i].astype(dtype) for i in range(3))
-  value = _trigamma(d.astype(dtype) + 1) - psi_k
+  value = _tail(d.astype(dtype) + 1, _power(norm)) - psi_k
   value = jnp.where(top, value * scale_top, -value * scale_bottom)
   return jnp.where(inside, value, 0)
 
 
 def eta_run_window(s: Array, constants: Array, start: Array, mirror: Array, length: int,
-                    dtype) -> Array:
-  """``eta_run(s)`` (mirrored where ``mirror``) placed at ``start``: ``[B, 1, T, 1]``, in closed
-  form as :func:`eta_window`; 0 outside the run."""
+                    dtype, norm: str = "l2") -> Array:
+  """``eta_run(s, norm)`` (mirrored where ``mirror``) placed at ``start``: ``[B, 1, T, 1]``, in
+  closed form as :func:`eta_window`; 0 outside the run."""
   pos = jax.lax.broadcasted_iota(jnp.int32, (1, 1, length, 1), 2) - expand(start, 4)
   inside = (pos >= 0) & (pos < s)
   pos = jnp.where(expand(mirror, 4), s - 1 - pos, pos)
@@ -281,14 +334,15 @@ def eta_run_window(s: Array, constants: Array, start: Array, mirror: Array, leng
   d = jnp.abs(pos - jnp.where(first, half // 2, half + (s - half) // 2))
   psi_first, psi_second, scale_first, scale_second = (constants[i].astype(dtype)
                                                        for i in range(4))
-  value = _trigamma(d.astype(dtype) + 1) - jnp.where(first, psi_first, psi_second)
+  value = _tail(d.astype(dtype) + 1, _power(norm)) - jnp.where(first, psi_first, psi_second)
   value = jnp.where(first, value * scale_first, -value * scale_second)
   return jnp.where(inside, value, 0)
 
 
 @functools.lru_cache(maxsize=32)
-def _start_grid(height: int, width: int, image: bool = True):
-  """The L2 start's tiles: ``one_hot [H*W, T]`` pixel-to-tile and the pattern maps ``[H*W]``.
+def _start_grid(height: int, width: int, image: bool = True, norm: str = "l2"):
+  """The L2 (L1) start's tiles: ``one_hot [H*W, T]`` pixel-to-tile and the pattern maps ``[H*W]``
+  of ``eta(s, norm)``.
 
   Images: tiles of side ``s = max(min(H, W) // 5, 1)`` on a grid centred on each axis; ``plain``
   and ``transposed`` hold, per pixel, the value of ``eta(s)`` (or its transpose) of its tile (0
@@ -303,11 +357,11 @@ def _start_grid(height: int, width: int, image: bool = True):
     for b in range(tiles):
       c0 = left + b * s
       one_hot[c0:c0 + s, b] = 1.0
-      plain[c0:c0 + s] = eta_run(s)
-      mirrored[c0:c0 + s] = eta_run(s)[::-1]
+      plain[c0:c0 + s] = eta_run(s, norm)
+      mirrored[c0:c0 + s] = eta_run(s, norm)[::-1]
     return one_hot, plain, mirrored
   s = max(min(height, width) // 5, 1)
-  pattern = eta(s)
+  pattern = eta(s, norm)
   rows, cols = height // s, width // s
   top, left = (height - rows * s) // 2, (width - cols * s) // 2
   one_hot = np.zeros((height, width, rows * cols))
@@ -345,6 +399,17 @@ def image_norm(v: Array) -> Array:
   return jnp.sqrt(jnp.sum(v * v, axis=(1, 2, 3), keepdims=True))
 
 
+def channel_l1(v: Array) -> Array:
+  """Per-example, per-channel L1 norm over the spatial axes of ``[B, H, W, C]``: ``[B, 1, 1, C]``
+  (the L1 window update's :func:`channel_norm`)."""
+  return jnp.sum(jnp.abs(v), axis=(1, 2), keepdims=True)
+
+
+def image_l1(v: Array) -> Array:
+  """Per-example L1 norm of ``[B, H, W, C]``: ``[B, 1, 1, 1]``."""
+  return jnp.sum(jnp.abs(v), axis=(1, 2, 3), keepdims=True)
+
+
 def random_sign(bits: Array, dtype) -> Array:
   """``+1`` or ``-1`` from the lowest bit of each word."""
   return jnp.where((bits & 1) == 1, 1, -1).astype(dtype)
@@ -354,7 +419,7 @@ def start_words(norm: str, g: Grid) -> int:
   """Random ``uint32`` words one example's start needs."""
   if norm == "linf":
     return g.width * g.channels
-  return _start_grid(g.height, g.width, g.image)[0].shape[1] * (g.channels + 1)
+  return _start_grid(g.height, g.width, g.image, norm)[0].shape[1] * (g.channels + 1)
 
 
 def linf_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array,
@@ -366,12 +431,11 @@ def linf_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array,
   return jnp.clip(x4 + expand(eps, 4) * signs, lower, upper)
 
 
-def l2_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array, g: Grid) -> Array:
-  """A centred grid of ``±eta`` tiles (random sign per tile and channel, random transpose; for a
-  sequence, runs of ``±eta_run`` with a random mirror image)."""
+def _tiles(x4: Array, bits: Array, g: Grid, norm: str) -> Array:
+  """The start's unscaled perturbation: ``±eta(s, norm)`` tiles, ``[B, H, W, C]``."""
   batch, height, width, channels = x4.shape
   one_hot, plain, transposed = (jnp.asarray(a, x4.dtype)
-                                for a in _start_grid(height, width, g.image))
+                                for a in _start_grid(height, width, g.image, norm))
   tiles = one_hot.shape[1]
 
   bits = bits.reshape(batch, tiles, channels + 1)
@@ -380,6 +444,27 @@ def l2_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array, g: 
   flipped = jnp.einsum("pt,bt->bp", one_hot, flips, precision=_HIGHEST)  # [B, H*W] in {0, 1}
   value = jnp.where(flipped > 0.5, transposed[None, :], plain[None, :])
   sign_map = jnp.einsum("pt,btc->bpc", one_hot, signs, precision=_HIGHEST)  # [B, H*W, C]
-  delta = (value[:, :, None] * sign_map).reshape(batch, height, width, channels)
+  return (value[:, :, None] * sign_map).reshape(batch, height, width, channels)
+
+
+def l2_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array, g: Grid) -> Array:
+  """A centred grid of ``±eta`` tiles (random sign per tile and channel, random transpose; for a
+  sequence, runs of ``±eta_run`` with a random mirror image), rescaled to norm ``eps`` and
+  clipped to the box."""
+  delta = _tiles(x4, bits, g, "l2")
   delta = delta / (image_norm(delta) + 1e-12) * expand(eps, 4)
   return jnp.clip(x4 + delta, lower, upper)
+
+
+def l1_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array, g: Grid) -> Array:
+  """The same grid of ``±eta(s, "l1")`` tiles (each of unit L1 norm, not rescaled), projected
+  exactly onto the intersection of the L1 ball of radius ``eps`` and the box
+  (:func:`jaxrobust.projections.project_l1_box`), as the reference does."""
+  delta = _tiles(x4, bits, g, "l1")
+  return project_into(x4, delta, eps, lower, upper)
+
+
+def project_into(x4: Array, delta: Array, eps: Array, lower: Array, upper: Array) -> Array:
+  """``x + project_l1_box(delta)``, clipped to the box against rounding, in ``x``'s dtype."""
+  moved = projections.project_l1_box(delta, x4, eps, lower, upper).astype(x4.dtype)
+  return jnp.clip(x4 + moved, lower, upper)
