@@ -83,11 +83,11 @@ REGISTRY = {
     "apgd-targeted": Entry(
         "apgd", lambda n: jr.attacks.apgd(n, targeted=True, n_target_classes=None), NORMS, True,
         4, "yes"),
-    "square": Entry("square", lambda n: jr.attacks.square(n), ("linf", "l2"), False, 2, "yes"),
+    "square": Entry("square", lambda n: jr.attacks.square(n), NORMS, False, 2, "yes"),
     # Square's targeted default objective is the margin (the target's cross-entropy, AutoAttack's
     # choice, has its best point in a ball of radius 1.02 d* away from the nearest-class optimum).
     "square-targeted": Entry(
-        "square", lambda n: jr.attacks.square(n, targeted=True), ("linf", "l2"), True, 2, "yes"),
+        "square", lambda n: jr.attacks.square(n, targeted=True), NORMS, True, 2, "yes"),
     "auto_attack": Entry("auto_attack", lambda n: jr.attacks.auto_attack(n), NORMS, False, 4,
                          "yes"),
     "ensemble": Entry("ensemble", lambda n: jr.attacks.ensemble(jr.attacks.fgsm(n),
@@ -156,8 +156,11 @@ class Case(NamedTuple):
 # README: L2 Square's perturbation is a sum of square windows carrying a fixed pattern, which
 # random search aligns only roughly with an arbitrary direction (measured with defaults on flat
 # inputs: 0% at 1.05 d*, 60% at 1.1 d*, 100% at 1.2 d*; images need 1.5-2 d*). Its cases still
-# run: never a success below d*, every point inside box and ball, honest flags.
-KNOWN_WEAK = {("square", "l2"), ("square-targeted", "l2")}
+# run: never a success below d*, every point inside box and ball, honest flags. L1 Square too
+# (its pattern approaches the one-coordinate L1 optimum only roughly: flat inputs 0% at 1.05 d*,
+# 77% at 1.5 d*, 100% at 2 d* with 1000 queries; tests/test_square.py holds the rate above d*).
+KNOWN_WEAK = {("square", "l2"), ("square-targeted", "l2"), ("square", "l1"),
+              ("square-targeted", "l1")}
 
 
 def required(attack_id: str, problem: str, norm: str) -> bool:

@@ -42,9 +42,9 @@ square_lib = importlib.import_module("jaxrobust.attacks._square")  # the module,
 
 # One image shape per norm, odd-sized, two channels; non-square for Linf. [B, H, W] images (one
 # channel) are checked by the targeted test.
-SHAPES = {"linf": (7, 5, 2), "l2": (7, 7, 2)}
+SHAPES = {"linf": (7, 5, 2), "l2": (7, 7, 2), "l1": (7, 7, 2)}
 TARGETED_SHAPE = (7, 5)
-QUERIES = {"linf": 300, "l2": 500}
+QUERIES = {"linf": 300, "l2": 500, "l1": 200}
 N = 32
 
 
@@ -112,34 +112,47 @@ def test_eta_pattern():
     assert np.all(e[: s // 2] > 0) and np.all(e[s // 2:] < 0)
     if s > 1:
       np.testing.assert_allclose(np.sum(e[: s // 2] ** 2), 0.5, rtol=1e-12)
+  # L1: eta(3, "l1") has weights 1 + 1/16 at the centres and 1/16 around them, each half of L1
+  # mass 1/2: top row [1, 17, 1] / 38, bottom rows -[[1, 1, 1], [1, 17, 1]] / 44.
+  expected = np.array([[1, 17, 1], [-1, -1, -1], [-1, -17, -1]]) / np.array([[38], [44], [44]])
+  np.testing.assert_allclose(eta(3, "l1"), expected, rtol=1e-12)
+  for s in (1, 2, 4, 7, 12):
+    e = eta(s, "l1")
+    np.testing.assert_allclose(np.sum(np.abs(e)), 1.0, rtol=1e-12)
+    assert np.all(e[: s // 2] > 0) and np.all(e[s // 2:] < 0)
+    if s > 1:
+      np.testing.assert_allclose(np.sum(e[: s // 2]), 0.5, rtol=1e-12)
 
 
-def test_eta_evaluated_in_place_matches_the_pattern():
-  """The per-pixel closed form the L2 update uses equals ``eta(s)`` (or its transpose) placed."""
+@pytest.mark.parametrize("norm", ["l2", "l1"])
+def test_eta_evaluated_in_place_matches_the_pattern(norm):
+  """The per-pixel closed form the L2 (L1) update uses equals ``eta(s)`` (or its transpose)
+  placed: for L1 through the Hurwitz zeta ``zeta(4, .)`` instead of the trigamma function."""
   height, width, batch = 13, 11, 8
   rng = np.random.default_rng(0)
-  place = jax.jit(square_lib.eta_window, static_argnums=(5, 6, 7))  # one compilation for all s
+  place = jax.jit(square_lib.eta_window, static_argnums=(5, 6, 7, 8))  # one compilation for all s
   for s in (1, 2, 3, 6, 11):
-    _, constants = square_lib.schedule_tables("l2", 1, 1.0, s, s)  # one iteration, side s
+    _, constants = square_lib.schedule_tables(norm, 1, 1.0, s, s)  # one iteration, side s
     h, w = rng.integers(0, height - s + 1, batch), rng.integers(0, width - s + 1, batch)
     flip = np.arange(batch) % 2 == 1
     placed = place(
         jnp.int32(s), jnp.asarray(constants[0]), jnp.asarray(h, jnp.int32),
-        jnp.asarray(w, jnp.int32), jnp.asarray(flip), height, width, jnp.float32)
+        jnp.asarray(w, jnp.int32), jnp.asarray(flip), height, width, jnp.float32, norm)
     expected = np.zeros((batch, height, width, 1))
+    pattern = eta(s, norm)
     for b in range(batch):
-      expected[b, h[b]:h[b] + s, w[b]:w[b] + s, 0] = eta(s).T if flip[b] else eta(s)
+      expected[b, h[b]:h[b] + s, w[b]:w[b] + s, 0] = pattern.T if flip[b] else pattern
     np.testing.assert_allclose(np.asarray(placed), expected, atol=1e-6)
 
 
-@pytest.mark.parametrize("norm", ["linf", "l2"])
+@pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
 def test_outputs_inside_box_and_ball_with_per_example_eps(norm):
   model, x, y, _ = _problem(norm, seed=3)
   rng = np.random.default_rng(4)
   x = np.where(rng.uniform(size=x.shape) < 0.5, 0.0, 1.0).astype(np.float32)  # box corners
   x[::3] = rng.uniform(0, 1, size=x[::3].shape)
   y = np.argmax(np.asarray(model.logits_fn(jnp.asarray(x))), axis=1).astype(np.int32)
-  scale = {"linf": 0.2, "l2": 2.0}[norm]
+  scale = {"linf": 0.2, "l2": 2.0, "l1": 6.0}[norm]
   eps = (scale * rng.uniform(0.2, 1.0, size=N)).astype(np.float32)
   eps[::4] = 0.0
   result = _jitted(norm, QUERIES[norm])(model.w, model.b, jnp.asarray(x), jnp.asarray(y),
@@ -149,8 +162,15 @@ def test_outputs_inside_box_and_ball_with_per_example_eps(norm):
   size = np.asarray(jr.projections.norm(result.x_adv - x, norm))
   if norm == "linf":
     assert np.all(np.abs(x_adv - x).max(axis=(1, 2, 3)) <= eps + 6e-8)  # rounding of x + delta
-  else:
+  elif norm == "l2":
     assert np.all(size <= eps * (1 + 1e-6))
+  else:  # the exact L1-and-box projection, then the rounding of x + delta (98 coordinates)
+    size = np.abs(x_adv.astype(np.float64) - x).sum(axis=(1, 2, 3))
+    assert np.all(size <= eps * (1 + 1e-6) + 98 * 6e-8), np.max(size - eps)
+    # Determinism: the same keys give the same points, bitwise (the compiled run is reused).
+    again = _jitted(norm, QUERIES[norm])(model.w, model.b, jnp.asarray(x), jnp.asarray(y),
+                                         jnp.asarray(eps), _keys(N))
+    np.testing.assert_array_equal(np.asarray(again.x_adv), x_adv)
   np.testing.assert_array_equal(x_adv[::4], x[::4])  # eps = 0: x, bitwise
   assert np.asarray(result.success)[eps > 0].any()
   pred = np.argmax(np.asarray(model.logits_fn(result.x_adv)), axis=1)
@@ -230,7 +250,7 @@ def test_targeted_success_means_argmax_equals_target_on_three_axis_images():
 
 
 def test_bad_inputs_raise():
-  for kwargs in ({"norm": "l1"}, {"norm": "l3"}, {"queries": 0}, {"restarts": 0},
+  for kwargs in ({"norm": "l0"}, {"norm": "l3"}, {"queries": 0}, {"restarts": 0},
                  {"p_init": 0.0}, {"p_init": 1.5}, {"loss": "hinge"}, {"targeted": 1},
                  {"layout": "nchw"}, {"layout": None}):
     with pytest.raises(ValueError):
@@ -408,6 +428,7 @@ def _any_shape_ground_truth(norm: str, targeted: bool, scale: float):
     ("linf", False, 1.05, 0.99),  # measured 100% at 1.02 d* with 1000 queries
     ("linf", True, 1.1, 0.99),  # the targeted margin; with loss="ce" 26% here
     ("l2", False, 2.0, 0.9),  # L2 Square needs 1.2 d* with 5000 queries (module docstring)
+    ("l1", False, 3.0, 0.9),  # L1 Square: flat 100% at 2 d*, [B, 16, 4] 78% at 2 d*
 ])
 def test_any_input_shape_linear_ground_truth(norm, targeted, scale, rate):
   """Square on flat features and sequences (it used to refuse anything but images): never a
@@ -418,8 +439,9 @@ def test_any_input_shape_linear_ground_truth(norm, targeted, scale, rate):
   for shape, result in zip(ANY_SHAPES, results):
     assert result.x_adv.shape == (2 * N,) + shape
     x_adv = np.asarray(result.x_adv).reshape(2 * N, -1).astype(np.float64)
-    size = np.linalg.norm(x_adv - x, ord={"linf": np.inf, "l2": 2}[norm], axis=1)
-    assert np.all(size <= eps * (1 + 1e-6) + 1e-7) and x_adv.min() >= 0 and x_adv.max() <= 1
+    size = np.linalg.norm(x_adv - x, ord={"linf": np.inf, "l2": 2, "l1": 1}[norm], axis=1)
+    slack = 64 * 6e-8 if norm == "l1" else 1e-7  # L1: the rounding of x + delta, summed
+    assert np.all(size <= eps * (1 + 1e-6) + slack) and x_adv.min() >= 0 and x_adv.max() <= 1
     success = np.asarray(result.success)
     pred = np.argmax(x_adv @ p.model.w + p.model.b, axis=1)
     np.testing.assert_array_equal(success, pred == p.target if targeted else pred != p.y)
