@@ -53,12 +53,12 @@ def test_closed_form_ground_truth(linear, norm):
   assert float(jnp.mean(above.success)) >= 0.99
   # Every member after the first runs on the points still robust: the breakdown is cumulative.
   after = np.asarray(below.info["robust_after"])
-  assert after.shape == (4 if norm != "l1" else 3, 64) and after.all()
+  assert after.shape == (4, 64) and after.all()  # L1 too: Square is AutoAttack's L1 member
 
 
-def _flags(model, w, x, y, eps):
+def _flags(model, w, x, y, eps, norm="linf"):
   """AutoAttack's flags for ``model(w, x)``, the weights and the data passed as arguments."""
-  attack = jr.attacks.auto_attack("linf", steps=10, queries=300)
+  attack = jr.attacks.auto_attack(norm, steps=10, queries=300)
   result = jax.jit(lambda w, x, y, eps, key: jr.run(attack, functools.partial(model, w), x, y,
                                                     jr.Budget(eps), key, chunk_size=16))(
       w, x, y, jnp.float32(eps), jax.random.key(1))
@@ -84,10 +84,12 @@ def test_no_flags_on_a_plain_model(masked_problem):
   assert not any(flags.values()), flags
 
 
-@pytest.mark.parametrize("kind", ["rounded", "stop_gradient"])
-def test_gradient_masking_is_flagged_and_square_exposes_it(masked_problem, kind):
+@pytest.mark.parametrize("kind, norm", [("rounded", "linf"), ("stop_gradient", "linf"),
+                                        ("stop_gradient", "l1")])
+def test_gradient_masking_is_flagged_and_square_exposes_it(masked_problem, kind, norm):
   """On NHWC images and on flat features ``[B, D]`` (where Square, and so AutoAttack, used to
-  raise "square needs images")."""
+  raise "square needs images"); in L1 too, whose standard version now ends with Square L1 as
+  the reference's does."""
   w, x, y = masked_problem
   if kind == "rounded":
     x = x.reshape(x.shape[0], -1)  # tabular features: Square's windows are runs of features
@@ -95,7 +97,7 @@ def test_gradient_masking_is_flagged_and_square_exposes_it(masked_problem, kind)
   else:
     masked = lambda w, v: _linear(w, jax.lax.stop_gradient(v))
   y = jnp.argmax(masked(w, x), axis=1).astype(jnp.int32)
-  flags, result = _flags(masked, w, x, y, 0.1)
+  flags, result = _flags(masked, w, x, y, {"linf": 0.1, "l1": 1.0}[norm], norm)
   assert flags["zero_gradients"]
   assert flags["square_beats_white_box"]
   after = np.asarray(result.info["robust_after"]).mean(axis=1)

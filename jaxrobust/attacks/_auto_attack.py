@@ -8,7 +8,7 @@ version    members (AutoAttack's defaults)
 ========== ================================================================================
 standard   APGD-CE (100 steps, 1 restart) → APGD-T (targeted DLR, 9 targets, 100 steps)
            → FAB-T (9 targets, 100 steps) → Square (5000 queries, p_init 0.8).
-           For L1: APGD-CE with 5 restarts and APGD-T with 5 targets.
+           For L1: APGD-CE with 5 restarts, APGD-T with 5 targets, Square in L1.
 plus       APGD-CE (5 restarts) → APGD-DLR (5 restarts) → FAB (5 restarts) → Square (5000)
            → APGD-T (9 targets) → FAB-T (9 targets).
 rand       APGD-CE and APGD-DLR (1 restart each), both with 20 EOT draws
@@ -88,9 +88,8 @@ def _members(norm: str, version: str, num_classes: int, n_target_classes: int, s
     members = [apgd(norm, loss="ce", steps=steps, restarts=ce_restarts),
                apgd(norm, loss="dlr", targeted=True, n_target_classes=apgd_targets, steps=steps),
                fab(norm, targeted=True, n_target_classes=fab_targets, steps=steps)]
-    if norm != "l1":  # Square has no L1 version
-      members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False,
-                            layout=layout))
+    members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False,
+                          layout=layout))
     return members
   if version == "fast":
     return [apgd(norm, loss="probability_margin", steps=steps),
@@ -99,10 +98,8 @@ def _members(norm: str, version: str, num_classes: int, n_target_classes: int, s
   if version == "plus":
     members = [apgd(norm, loss="ce", steps=steps, restarts=5),
                apgd(norm, loss="dlr", steps=steps, restarts=5),
-               fab(norm, steps=steps, restarts=5)]
-    if norm != "l1":
-      members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False,
-                            layout=layout))
+               fab(norm, steps=steps, restarts=5),
+               square(norm, queries=queries, p_init=0.8, rescale_schedule=False, layout=layout)]
     members += [apgd(norm, loss="dlr", targeted=True, n_target_classes=apgd_targets,
                      steps=steps),
                 fab(norm, targeted=True, n_target_classes=fab_targets, steps=steps)]
@@ -236,7 +233,8 @@ def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_class
   attacks then run in float64.
 
   Args:
-    norm: ``"linf"``, ``"l2"`` or ``"l1"`` (L1 has no Square member, as in AutoAttack).
+    norm: ``"linf"``, ``"l2"`` or ``"l1"`` (in L1, Square is :func:`jaxrobust.attacks.square`'s
+      L1 form, as in AutoAttack).
     version: ``"standard"``, ``"plus"``, ``"rand"`` (for a randomized ``logits_fn(x, keys)``) or
       ``"fast"`` (see above).
     n_target_classes: targets of APGD-T and FAB-T (AutoAttack: 9; APGD-T under L1 ``standard``
@@ -289,7 +287,7 @@ def auto_attack(norm: str = "linf", version: str = "standard", *, n_target_class
     return _members(norm, version, num_classes, n_target_classes, steps, queries, samples,
                     layout)
 
-  has_square = version in ("standard", "plus") and norm != "l1"
+  has_square = version in ("standard", "plus")
 
   def check_input(x: Array) -> None:
     if has_square:
