@@ -49,7 +49,8 @@ Attacks, each at its defaults unless noted, without a budget:
   ``bb``, 1000 steps from its default start), ``min_norm_search(square)`` (gradient-free: 5000
   queries per eps tried); L2 ``ddn``, ``fmn``, ``carlini_wagner_l2``, ``fab``, ``deepfool``,
   ``min_norm_search(apgd)``, ``brendel_bethge``, ``min_norm_search(square)``; L1 ``fmn``,
-  ``fab``, ``min_norm_search(apgd)``, ``brendel_bethge`` (Square has no L1 form);
+  ``fab``, ``min_norm_search(apgd)``, ``brendel_bethge``, ``min_norm_search(square)`` (Square's
+  L1 form, AutoAttack's L1 Square);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1; started from the best
   point the other Foolbox attacks found; only with ``--bb``);
@@ -433,7 +434,8 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
             "deepfool": lambda: a.deepfool("l2"), "mns(apgd)": lambda: mns(a.apgd("l2")),
             "bb": lambda: a.brendel_bethge("l2"), "mns(square)": lambda: mns(a.square("l2"))}
   return {"fmn": lambda: a.fmn("l1"), "fab": lambda: a.fab("l1"),
-          "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1")}
+          "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1"),
+          "mns(square)": lambda: mns(a.square("l1"))}
 
 
 def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y,
