@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import functools
 import importlib
+import json
+import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -533,3 +535,48 @@ def test_early_exit_stops_querying_broken_points():
     assert np.asarray(result.success).all()
     rows.append(counter.total)
   assert rows[0] <= 8 * N and rows[1] >= 400 * N, rows
+
+
+REFERENCE = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "reference"
+
+
+def _digits_mlp(params, x):
+  """The frozen ``mlp-plain`` of ``benchmarks/bench_optimality.py`` (flatten, 128, 64, 10)."""
+  h = x.reshape(x.shape[0], -1)
+  for layer in ("dense1", "dense2"):
+    h = jax.nn.relu(h @ params[layer]["kernel"] + params[layer]["bias"][None, :])
+  return h @ params["dense3"]["kernel"] + params["dense3"]["bias"][None, :]
+
+
+def test_l1_at_least_as_strong_as_the_reference_on_the_digits_mlp():
+  """L1 Square against the AutoAttack reference's ``SquareAttack(norm="L1")``: the same MLP,
+  digits, eps, query budget, ``p_init``, margin loss and rescaled schedule. The reference's
+  success flags (two eps, two seeds) are stored by ``benchmarks/bench_square_reference.py``;
+  jaxrobust must break at least as many points as the reference's weaker seed, less 3 (attack
+  randomness). Both eps run in one batch (eps is per example), so one compilation."""
+  stored = json.loads((REFERENCE / "square_l1_digits.json").read_text())
+  with np.load(REFERENCE / "digits_mlp_plain.npz") as data:
+    params = {}
+    for key in data.files:
+      layer, name = key.split("/")
+      params.setdefault(layer, {})[name] = jnp.asarray(data[key])
+  with np.load(REFERENCE / "digits_examples.npz") as data:
+    x = data["x_levels"][:stored["n"]].astype(np.float32) / np.float32(16.0)
+    y = data["y"][:stored["n"]].astype(np.int32)
+  correct = np.asarray(jnp.argmax(_digits_mlp(params, jnp.asarray(x)), -1)) == y
+  x, y = x[correct], y[correct]
+  assert len(y) == stored["clean_correct"]
+  eps_values = sorted({row["eps"] for row in stored["rows"]})
+  attack = square("l1", queries=stored["queries"], p_init=stored["p_init"])
+  run = jax.jit(lambda params, x, y, eps, keys: jr.run(
+      attack, functools.partial(_digits_mlp, params), x, y, jr.Budget(eps), keys))
+  k = len(eps_values)
+  eps = np.repeat(np.asarray(eps_values, np.float32), len(y))
+  result = run(params, jnp.asarray(np.tile(x, (k, 1, 1, 1))), jnp.asarray(np.tile(y, k)),
+               jnp.asarray(eps), _keys(k * len(y)))
+  found = np.asarray(result.success).reshape(k, len(y)).sum(axis=1)
+  size = np.abs(np.asarray(result.x_adv, np.float64) - np.tile(x, (k, 1, 1, 1))).sum((1, 2, 3))
+  assert np.all(size <= eps * (1 + 1e-6) + 64 * 6e-8)
+  for i, e in enumerate(eps_values):
+    reference = [row["reference"].count("1") for row in stored["rows"] if row["eps"] == e]
+    assert found[i] >= min(reference) - 3, (e, found[i], reference)
