@@ -11,6 +11,13 @@ attack breaks; ``--write`` stores the reference's flags in
 ``benchmarks/reference/square_l1_digits.json``, which ``tests/test_square.py`` compares
 jaxrobust's success rate with (no PyTorch needed there).
 
+Measured (2026-11-27, 2-core AMD EPYC shared, load 13-16; eps 1.5 and 2.5, 500 queries, seeds
+0 and 1): the reference 17, 14 and 57, 58 of 99 clean-correct points, jaxrobust 28, 31 and 76,
+77. The gap is the reference's window placement: its corners ``randint(0, H - s)`` never reach
+the last row and column (``jaxrobust.attacks._square``'s "Differences from the reference"); with
+that one call patched to cover all ``H - s + 1`` positions (a scratch run, eps 2.5) the
+reference breaks 80 and 79.
+
 The reference is run with several seeds (its windows are shared by the batch and drawn from
 ``torch``'s global generator), jaxrobust with several keys, so the spread of each is visible.
 
