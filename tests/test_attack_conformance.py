@@ -67,6 +67,7 @@ REGISTRY = {
     "square-linf": lambda: jr.attacks.square("linf", queries=30),
     "square-l2": lambda: jr.attacks.square("l2", queries=30, restarts=2),
     "square-linf-targeted": lambda: jr.attacks.square("linf", queries=30, targeted=True),
+    "square-l1": lambda: jr.attacks.square("l1", queries=30, restarts=2),
     "auto_attack-linf": lambda: jr.attacks.auto_attack("linf", n_target_classes=3, steps=4,
                                                        queries=20),
     "auto_attack-l2-plus": lambda: jr.attacks.auto_attack("l2", "plus", n_target_classes=2,
