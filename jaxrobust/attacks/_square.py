@@ -138,8 +138,9 @@ success (100 points): flat ``[B, 64]`` 0% at :math:`1.05\,d^*`, 60% at 1.1, 100%
 at 1.5; ``[B, 4, 4, 4]`` 12% at 1.5, 100% at 2 (a 4x4 image allows no window below 3x3). L1
 Square is weaker still (64 points, 1000 queries): flat ``[B, 64]`` 0% at :math:`1.05\,d^*`, 3%
 at 1.2, 77% at 1.5, 100% at 2; ``[B, 8, 8, 1]`` 0% at 1.2, 12% at 1.5, 98% at 2, 100% at 3;
-``[B, 4, 4, 4]`` 30% at 1.2, 44% at 2, 58% at 3 (the optimal L1 perturbation puts all its mass
-on one coordinate, which the nested pattern approaches only as its windows shrink). In
+``[B, 16, 4]`` (a sequence) 78% at 2 (32 points); ``[B, 4, 4, 4]`` 30% at 1.2, 44% at 2, 58%
+at 3 (the optimal L1 perturbation puts all its mass on one coordinate, which the nested pattern
+approaches only as its windows shrink). In
 AutoAttack the gradient-based members reach :math:`d^*` on such models; Square is there to expose
 gradient masking.
 
