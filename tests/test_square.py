@@ -552,8 +552,8 @@ def test_l1_at_least_as_strong_as_the_reference_on_the_digits_mlp():
   """L1 Square against the AutoAttack reference's ``SquareAttack(norm="L1")``: the same MLP,
   digits, eps, query budget, ``p_init``, margin loss and rescaled schedule. The reference's
   success flags (two eps, two seeds) are stored by ``benchmarks/bench_square_reference.py``;
-  jaxrobust must break at least as many points as the reference's weaker seed, less 3 (attack
-  randomness). Both eps run in one batch (eps is per example), so one compilation.
+  at the larger eps (the smaller one would double the test's 10 s), jaxrobust must break at
+  least as many points as the reference's weaker seed, less 3 (attack randomness).
 
   jaxrobust breaks more (measured 28-31 and 76-77 of 99 against 14-17 and 57-58): the
   reference's window corners ``randint(0, H - s)`` never reach the last row and column of the
@@ -571,7 +571,7 @@ def test_l1_at_least_as_strong_as_the_reference_on_the_digits_mlp():
   correct = np.asarray(jnp.argmax(_digits_mlp(params, jnp.asarray(x)), -1)) == y
   x, y = x[correct], y[correct]
   assert len(y) == stored["clean_correct"]
-  eps_values = sorted({row["eps"] for row in stored["rows"]})
+  eps_values = [max(row["eps"] for row in stored["rows"])]  # one eps: the test's cost halves
   attack = square("l1", queries=stored["queries"], p_init=stored["p_init"])
   run = jax.jit(lambda params, x, y, eps, keys: jr.run(
       attack, functools.partial(_digits_mlp, params), x, y, jr.Budget(eps), keys))
