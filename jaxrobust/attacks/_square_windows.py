@@ -24,12 +24,16 @@ two halves of opposite signs and equal norm, each nested squares (intervals) aro
 :math:`\eta_{ij} \propto \sum_{k = d_{ij}}^{K-1} (k + 1)^{-2}` at Chebyshev distance
 :math:`d_{ij}`. Placed per pixel in closed form (:func:`eta_window`, :func:`eta_run_window`)
 through :math:`\sum_{k=d}^{K-1} (k+1)^{-2} = \psi_1(d + 1) - \psi_1(K + 1)` with the trigamma
-function :math:`\psi_1` (:func:`_trigamma`).
+function :math:`\psi_1` (:func:`_trigamma`). The L1 window carries ``eta(s, "l1")``: the same
+halves with weights :math:`(k+1)^{-4}` and L1 norm :math:`1/2` each, placed through the Hurwitz
+zeta :math:`\zeta(4, d + 1) - \zeta(4, K + 1)` (:func:`_zeta4`).
 
 **Starts.** Linf: vertical stripes :math:`x + \epsilon\,\sigma`, one sign per column (position)
 and channel (:func:`linf_start`). L2: a centred grid of :math:`\pm\eta` tiles with a random sign
 per tile and channel and a random transpose (mirror) per tile, rescaled to norm
-:math:`\epsilon` (:func:`l2_start`, :func:`_start_grid`). Both are clipped to the box.
+:math:`\epsilon` (:func:`l2_start`, :func:`_start_grid`). Both are clipped to the box. L1: the
+same grid of ``eta(s, "l1")`` tiles, unscaled, projected exactly onto the L1 ball and the box
+(:func:`l1_start`).
 """
 
 from __future__ import annotations
