@@ -173,7 +173,7 @@ def test_the_attack_it_builds():
   config = json.loads(attack.config)
   assert config["factory"] == "min_norm_search" and config["attack"] == json.loads(inner.config)
   assert (config["search_steps"], config["init_eps"], config["factor"], config["rtol"],
-          config["max_eps"]) == (9, 0.5, 2.0, 0.01, 3.0)
+          config["max_eps"]) == (9, 0.5, 2.0, 0.001, 3.0)
 
 
 def test_refusals():
