@@ -134,11 +134,16 @@ class Meter(NamedTuple):
       engine measures and adds them.
     cap: ``(state, allowance [B] int32) -> state``, the state right after ``init`` with at most
       ``allowance`` propagations left for the steps of each row (frozen with the row's state):
-      a row's steps then never spend more, and its ``spent`` stays ``<= allowance``.
+      a row's steps then never spend more, and its ``spent`` stays ``<= allowance``. ``None``:
+      the attack cannot be capped (``max_propagations`` is refused).
+    counts_init: ``spent`` also covers ``init``'s propagations (for an ``init`` that calls the
+      model a data-dependent number of times, e.g. Brendel-Bethge's start by a
+      ``min_norm_search``); the engine then measures and adds ``finalize`` only.
   """
 
   spent: Callable[[Any], Any]
-  cap: Callable[[Any, Array], Any]
+  cap: Optional[Callable[[Any, Array], Any]] = None
+  counts_init: bool = False
 
 
 class Suite(NamedTuple):

@@ -14,7 +14,8 @@
 * A model call in a fixed-length inner loop counts its trip count times (Brendel-Bethge's
   start, by hand, traced only).
 * ``min_norm_search`` counts what each row's search steps ran (by hand where every inner run
-  fails, so runs all its steps) and takes a cap the same way.
+  fails, so runs all its steps) and takes a cap the same way; Brendel-Bethge started by one
+  counts itself, its start included (by hand, L1), and refuses a cap.
 * A curve under a cap is ``jr.run`` under that cap at every eps (flags and counts, per example
   and per eps), dense or skipping across eps; ``jr.evaluate`` under a cap is that curve, and a
   new cap reuses its compiled step.
@@ -297,6 +298,28 @@ def test_min_norm_search_by_hand():
   np.testing.assert_array_equal(at_15[0], (INNER_STEPS + 2) + 2 + 2)
   np.testing.assert_array_equal(at_15[1], INNER_STEPS + 2)
   np.testing.assert_array_equal(at_1[0] + at_1[1], 0)
+
+
+def test_brendel_bethge_with_a_searched_start_by_hand():
+  # BB's start by min_norm_search calls the model a data-dependent number of times, so BB counts
+  # itself (jr.Meter with counts_init; L1 here, the same code in every norm): per start its run
+  # as jr.run counts it and one forward checking its point (FMN, n steps: n + 1 forwards and n
+  # backwards, + 1; a search whose S runs of T-step PGD all fail, from eps 1e-4 below every
+  # point's distance: S (T + 2) forwards and S T backwards, + 1), then m bisection forwards, K
+  # steps of one gradient and finalize's forward. At eps = inf no row is done: all run K steps.
+  n, m, steps = 2, 3, 4
+  assert DIST.min() > 4e-4  # the Linf distances; the L1 ones are larger
+  search = jr.attacks.min_norm_search(jr.attacks.pgd("l1", steps=INNER_STEPS),
+                                      search_steps=SEARCH_STEPS, init_eps=1e-4)
+  attack = jr.attacks.brendel_bethge("l1", steps=steps, binary_search_steps=m,
+                                     init_attack=(jr.attacks.fmn("l1", steps=n), search))
+  assert attack.meter is not None and attack.meter.counts_init
+  forward, backward = counts(run(attack, eps=jnp.inf))
+  np.testing.assert_array_equal(
+      forward, (n + 2) + SEARCH_STEPS * (INNER_STEPS + 2) + 1 + m + steps + 1)
+  np.testing.assert_array_equal(backward, n + SEARCH_STEPS * INNER_STEPS + steps)
+  with pytest.raises(ValueError, match="takes no cap"):  # the start's cost is known only after
+    run(attack, max_propagations=100)
 
 
 def test_min_norm_search_cap():

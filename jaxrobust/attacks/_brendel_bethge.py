@@ -95,9 +95,9 @@ import jax.numpy as jnp
 
 from jaxrobust import losses as losses_lib
 from jaxrobust import projections
-from jaxrobust._batch import expand, fold_in, is_success, like_batch, rows_finite
+from jaxrobust._batch import expand, fold_in, is_success, like_batch, rows_finite, rows_like
 from jaxrobust._options import RunOptions
-from jaxrobust._types import Attack, Budget
+from jaxrobust._types import Attack, Budget, Meter
 from jaxrobust._validation import check_bool, check_number, check_positive_int
 from jaxrobust.attacks import _boundary_steps
 from jaxrobust.attacks._apgd import apgd
@@ -107,7 +107,7 @@ from jaxrobust.attacks._fmn import fmn
 from jaxrobust.attacks._min_norm_search import min_norm_search
 from jaxrobust.attacks._common import (MinNormBest, loss_grad_logits, score_last_iterate,
                                        unpack_budget)
-from jaxrobust.engine import attack_loop
+from jaxrobust.engine import attack_loop, propagations
 
 Array = jax.Array
 
@@ -126,6 +126,10 @@ class BBState(NamedTuple):
   best: MinNormBest  # smallest adversarial point seen (start and path included), per example.
   k: Array  # [] int32: steps done.
   limit: Array  # [B] work dtype: the budget's eps, for ``done`` (``inf``: no bound).
+  # [B] int32: the propagations init and the steps spent per row, where BB counts them itself
+  # (a start with a Meter, see _counts_itself; None otherwise, or where a start is uncountable).
+  forward: Array | None = None
+  backward: Array | None = None
 
 
 class _Config(NamedTuple):
@@ -141,6 +145,7 @@ class _Config(NamedTuple):
   binary_search_steps: int
   init_attacks: tuple[Attack, ...]
   difference: Callable[..., Array]  # the logit difference, negative iff adversarial
+  counts: bool = False  # BB counts its own propagations (init included): see _counts_itself
 
 
 def _difference(logits: Array, labels: Array) -> Array:
@@ -163,24 +168,47 @@ def _on_path(norm: str, x: Array, start: Array, tau: Array) -> Array:
   return x + jnp.clip(delta, -reach, reach)
 
 
-def _start(config: _Config, logits_fn, x, y, keys, target, lower, upper) -> MinNormBest:
+def _counts_itself(init_attacks: tuple[Attack, ...]) -> bool:
+  """Whether BB counts its propagations itself (:class:`jaxrobust.Meter` with ``counts_init``):
+  where a start counts its own (``min_norm_search``), whose model calls depend on the data, so
+  the engine cannot measure BB's ``init`` by tracing it."""
+  return any(attack.meter is not None for attack in init_attacks)
+
+
+def _start(config: _Config, logits_fn, x, y, keys, target, lower,
+           upper) -> tuple[MinNormBest, tuple[Array, Array] | None]:
   """The smallest adversarial point of the inner attacks' (each run at ``eps = inf`` on keys of
-  its own, re-checked by the model); ``norm = inf`` where none found one."""
+  its own, re-checked by the model); ``norm = inf`` where none found one. With
+  ``config.counts``, also the propagations spent per row (each start's ``init``, steps and
+  ``finalize``, as :func:`jaxrobust.run` counts them, and one forward for its check), or
+  ``None`` where a start cannot be counted."""
   best = MinNormBest.empty(x)
   unbounded = jnp.full_like(best.norm, jnp.inf)
+  spent = (rows_like(x, 0, jnp.int32),) * 2 if config.counts else None
   for index, attack in enumerate(config.init_attacks):
-    inner = attack_loop.attack_rows(attack, logits_fn, lower, upper, _INNER_OPTIONS)
-    point = inner(x, y, unbounded, fold_in(keys, _TAG + index), target)
+    keys_of = fold_in(keys, _TAG + index)
+    costs = None
+    if spent is not None:
+      costs = propagations.measure(attack, logits_fn, x, y, Budget(unbounded, lower, upper),
+                                   keys_of, target)
+      spent = None if costs is None else spent
+    inner = attack_loop.attack_rows(attack, logits_fn, lower, upper, _INNER_OPTIONS,
+                                    meter=costs is not None)
+    point = inner(x, y, unbounded, keys_of, target)
+    if costs is not None:
+      point, tally = point
+      used = propagations.spent(costs, tally, jnp.ones_like(unbounded, bool))
+      spent = (spent[0] + used["forward"] + 1, spent[1] + used["backward"])
     point = jnp.clip(point.astype(x.dtype), lower, upper)
     found = is_success(logits_fn(point), y, target) & rows_finite(point)
     best = best.update(point, projections.norm(point - x, config.norm), found)
-  return best
+  return best, spent
 
 
 def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -> BBState:
   x, limit, lower, upper = unpack_budget(x, budget)
   limit = like_batch(limit, x)
-  best = _start(config, logits_fn, x, y, keys, target, lower, upper)
+  best, spent = _start(config, logits_fn, x, y, keys, target, lower, upper)
   start, found = best.x, jnp.isfinite(best.norm)
   size = lambda point: projections.norm(point - x, config.norm)
 
@@ -196,8 +224,11 @@ def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None) -
   _, high, best = jax.lax.fori_loop(0, config.binary_search_steps, bisect,
                                     (zero, jnp.ones_like(limit), best))
   x_start = jnp.where(expand(found, x.ndim), _on_path(config.norm, x, start, high), x)
+  forward = backward = None
+  if spent is not None:  # the bisection: one forward per step
+    forward, backward = spent[0] + config.binary_search_steps, spent[1]
   return BBState(x_adv=x_start, normal=jnp.zeros_like(x), best=best, k=jnp.zeros((), jnp.int32),
-                 limit=limit)
+                 limit=limit, forward=forward, backward=backward)
 
 
 def _step(config: _Config, logits_fn, state: BBState, x, y, budget: Budget,
@@ -224,7 +255,14 @@ def _step(config: _Config, logits_fn, state: BBState, x, y, budget: Budget,
   delta = solve(flat(x), flat(state.x_adv), flat(normal), goal,
                 jnp.broadcast_to(region, goal.shape), lower, upper)
   x_next = jnp.clip(state.x_adv + delta.reshape(x.shape), lower, upper)
-  return BBState(x_adv=x_next, normal=normal, best=best, k=state.k + 1, limit=state.limit)
+  counted = lambda c: None if c is None else c + 1  # one forward and one backward per step
+  return BBState(x_adv=x_next, normal=normal, best=best, k=state.k + 1, limit=state.limit,
+                 forward=counted(state.forward), backward=counted(state.backward))
+
+
+def _spent(state: BBState) -> tuple[Array, Array] | None:
+  """What ``init`` and the steps spent per row (:class:`jaxrobust.Meter`, ``counts_init``)."""
+  return None if state.forward is None else (state.forward, state.backward)
 
 
 def _finalize(config: _Config, logits_fn, state: BBState, x, y, budget: Budget,
@@ -319,6 +357,12 @@ def brendel_bethge(norm: str = "l2", *, steps: int = 1000, lr: float = 1e-3,
   passes each, ``ddn`` 100, ``min_norm_search(apgd)`` up to 20 runs of 100), plus
   ``binary_search_steps + 1`` forward passes, plus ``steps`` forward and backward passes, plus a
   trust-region solve per step (a few hundred elementwise passes over the input, no model call).
+  :func:`jaxrobust.run` reports what each example spent (``info["propagations"]``): where a
+  start counts its own propagations (``min_norm_search``, as in the default start), BB counts
+  itself, ``init`` included (:class:`jaxrobust.Meter` with ``counts_init``): per start its count
+  as :func:`jaxrobust.run` gives it and one forward checking its point, one forward per
+  bisection step, one forward and one backward per step, one forward in ``finalize``; it then
+  takes no ``max_propagations`` cap (the start's cost is known only once it has run).
 
   Args:
     norm: ``"l2"``, ``"linf"`` or ``"l1"``.
@@ -382,9 +426,11 @@ def brendel_bethge(norm: str = "l2", *, steps: int = 1000, lr: float = 1e-3,
                    interval=max(1, steps // lr_num_decay), momentum=momentum,
                    overshoot=overshoot, binary_search_steps=binary_search_steps,
                    init_attacks=init_attacks,
-                   difference=_difference_to_target if targeted else _difference)
+                   difference=_difference_to_target if targeted else _difference,
+                   counts=_counts_itself(init_attacks))
   return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
                 finalize=functools.partial(_finalize, config), num_steps=steps, norm=norm,
                 targeted=targeted, minimum_norm=True,
                 name=f"brendel-bethge-{norm}-{steps}" + ("-targeted" if targeted else ""),
-                done=_done)
+                done=_done,
+                meter=Meter(spent=_spent, counts_init=True) if config.counts else None)

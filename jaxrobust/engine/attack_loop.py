@@ -151,6 +151,10 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
         raise ValueError(f"max_propagations needs an attack whose propagations per step are "
                          f"fixed; {attack.name!r} calls the model a data-dependent number of "
                          "times (see jaxrobust.engine.propagations).")
+      if attack.meter is not None and attack.meter.cap is None:
+        raise ValueError(f"max_propagations cannot cap {attack.name!r}: it counts its "
+                         "propagations (info['propagations']) but takes no cap (jr.Meter.cap is "
+                         "None).")
       cap = like_batch(jnp.broadcast_to(jnp.asarray(max_propagations), (batch,)), x)
       limit, affordable = propagations.limits(attack, costs, cap)
       todo = todo & affordable
