@@ -2,7 +2,7 @@
 
 * By-hand counts: on a linear model, what the algorithms spend per example (derived below from
   each attack's ``init``/``step``/``finalize``, not read from the output), with and without early
-  exit; a suite's count is the sum of its members', and a point an earlier member broke costs
+  exit (DeepFool's at ``eps = inf`` too); a suite's count is the sum of its members', and a point an earlier member broke costs
   nothing in the later ones.
 * An independent check: on a dense run with every point clean-correct, the counts summed over
   the batch equal ``jr.metrics.count_evaluations``' host totals less ``jr.run``'s own clean
@@ -107,6 +107,23 @@ def test_square_by_hand():
   forward, backward = counts(exits)
   assert np.all(forward[~np.asarray(exits.success)] == 1 + attack.num_steps)
   assert np.all(backward == 0)
+
+
+def test_deepfool_stops_counting_once_its_iterate_is_adversarial():
+  # DeepFool: init takes the clean logits (1 forward); each step one forward and a pullback per
+  # candidate (9 of 10 classes: 9 backwards); finalize scores the last iterate (1 forward). Its
+  # first move is exact on a linear model: step 1 scores x, step 2 the adversarial iterate, after
+  # which the iterate no longer moves, so the row is done, at eps = inf too (done_unbounded):
+  # 2 steps instead of n, and the same result as the dense run, bitwise.
+  n = 6
+  attack = jr.attacks.deepfool("linf", steps=n)
+  dense, exits = (run(attack, eps=jnp.inf, early_exit=e) for e in (False, True))
+  np.testing.assert_array_equal(counts(dense)[0], 1 + n + 1)
+  np.testing.assert_array_equal(counts(dense)[1], 9 * n)
+  np.testing.assert_array_equal(counts(exits)[0], 1 + 2 + 1)
+  np.testing.assert_array_equal(counts(exits)[1], 9 * 2)
+  for a, b in zip(jax.tree.leaves(dense[:4]), jax.tree.leaves(exits[:4])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_suite_sums_members_and_skips_broken_points():

@@ -161,7 +161,8 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
     rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, options, meter=meter)
     exits = (options.early_exit and attack.done is not None and attack.num_steps > 0
              and options.unroll is not True)
-    if exits and attack.minimum_norm and _all_infinite(budget.eps):
+    if (exits and attack.minimum_norm and not attack.done_unbounded
+        and _all_infinite(budget.eps)):
       exits = False  # a minimum-norm search: no row is ever done, so the plain scan
     if exits:
       until_done = lambda frozen, x, y, eps, keys, target, limit: early_exit_lib.run_until_done(
