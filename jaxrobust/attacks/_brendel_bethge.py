@@ -4,8 +4,9 @@ along the decision boundary towards the clean point, under L2, Linf and L1.
 BB starts from an adversarial point and never leaves the boundary's neighbourhood. Per example:
 
 1. **Start.** Inner minimum-norm attacks (``init_attack``; by default DDN (L2 only), FMN, FAB and
-   ``min_norm_search(apgd)`` in the same norm, at their defaults) are run without a bound; the
-   smallest of their points, re-checked by the model, is the start :math:`x_s`. A bisection of
+   ``min_norm_search(apgd)`` in the same norm, at their defaults, the search's L1 ``rtol`` 0.01:
+   :data:`L1_START_RTOL`) are run without a bound; the smallest of their points, re-checked by
+   the model, is the start :math:`x_s`. A bisection of
    ``binary_search_steps`` steps on the path from the clean point :math:`x_0` to :math:`x_s` (L2 and
    L1: the segment :math:`x_0 + \tau (x_s - x_0)`; Linf: the perturbation clipped to
    :math:`\pm\tau \|x_s - x_0\|_\infty`, whose Linf norm is :math:`\tau \|x_s - x_0\|_\infty`)
