@@ -4,9 +4,9 @@ along the decision boundary towards the clean point, under L2, Linf and L1.
 BB starts from an adversarial point and never leaves the boundary's neighbourhood. Per example:
 
 1. **Start.** Inner minimum-norm attacks (``init_attack``; by default DDN (L2 only), FMN, FAB and
-   ``min_norm_search(apgd)`` in the same norm, at their defaults, the search's L1 ``rtol`` 0.01:
-   :data:`L1_START_RTOL`) are run without a bound; the smallest of their points, re-checked by
-   the model, is the start :math:`x_s`. A bisection of
+   ``min_norm_search(apgd)`` in the same norm, at their defaults, the search's L2 and L1
+   ``rtol`` 0.01: :data:`START_RTOL`) are run without a bound; the smallest of their points,
+   re-checked by the model, is the start :math:`x_s`. A bisection of
    ``binary_search_steps`` steps on the path from the clean point :math:`x_0` to :math:`x_s` (L2 and
    L1: the segment :math:`x_0 + \tau (x_s - x_0)`; Linf: the perturbation clipped to
    :math:`\pm\tau \|x_s - x_0\|_\infty`, whose Linf norm is :math:`\tau \|x_s - x_0\|_\infty`)
@@ -113,13 +113,13 @@ from jaxrobust.engine import attack_loop, propagations
 Array = jax.Array
 
 NORMS = ("l2", "linf", "l1")
-L1_START_RTOL = 0.01
-"""The ``rtol`` of the default L1 start's ``min_norm_search`` (the search's default before it
-became 0.001). On the digits zoo (``bench_optimality.py``, n=100) BB L1 from the 0.001 search's
-points fell on the k-WTA MLP from 0.9696 to 0.9609 (starts in worse basins) and on the plain CNN
-from 0.9998 to 0.9997 (it rose on the PGD-AT CNN, 0.9851 to 0.9869); in Linf and L2 the finer
-search raised BB or left it equal on every model measured (CCAT-like MLP Linf 0.9865 to 0.9978),
-so there the start uses the default (``benchmarks/RESULTS.md``, "CCAT-like gaps")."""
+START_RTOL = {"l2": 0.01, "l1": 0.01}
+"""The ``rtol`` of the default start's ``min_norm_search`` in L2 and L1 (the search's default
+before it became 0.001; Linf: the default). On the digits zoo (``bench_optimality.py``, n=100)
+BB from the 0.001 search's points fell in L1 on the k-WTA MLP from 0.9696 to 0.9609 and on the
+plain CNN from 0.9998 to 0.9997, in L2 on the PGD-AT CNN from 0.9987 to 0.9984 (starts in worse
+basins; it rose on most other models); in Linf it rose or stayed equal on all eight (CCAT-like MLP
+0.9865 to 0.9978) (``benchmarks/RESULTS.md``, "CCAT-like gaps")."""
 _TAG = 0xB8  # folded into the per-example keys for the inner attack's run
 # The inner attack runs as one dense scan inside ``init``: no canonical convolutions (the outer
 # run makes them canonical).
@@ -292,10 +292,11 @@ def default_init_attack(norm: str, targeted: bool = False) -> tuple[Attack, ...]
   """The starts tried when ``init_attack`` is ``None``: FMN, FAB and ``min_norm_search(apgd)``
   in the attack's norm, for L2 DDN first (targeted: FAB and APGD towards ``target=``, APGD with
   the cross-entropy), each at its defaults (the smallest adversarial point of theirs is the
-  start), except that in L1 the search stops at ``rtol=0.01`` (:data:`L1_START_RTOL`)."""
+  start), except that in L2 and L1 the search stops at ``rtol=0.01`` (:data:`START_RTOL`)."""
   inner = (apgd(norm, targeted=True, n_target_classes=None, loss="ce") if targeted
            else apgd(norm))
-  search = min_norm_search(inner, rtol=L1_START_RTOL) if norm == "l1" else min_norm_search(inner)
+  search = (min_norm_search(inner, rtol=START_RTOL[norm]) if norm in START_RTOL
+            else min_norm_search(inner))
   starts = (fmn(norm, targeted=targeted), fab(norm, targeted=targeted, n_target_classes=None),
             search)
   return ((ddn(targeted=targeted),) + starts) if norm == "l2" else starts
