@@ -93,9 +93,9 @@ class Attack(NamedTuple):
       leaf keeps its value; scalars, such as step counters, advance)
       and leaves the loop once every row is done, so a broken point stops costing model
       evaluations. ``None``: the attack always runs its ``num_steps``. Minimum-norm attacks
-      (DeepFool, C&W, FMN, DDN, FAB) declare it only for a finite eps (a row holding an adversarial
-      point inside the ball: its smallest point can only shrink further), never true at
-      ``eps = inf``, where the answer keeps shrinking.
+      (DeepFool, C&W, FMN, DDN, FAB) declare it for a finite eps (a row holding an adversarial
+      point inside the ball: its smallest point can only shrink further), and at ``eps = inf``
+      only with ``done_unbounded`` (otherwise the answer keeps shrinking there).
     suite: ``None`` for a single attack (a kernel: ``init``/``step``/``finalize``/``done``);
       for ensembles and AutoAttack a :class:`Suite`, whose members the engine runs one after
       another on the rows the earlier ones left robust (``init`` then runs the suite in one go,
@@ -105,6 +105,9 @@ class Attack(NamedTuple):
       steps' propagations per row itself, and takes a per-row allowance for them
       (:mod:`jaxrobust.engine.propagations`). ``None``: the engine measures one step's cost
       while tracing and counts the steps.
+    done_unbounded: a minimum-norm attack whose ``done`` may hold at ``eps = inf`` (a row whose
+      state no later step changes: DeepFool once its iterate is adversarial), so early exit runs
+      there too. ``False``: at ``eps = inf`` the engine runs a minimum-norm attack's plain scan.
   """
 
   init: Callable[..., Any]
@@ -121,6 +124,7 @@ class Attack(NamedTuple):
   done: Optional[Callable[[Any], Array]] = None
   suite: Optional["Suite"] = None
   meter: Optional["Meter"] = None
+  done_unbounded: bool = False
 
 
 class Meter(NamedTuple):
@@ -134,11 +138,16 @@ class Meter(NamedTuple):
       engine measures and adds them.
     cap: ``(state, allowance [B] int32) -> state``, the state right after ``init`` with at most
       ``allowance`` propagations left for the steps of each row (frozen with the row's state):
-      a row's steps then never spend more, and its ``spent`` stays ``<= allowance``.
+      a row's steps then never spend more, and its ``spent`` stays ``<= allowance``. ``None``:
+      the attack cannot be capped (``max_propagations`` is refused).
+    counts_init: ``spent`` also covers ``init``'s propagations (for an ``init`` that calls the
+      model a data-dependent number of times, e.g. Brendel-Bethge's start by a
+      ``min_norm_search``); the engine then measures and adds ``finalize`` only.
   """
 
   spent: Callable[[Any], Any]
-  cap: Callable[[Any, Array], Any]
+  cap: Optional[Callable[[Any, Array], Any]] = None
+  counts_init: bool = False
 
 
 class Suite(NamedTuple):

@@ -219,7 +219,10 @@ def test_defaults_and_recorded_configuration():
   assert (config["lr"], config["momentum"], config["overshoot"]) == (1e-3, 0.8, 1.1)
   for norm in ("l2", "linf", "l1"):
     for targeted in (False, True):
-      starts = [a.name for a in jr.attacks._brendel_bethge.default_init_attack(norm, targeted)]
+      attacks = jr.attacks._brendel_bethge.default_init_attack(norm, targeted)
+      starts = [a.name for a in attacks]
+      # The search's rtol: its default (0.001) in Linf, 0.01 in L2 and L1 (START_RTOL).
+      assert attacks[-1].init.args[0].rtol == (0.001 if norm == "linf" else 0.01)  # its _Config
       kinds = ["ddn"] * (norm == "l2") + ["fmn", "fab", "min"]
       assert [name.split("-")[0] for name in starts] == kinds, starts
       assert all(("-targeted" in name) == targeted for name in starts), starts

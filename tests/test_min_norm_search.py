@@ -173,7 +173,7 @@ def test_the_attack_it_builds():
   config = json.loads(attack.config)
   assert config["factory"] == "min_norm_search" and config["attack"] == json.loads(inner.config)
   assert (config["search_steps"], config["init_eps"], config["factor"], config["rtol"],
-          config["max_eps"]) == (9, 0.5, 2.0, 0.01, 3.0)
+          config["max_eps"]) == (9, 0.5, 2.0, 0.001, 3.0)
 
 
 def test_refusals():
@@ -191,3 +191,20 @@ def test_refusals():
               {"search_steps": 0}, {"init_eps": 0.0}, {"max_eps": -1.0}):
     with pytest.raises(ValueError, match=next(iter(bad))):
       search(pgd, **bad)
+
+
+def test_default_precision_with_a_complete_inner_attack():
+  # On a two-class linear model FGSM (Linf) is complete: its one step eps * sign(w_k - w_y) is
+  # the optimal perturbation, inside the box up to 1.05 d* on these points. So every failure is
+  # below d* (lo < d*) and the default search returns within (1 + rtol) d*, rtol = 0.001: a
+  # tenth of this file's RTOL, which the bisection alone would not reach.
+  p = _problem("linf", N)
+  attack = jr.attacks.min_norm_search(jr.attacks.fgsm("linf"))
+  assert json.loads(attack.config)["rtol"] == 0.001
+  result = jax.jit(lambda w, b, x, y, keys: jr.run(attack, _model(w, b), x, y, jr.Budget(jnp.inf),
+                                                   keys))(
+      jnp.asarray(p.model.w, jnp.float32), jnp.asarray(p.model.b, jnp.float32),
+      jnp.asarray(p.x), jnp.asarray(p.y), jax.random.split(jax.random.key(0), N))
+  ratio = np.asarray(result.norm, np.float64) / p.distance
+  assert np.asarray(result.success).all()
+  assert ratio.min() >= 1 - ROUNDING and ratio.max() <= (1 + 0.001) * (1 + ROUNDING), ratio

@@ -2,7 +2,7 @@
 
 * By-hand counts: on a linear model, what the algorithms spend per example (derived below from
   each attack's ``init``/``step``/``finalize``, not read from the output), with and without early
-  exit; a suite's count is the sum of its members', and a point an earlier member broke costs
+  exit (DeepFool's at ``eps = inf`` too); a suite's count is the sum of its members', and a point an earlier member broke costs
   nothing in the later ones.
 * An independent check: on a dense run with every point clean-correct, the counts summed over
   the batch equal ``jr.metrics.count_evaluations``' host totals less ``jr.run``'s own clean
@@ -14,7 +14,8 @@
 * A model call in a fixed-length inner loop counts its trip count times (Brendel-Bethge's
   start, by hand, traced only).
 * ``min_norm_search`` counts what each row's search steps ran (by hand where every inner run
-  fails, so runs all its steps) and takes a cap the same way.
+  fails, so runs all its steps) and takes a cap the same way; Brendel-Bethge started by one
+  counts itself, its start included (by hand, L1), and refuses a cap.
 * A curve under a cap is ``jr.run`` under that cap at every eps (flags and counts, per example
   and per eps), dense or skipping across eps; ``jr.evaluate`` under a cap is that curve, and a
   new cap reuses its compiled step.
@@ -106,6 +107,23 @@ def test_square_by_hand():
   forward, backward = counts(exits)
   assert np.all(forward[~np.asarray(exits.success)] == 1 + attack.num_steps)
   assert np.all(backward == 0)
+
+
+def test_deepfool_stops_counting_once_its_iterate_is_adversarial():
+  # DeepFool: init takes the clean logits (1 forward); each step one forward and a pullback per
+  # candidate (9 of 10 classes: 9 backwards); finalize scores the last iterate (1 forward). Its
+  # first move is exact on a linear model: step 1 scores x, step 2 the adversarial iterate, after
+  # which the iterate no longer moves, so the row is done, at eps = inf too (done_unbounded):
+  # 2 steps instead of n, and the same result as the dense run, bitwise.
+  n = 6
+  attack = jr.attacks.deepfool("linf", steps=n)
+  dense, exits = (run(attack, eps=jnp.inf, early_exit=e) for e in (False, True))
+  np.testing.assert_array_equal(counts(dense)[0], 1 + n + 1)
+  np.testing.assert_array_equal(counts(dense)[1], 9 * n)
+  np.testing.assert_array_equal(counts(exits)[0], 1 + 2 + 1)
+  np.testing.assert_array_equal(counts(exits)[1], 9 * 2)
+  for a, b in zip(jax.tree.leaves(dense[:4]), jax.tree.leaves(exits[:4])):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_suite_sums_members_and_skips_broken_points():
@@ -297,6 +315,28 @@ def test_min_norm_search_by_hand():
   np.testing.assert_array_equal(at_15[0], (INNER_STEPS + 2) + 2 + 2)
   np.testing.assert_array_equal(at_15[1], INNER_STEPS + 2)
   np.testing.assert_array_equal(at_1[0] + at_1[1], 0)
+
+
+def test_brendel_bethge_with_a_searched_start_by_hand():
+  # BB's start by min_norm_search calls the model a data-dependent number of times, so BB counts
+  # itself (jr.Meter with counts_init; L1 here, the same code in every norm): per start its run
+  # as jr.run counts it and one forward checking its point (FMN, n steps: n + 1 forwards and n
+  # backwards, + 1; a search whose S runs of T-step PGD all fail, from eps 1e-4 below every
+  # point's distance: S (T + 2) forwards and S T backwards, + 1), then m bisection forwards, K
+  # steps of one gradient and finalize's forward. At eps = inf no row is done: all run K steps.
+  n, m, steps = 2, 3, 4
+  assert DIST.min() > 4e-4  # the Linf distances; the L1 ones are larger
+  search = jr.attacks.min_norm_search(jr.attacks.pgd("l1", steps=INNER_STEPS),
+                                      search_steps=SEARCH_STEPS, init_eps=1e-4)
+  attack = jr.attacks.brendel_bethge("l1", steps=steps, binary_search_steps=m,
+                                     init_attack=(jr.attacks.fmn("l1", steps=n), search))
+  assert attack.meter is not None and attack.meter.counts_init
+  forward, backward = counts(run(attack, eps=jnp.inf))
+  np.testing.assert_array_equal(
+      forward, (n + 2) + SEARCH_STEPS * (INNER_STEPS + 2) + 1 + m + steps + 1)
+  np.testing.assert_array_equal(backward, n + SEARCH_STEPS * INNER_STEPS + steps)
+  with pytest.raises(ValueError, match="takes no cap"):  # the start's cost is known only after
+    run(attack, max_propagations=100)
 
 
 def test_min_norm_search_cap():

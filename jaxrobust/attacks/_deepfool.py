@@ -42,7 +42,8 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust import projections
-from jaxrobust._batch import expand, finite_or_zero, is_success, like_batch, one_hot_mask
+from jaxrobust._batch import (expand, finite_or_zero, is_success, like_batch, one_hot_mask,
+                              rows_like)
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_number, check_positive_int
 from jaxrobust.attacks._common import MinNormBest, score_last_iterate, unpack_budget
@@ -61,17 +62,23 @@ class DeepFoolState(NamedTuple):
   classes: Array  # [B, K] int32: candidate classes, the top K by clean logit other than y.
   best: MinNormBest  # smallest successful point seen, per example.
   limit: Array  # [B] work dtype: the budget's eps, for ``done`` (``inf``: no bound).
+  # [B] bool: the last iterate scored was adversarial, so r_total no longer moves and no later
+  # step (nor finalize) changes anything on the row.
+  settled: Array
 
 
 def _done(state: DeepFoolState) -> Array:
-  """Rows whose smallest successful point already lies inside a finite eps-ball.
+  """Rows whose smallest successful point already lies inside a finite eps-ball, or whose last
+  iterate was adversarial (``settled``), at any eps.
 
-  ``finalize`` returns that point (the last iterate it scores can only make it smaller), and no
-  later step can take it away (:meth:`MinNormBest.update` only shrinks it), so the verdict at
-  this eps is final. At ``eps = inf`` (the minimum-norm search, e.g. a minimum-norm curve) no row
-  is ever done.
+  In the first case ``finalize`` returns that point (the last iterate it scores can only make it
+  smaller), and no later step can take it away (:meth:`MinNormBest.update` only shrinks it), so
+  the verdict at this eps is final. In the second the iterate no longer moves: every later step
+  scores the same point again and adds nothing to ``r_total``, so the row's state, and what
+  ``finalize`` returns, are those of the full run (the attack is ``done_unbounded``: early exit
+  runs at ``eps = inf`` too, and a row stops costing once its iterate is adversarial).
   """
-  return state.best.within(state.limit)
+  return state.best.within(state.limit) | state.settled
 
 
 def _candidates(logits: Array, y: Array, count: int) -> Array:
@@ -148,7 +155,9 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
   once its smallest adversarial point lies inside the ball, so with early exit
   (:func:`jaxrobust.run`'s default) that row stops costing model evaluations; since the iterate
   stops moving at its first success anyway, the point returned is the same as without early
-  exit. At ``eps = inf`` no row is ever done.
+  exit. A row whose iterate is adversarial is ``done`` at any eps, ``inf`` included: its iterate
+  no longer moves, so with early exit it stops costing model evaluations and the result is the
+  full run's.
 
   Each iteration costs one forward pass and ``min(candidates, C - 1)`` backward passes (vectorised
   with ``vmap``), with memory proportional to ``candidates * B * D``.
@@ -200,8 +209,9 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
     logits = logits_fn(x)
     count = min(candidates, logits.shape[1] - 1)
     # like_batch: an eps broadcast from a scalar carries x's batch sharding, as best.norm does.
+    limit = like_batch(eps, x)
     return DeepFoolState(jnp.zeros_like(x), _candidates(logits, y, count), MinNormBest.empty(x),
-                         like_batch(eps, x))
+                         limit, rows_like(x, False, bool))
 
   def step(logits_fn, state: DeepFoolState, x, y, budget: Budget, target=None):
     del target
@@ -213,7 +223,7 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
     travelled = projections.norm(state.r_total, norm)
     r_step = _minimal_step(logits, pullback, state.classes, y, travelled, norm, x.dtype)
     r_total = state.r_total + jnp.where(expand(success, x.ndim), 0.0, r_step)  # adversarial: frozen
-    return DeepFoolState(r_total, state.classes, best, state.limit)
+    return DeepFoolState(r_total, state.classes, best, state.limit, success)
 
   def finalize(logits_fn, state: DeepFoolState, x, y, budget: Budget, target=None):
     del target
@@ -227,4 +237,5 @@ def deepfool(norm: str = "l2", *, steps: int = 50, overshoot: float = 0.02,
 
   return Attack(init=init, step=step, finalize=finalize, num_steps=steps, norm=norm,
                 targeted=False, minimum_norm=True,
-                name=f"deepfool-{norm}-{steps}-overshoot{overshoot:g}-top{candidates}", done=_done)
+                name=f"deepfool-{norm}-{steps}-overshoot{overshoot:g}-top{candidates}", done=_done,
+                done_unbounded=True)

@@ -268,7 +268,7 @@ def _done(state: SearchState) -> Array:
 
 
 def min_norm_search(attack: Attack, *, search_steps: int = 20, init_eps: float | None = None,
-                    factor: float = 2.0, rtol: float = 0.01,
+                    factor: float = 2.0, rtol: float = 0.001,
                     max_eps: float | None = None) -> Attack:
   r"""A fixed-budget attack as a minimum-norm attack: per-example growth, then bisection, on eps.
 
@@ -285,7 +285,7 @@ def min_norm_search(attack: Attack, *, search_steps: int = 20, init_eps: float |
   :math:`1 + r` of :math:`d^*` once the search has stopped (see
   :mod:`jaxrobust.attacks._min_norm_search`). Growth or
   shrinking by :math:`\gamma = 2` takes :math:`\log_2` of the ratio between ``init_eps`` and
-  :math:`d^*` steps, and bisection about :math:`\log_2(1/r)` more (7 at ``rtol=0.01``).
+  :math:`d^*` steps, and bisection about :math:`\log_2(1/r)` more (10 at ``rtol=0.001``).
 
   The result is a minimum-norm attack (``minimum_norm=True``): :func:`jaxrobust.run` returns the
   smallest adversarial point found, with its norm as ``result.norm`` (:math:`\epsilon^*`), and

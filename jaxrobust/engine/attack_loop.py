@@ -151,13 +151,18 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
         raise ValueError(f"max_propagations needs an attack whose propagations per step are "
                          f"fixed; {attack.name!r} calls the model a data-dependent number of "
                          "times (see jaxrobust.engine.propagations).")
+      if attack.meter is not None and attack.meter.cap is None:
+        raise ValueError(f"max_propagations cannot cap {attack.name!r}: it counts its "
+                         "propagations (info['propagations']) but takes no cap (jr.Meter.cap is "
+                         "None).")
       cap = like_batch(jnp.broadcast_to(jnp.asarray(max_propagations), (batch,)), x)
       limit, affordable = propagations.limits(attack, costs, cap)
       todo = todo & affordable
     rows = attack_rows(attack, logits_fn, budget.lower, budget.upper, options, meter=meter)
     exits = (options.early_exit and attack.done is not None and attack.num_steps > 0
              and options.unroll is not True)
-    if exits and attack.minimum_norm and _all_infinite(budget.eps):
+    if (exits and attack.minimum_norm and not attack.done_unbounded
+        and _all_infinite(budget.eps)):
       exits = False  # a minimum-norm search: no row is ever done, so the plain scan
     if exits:
       until_done = lambda frozen, x, y, eps, keys, target, limit: early_exit_lib.run_until_done(

@@ -31,7 +31,10 @@ what its inner run spent, :math:`f_\text{init} + s f_\text{step} + f_\text{fin}`
 :math:`s` steps that row ran under the inner early exit, and one forward for checking the point;
 rows not searching, frozen by the inner or the outer early exit, add nothing). Then
 :math:`F_i = f_\text{init} + F^\text{steps}_i + f_\text{fin}` with the attack's own count of
-its steps (likewise :math:`K_i`). ``jr.run``'s own clean diagnosis and final re-scoring
+its steps (likewise :math:`K_i`). An attack whose ``init`` too calls the model a data-dependent
+number of times (Brendel-Bethge started by a ``min_norm_search``) counts ``init`` as well
+(``Meter.counts_init``): ``init`` is then traced for its shapes only, :math:`f_\text{init} = 0`,
+and :math:`F_i = F^\text{init+steps}_i + f_\text{fin}`. ``jr.run``'s own clean diagnosis and final re-scoring
 (:mod:`jaxrobust.engine.scoring`) and a suite's checks are not the attack's and are not counted
 (AttackBench does not count its own evaluation either).
 
@@ -193,7 +196,11 @@ def measure(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
   batch = x.shape[0]
   try:
     # init's trace also gives the state's shapes, on which step and finalize are traced.
-    init, state = _cost(lambda *a: attack.init(marked, *a), (x, y, budget, keys, target), batch)
+    init_args = (x, y, budget, keys, target)
+    if attack.meter is not None and attack.meter.counts_init:  # spent covers init: shapes only
+      init, state = Cost(0, 0), jax.eval_shape(lambda *a: attack.init(logits_fn, *a), *init_args)
+    else:
+      init, state = _cost(lambda *a: attack.init(marked, *a), init_args, batch)
     if attack.meter is not None:  # it counts its steps itself (spent): only init and finalize
       if attack.meter.spent(state) is None:  # (on the state's shapes) it cannot count them
         return None
