@@ -790,11 +790,11 @@ def foolbox_pgd(norm: str, **kwargs):
   return PerSampleEps(**kwargs)
 
 
-def run_foolbox_eps_search(norm: str, port, x, y, *, search_steps: int = 16, **kwargs
-                           ) -> np.ndarray:
+def run_foolbox_eps_search(norm: str, port, x, y, *, search_steps: int = 16,
+                           init_eps: float | None = None, **kwargs) -> np.ndarray:
   """Foolbox's PGD (``foolbox_pgd``) made minimum-norm by ``eps_search``, every sample within its
   own eps in one batch (AttackBench's ``FoolboxMinimalWrapper`` calls ``run`` once per distinct
-  eps instead, the same points at a cost of batches of one)."""
+  eps instead, the same points at a cost of batches of one); ``kwargs`` go to the attack."""
   import foolbox as fb
   import torch
 
@@ -806,7 +806,7 @@ def run_foolbox_eps_search(norm: str, port, x, y, *, search_steps: int = 16, **k
     eps_t = torch.from_numpy(eps.astype(np.float32)).view(-1, 1, 1, 1)
     return attack.run(fmodel, xt, fb.criteria.Misclassification(yt), epsilon=eps_t).numpy()
 
-  return eps_search(attack_at, norm, port, x, y, search_steps=search_steps)
+  return eps_search(attack_at, norm, port, x, y, search_steps=search_steps, init_eps=init_eps)
 
 
 def run_torchattacks(which: str, port, x, y) -> np.ndarray:
