@@ -51,12 +51,18 @@ Attacks, each at its defaults unless noted, without a budget:
   ``min_norm_search(apgd)``, ``brendel_bethge``, ``min_norm_search(square)``; L1 ``fmn``,
   ``fab``, ``min_norm_search(apgd)``, ``brendel_bethge`` (Square has no L1 form);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
-  of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1; started from the best
-  point the other Foolbox attacks found; only with ``--bb``);
+  of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
+  started from the best point the other Foolbox attacks found, the eps searches left out; only
+  with ``--bb``); PGD (``LinfPGD``, ``L2PGD``, ``L1PGD`` at their defaults) made minimum-norm by
+  AttackBench's per-sample eps search (``eps_search``; ``run_foolbox_eps_search``: every sample
+  within its own eps in one batch);
 * the AutoAttack reference (``--autoattack-path``): FAB (Linf, L2, L1), untargeted, one run of
   ``attack_single_run`` (the minimum-norm mode: the smallest adversarial point found); APGD-CE
-  (Linf, L2) made minimum-norm by AttackBench's per-sample eps search
-  (``run_apgd_eps_search``);
+  (Linf, L2, L1) and APGD-T (targeted DLR, 9 target classes; Linf, L2) made minimum-norm by
+  the same eps search (``run_apgd_eps_search``): in Linf and L2 every sample within its own eps
+  in one batch, in L1 (whose step does not take a per-sample eps) one run of the reference's
+  ``perturb`` per distinct eps, as AttackBench does (batches of one once the bisection starts:
+  about 100 times slower);
 * torchattacks: DeepFool (L2), CW (L2, its defaults ``c=1, steps=50``: a fixed penalty, no
   search);
 * ART (adversarial-robustness-toolbox): DeepFool (L2), Carlini-Wagner L2 (its defaults, 10 x 10),
