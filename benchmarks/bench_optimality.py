@@ -62,7 +62,7 @@ Attacks, each at its defaults unless noted, without a budget:
   the same eps search (``run_apgd_eps_search``): in Linf and L2 every sample within its own eps
   in one batch, in L1 (whose step does not take a per-sample eps) one run of the reference's
   ``perturb`` per distinct eps, as AttackBench does (batches of one once the bisection starts:
-  about 100 times slower);
+  tens of times slower);
 * torchattacks: DeepFool (L2), CW (L2, its defaults ``c=1, steps=50``: a fixed penalty, no
   search);
 * ART (adversarial-robustness-toolbox): DeepFool (L2), Carlini-Wagner L2 (its defaults, 10 x 10),
