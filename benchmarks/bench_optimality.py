@@ -52,12 +52,18 @@ Attacks, each at its defaults unless noted, without a budget:
   ``fab``, ``min_norm_search(apgd)``, ``brendel_bethge``, ``min_norm_search(square)`` (Square's
   L1 form, AutoAttack's L1 Square);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
-  of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1; started from the best
-  point the other Foolbox attacks found; only with ``--bb``);
+  of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
+  started from the best point the other Foolbox attacks found, the eps searches left out; only
+  with ``--bb``); PGD (``LinfPGD``, ``L2PGD``, ``L1PGD`` at their defaults) made minimum-norm by
+  AttackBench's per-sample eps search (``eps_search``; ``run_foolbox_eps_search``: every sample
+  within its own eps in one batch);
 * the AutoAttack reference (``--autoattack-path``): FAB (Linf, L2, L1), untargeted, one run of
   ``attack_single_run`` (the minimum-norm mode: the smallest adversarial point found); APGD-CE
-  (Linf, L2) made minimum-norm by AttackBench's per-sample eps search
-  (``run_apgd_eps_search``);
+  (Linf, L2, L1) and APGD-T (targeted DLR, 9 target classes; Linf, L2) made minimum-norm by
+  the same eps search (``run_apgd_eps_search``): in Linf and L2 every sample within its own eps
+  in one batch, in L1 (whose step does not take a per-sample eps) one run of the reference's
+  ``perturb`` per distinct eps, as AttackBench does (batches of one once the bisection starts:
+  tens of times slower);
 * torchattacks: DeepFool (L2), CW (L2, its defaults ``c=1, steps=50``: a fixed penalty, no
   search);
 * ART (adversarial-robustness-toolbox): DeepFool (L2), Carlini-Wagner L2 (its defaults, 10 x 10),
@@ -623,48 +629,192 @@ def run_fab_reference(aa_path: str, norm: str, port, x, y) -> np.ndarray:
   return adv.detach().numpy()
 
 
-def run_apgd_eps_search(aa_path: str, norm: str, port, x, y, *, search_steps: int = 16
-                        ) -> np.ndarray:
-  """The AutoAttack reference's APGD-CE (100 iterations, one restart, its defaults) turned into a
-  minimum-norm attack by a per-sample search on eps, as AttackBench wraps fixed-budget attacks:
-  from ``INIT_EPS[norm]`` the eps of a sample doubles until APGD finds an adversarial point, then
-  bisects between the largest eps that failed and the smallest norm found, ``search_steps`` runs
-  in all (every sample in every run; a sample's eps is a ``[B, 1, 1, 1]`` tensor, which the
-  reference's Linf and L2 steps and projections broadcast). Returns the smallest adversarial
-  point found per sample (the clean point where none was), NCHW."""
+INIT_EPS = {"linf": 8 / 255, "l2": 0.5, "l1": 1.0}
+"""The eps each sample's search starts from (the usual image budgets in Linf and L2; in L1, 1.0,
+below the median best-known L1 distance of every zoo model, 0.9-1.2; doubled until it breaks)."""
+
+
+def eps_search(attack_at: Callable[[np.ndarray], np.ndarray], norm: str, port, x, y, *,
+               search_steps: int = 16, init_eps: float | None = None) -> np.ndarray:
+  """A fixed-budget attack made minimum-norm by a per-sample search on eps, as AttackBench wraps
+  fixed-budget attacks: from ``init_eps`` (default ``INIT_EPS[norm]``) the eps of a sample
+  doubles until the attack finds an adversarial point, then bisects between the largest eps that
+  failed and the smallest norm found, ``search_steps`` runs in all (every sample in every run).
+
+  ``attack_at(eps)`` runs the attack once on the whole batch, sample ``i`` within ``eps[i]``
+  (float64, shape ``[B]``), and returns its points, NCHW; a point counts as found when ``port``
+  misclassifies it. After ``k`` doublings the bracket ``[lower, upper]`` (``lower`` < every
+  distance the attack can reach, ``upper`` the smallest found) halves with every run, so a sample
+  found at step ``k`` ends within ``upper_k / 2^(search_steps - k)`` of the smallest eps at which
+  the attack breaks it. Returns the smallest adversarial point found per sample (the clean point
+  where none was), NCHW.
+
+  >>> import torch
+  >>> port = lambda v: torch.stack([0.3 - v.flatten(1).sum(1), 0 * v[:, 0, 0, 0]], 1)
+  >>> x, y = np.zeros((1, 2, 2, 1), np.float32), np.zeros(1, np.int64)
+  >>> along = lambda eps: np.full((1, 1, 2, 2), eps[0] / 4, np.float32)  # L1 = eps, sum = eps
+  >>> d = np.abs(eps_search(along, "l1", port, x, y, init_eps=1.0)).sum()
+  >>> bool(0.3 * (1 - 1e-6) <= d <= 0.3 * (1 + 2 ** -13))  # 15 halvings of [0, 1]
+  True
+  """
   import torch
 
-  module, note = import_autoattack(aa_path)
-  if module is None:
-    raise RuntimeError(note)
-  from autoattack.autopgd_base import APGDAttack
-
-  if norm not in ("linf", "l2"):
-    raise ValueError("the reference's L1 step does not take a per-sample eps")
-  torch.manual_seed(0)
-  attack = APGDAttack(port, norm={"linf": "Linf", "l2": "L2"}[norm], eps=1.0, n_iter=100,
-                      n_restarts=1, loss="ce", seed=0, device="cpu")
-  xt, yt = torch.from_numpy(nchw(x)), torch.from_numpy(y.astype(np.int64))
-  attack.init_hyperparam(xt)
-  num = xt.shape[0]
-  eps = np.full(num, INIT_EPS[norm])
+  num = len(y)
+  eps = np.full(num, INIT_EPS[norm] if init_eps is None else init_eps)
   lower, upper = np.zeros(num), np.full(num, np.inf)
   best = nchw(x).copy()
+  yt = torch.from_numpy(y.astype(np.int64))
   for _ in range(search_steps):
-    attack.eps = torch.from_numpy(eps.astype(np.float32)).view(num, 1, 1, 1)
-    adv = attack.attack_single_run(xt, yt)[3].detach()
+    adv = np.asarray(attack_at(eps), np.float32)
     with torch.no_grad():
-      fooled = (port(adv).argmax(1) != yt).numpy()
-    size = lp_norms(adv.numpy().transpose(0, 2, 3, 1), x, norm)
+      fooled = (port(torch.from_numpy(adv)).argmax(1) != yt).numpy()
+    size = lp_norms(adv.transpose(0, 2, 3, 1), x, norm)
     better = fooled & (size < upper)
-    best[better], upper[better] = adv.numpy()[better], size[better]
+    best[better], upper[better] = adv[better], size[better]
     lower[~fooled] = np.maximum(lower[~fooled], eps[~fooled])
     eps = np.where(np.isfinite(upper), (lower + upper) / 2, 2 * eps)
   return best
 
 
-INIT_EPS = {"linf": 8 / 255, "l2": 0.5}
-"""The eps each sample's search starts from (the usual image budgets; doubled until it breaks)."""
+def in_groups_of_equal_eps(run: Callable, x, y) -> Callable[[np.ndarray], np.ndarray]:
+  """``attack_at`` for ``eps_search`` from an attack that takes one eps for its whole batch
+  (AttackBench's wrappers of Foolbox and of the AutoAttack reference do the same): ``run(xt, yt,
+  eps) -> points`` (torch NCHW inputs, a Python float) is called once per distinct eps on the
+  samples that have it, so after the doubling phase mostly on batches of one."""
+  import torch
+
+  xt, yt = torch.from_numpy(nchw(x)), torch.from_numpy(y.astype(np.int64))
+
+  def attack_at(eps: np.ndarray) -> np.ndarray:
+    out = nchw(x).copy()
+    for value in np.unique(eps):
+      rows = np.flatnonzero(eps == value)
+      index = torch.from_numpy(rows)
+      out[rows] = np.asarray(run(xt[index], yt[index], float(value)), np.float32)
+    return out
+
+  return attack_at
+
+
+def reference_apgd(aa_path: str, norm: str, targeted: bool = False, **kwargs):
+  """A maker ``port -> attack`` of the AutoAttack reference's ``APGDAttack`` (cross-entropy) or
+  ``APGDAttack_targeted`` (targeted DLR, 9 target classes): 100 iterations, one restart, seed 0,
+  its defaults; ``kwargs`` override (``eps`` is required)."""
+  module, note = import_autoattack(aa_path)
+  if module is None:
+    raise RuntimeError(note)
+  from autoattack.autopgd_base import APGDAttack, APGDAttack_targeted
+
+  common = dict(norm={"linf": "Linf", "l2": "L2", "l1": "L1"}[norm], n_iter=100, n_restarts=1,
+                seed=0, device="cpu")
+  if targeted:
+    return lambda port: APGDAttack_targeted(port, **{"n_target_classes": 9, **common, **kwargs})
+  return lambda port: APGDAttack(port, **{"loss": "ce", **common, **kwargs})
+
+
+def apgd_per_sample_eps(attack, port, x, y, targeted: bool) -> Callable[[np.ndarray], np.ndarray]:
+  """``attack_at`` for ``eps_search`` from the reference's APGD in Linf or L2, whose steps and
+  projections broadcast a per-sample eps (a ``[B, 1, 1, 1]`` tensor): one batched
+  ``attack_single_run`` per eps tried (APGD-CE), or, for APGD-T, the loop of the reference's
+  ``APGDAttack_targeted.perturb`` with one restart: for the target classes ranked 2nd to 10th by
+  the clean logits, in turn, ``attack_single_run`` on the samples no earlier target fooled, each
+  within its own eps (``perturb`` itself takes a single eps). The first adversarial point of a
+  sample is kept (``x_best_adv``), as ``perturb`` keeps it."""
+  import torch
+
+  xt, yt = torch.from_numpy(nchw(x)), torch.from_numpy(y.astype(np.int64))
+  attack.init_hyperparam(xt)
+  num = len(y)
+
+  def attack_at(eps: np.ndarray) -> np.ndarray:
+    eps_t = torch.from_numpy(eps.astype(np.float32)).view(num, 1, 1, 1)
+    if not targeted:
+      attack.eps = eps_t
+      return attack.attack_single_run(xt, yt)[3].detach().numpy()
+    adv, fooled = xt.clone(), torch.zeros(num, dtype=torch.bool)
+    for target_class in range(2, attack.n_target_classes + 2):
+      todo = (~fooled).nonzero().squeeze(1)
+      if todo.numel() == 0:
+        break
+      with torch.no_grad():
+        attack.y_target = port(xt[todo]).sort(dim=1)[1][:, -target_class]
+      attack.eps = eps_t[todo]
+      _, acc, _, found = attack.attack_single_run(xt[todo], yt[todo])
+      won = acc == 0
+      adv[todo[won]] = found[won].detach()
+      fooled[todo[won]] = True
+    return adv.numpy()
+
+  return attack_at
+
+
+def run_apgd_eps_search(aa_path: str, norm: str, port, x, y, *, targeted: bool = False,
+                        search_steps: int = 16) -> np.ndarray:
+  """The AutoAttack reference's APGD-CE, or APGD-T (``targeted``), made minimum-norm by
+  ``eps_search``. Linf and L2: every sample within its own eps in one batch
+  (``apgd_per_sample_eps``). L1: the reference's L1 step and projection do not broadcast a
+  per-sample eps (its step size is ``[B, 1, 1, 1]`` times eps, its projection's budget ``[B]``),
+  so each distinct eps is one call of the reference's ``perturb`` on the samples that have it
+  (``in_groups_of_equal_eps``, AttackBench's ``apgd_minimal_wrapper``), with
+  ``use_largereps=True`` (AttackBench's L1 configuration and the reference's L1 AutoAttack: 30%
+  of the iterations at 3 eps, 30% at 2 eps, 40% at eps, from a random start)."""
+  import torch
+
+  torch.manual_seed(0)
+  if norm == "l1":
+    make = reference_apgd(aa_path, norm, targeted, use_largereps=True, eps=1.0)
+
+    def run(xt, yt, eps):
+      attack = make(port)
+      attack.eps_orig = attack.eps = eps
+      return attack.perturb(xt, yt).detach().numpy()
+
+    attack_at = in_groups_of_equal_eps(run, x, y)
+  else:
+    attack = reference_apgd(aa_path, norm, targeted, eps=1.0)(port)
+    attack_at = apgd_per_sample_eps(attack, port, x, y, targeted)
+  return eps_search(attack_at, norm, port, x, y, search_steps=search_steps)
+
+
+def foolbox_pgd(norm: str, **kwargs):
+  """Foolbox 3's PGD of ``norm`` (its defaults unless ``kwargs``: ``LinfPGD`` 40 steps of 0.01/0.3
+  eps, ``L2PGD`` and ``L1PGD`` 50 steps of 0.025 eps; a random start in each), taking a
+  per-sample eps: ``run``'s ``epsilon`` may be a ``[B, 1, 1, 1]`` torch tensor. Its random start,
+  step size and Linf projection broadcast it as they are; its L2/L1 projection
+  (``clip_lp_norms``, which divides eps by the ``[B]`` norms) is given it as ``[B]``. Nothing else
+  changes: on a batch, the points equal those of one ``run`` per sample with a float eps (to the
+  float32 rounding; ``tests/test_bench_optimality_search.py``)."""
+  import foolbox as fb
+
+  base = {"linf": fb.attacks.LinfPGD, "l2": fb.attacks.L2PGD, "l1": fb.attacks.L1PGD}[norm]
+
+  class PerSampleEps(base):
+
+    def project(self, x, x0, epsilon):
+      if norm != "linf" and not isinstance(epsilon, float):
+        epsilon = epsilon.flatten()
+      return super().project(x, x0, epsilon)
+
+  return PerSampleEps(**kwargs)
+
+
+def run_foolbox_eps_search(norm: str, port, x, y, *, search_steps: int = 16,
+                           init_eps: float | None = None, **kwargs) -> np.ndarray:
+  """Foolbox's PGD (``foolbox_pgd``) made minimum-norm by ``eps_search``, every sample within its
+  own eps in one batch (AttackBench's ``FoolboxMinimalWrapper`` calls ``run`` once per distinct
+  eps instead, the same points at a cost of batches of one); ``kwargs`` go to the attack."""
+  import foolbox as fb
+  import torch
+
+  attack = foolbox_pgd(norm, **kwargs)
+  fmodel = fb.PyTorchModel(port, bounds=(0.0, 1.0), device="cpu")
+  xt, yt = torch.from_numpy(nchw(x)), torch.from_numpy(y.astype(np.int64))
+
+  def attack_at(eps: np.ndarray) -> np.ndarray:
+    eps_t = torch.from_numpy(eps.astype(np.float32)).view(-1, 1, 1, 1)
+    return attack.run(fmodel, xt, fb.criteria.Misclassification(yt), epsilon=eps_t).numpy()
+
+  return eps_search(attack_at, norm, port, x, y, search_steps=search_steps, init_eps=init_eps)
 
 
 def run_torchattacks(which: str, port, x, y) -> np.ndarray:
@@ -701,11 +851,15 @@ def peer_attacks(norm: str, args) -> dict[str, Callable]:
     if name == "foolbox bb":
       continue  # started from the other Foolbox points, see peer_rows
     peers[name] = functools.partial(lambda make, port, x, y: run_foolbox(make, port, x, y), make)
+  if foolbox_attacks(norm, False):
+    peers["foolbox pgd (eps search)"] = functools.partial(run_foolbox_eps_search, norm)
   if args.autoattack_path:
     peers["autoattack fab"] = functools.partial(run_fab_reference, args.autoattack_path, norm)
+    peers["autoattack apgd-ce (eps search)"] = functools.partial(
+        run_apgd_eps_search, args.autoattack_path, norm)
     if norm in ("linf", "l2"):
-      peers["autoattack apgd-ce (eps search)"] = functools.partial(
-          run_apgd_eps_search, args.autoattack_path, norm)
+      peers["autoattack apgd-t (eps search)"] = functools.partial(
+          run_apgd_eps_search, args.autoattack_path, norm, targeted=True)
   try:
     import torchattacks  # noqa: F401
 
@@ -800,7 +954,7 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
         props["same_points"] = bool(np.array_equal(np.asarray(run(port, xc, yc), np.float32),
                                                    np.asarray(x_adv, np.float32)))
       judged = judge_peer(x_adv, norm, port, apply_fn, params, xc, yc)
-      if name.startswith("foolbox"):
+      if name.startswith("foolbox") and "eps search" not in name:  # BB's starts, as before
         better = judged["norms"] if best_fb is None else np.minimum(best_fb[0], judged["norms"])
         take = judged["norms"] <= (best_fb[0] if best_fb is not None else np.inf)
         points = judged["x_adv"] if best_fb is None else np.where(
