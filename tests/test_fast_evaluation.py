@@ -227,7 +227,6 @@ def _mlp_problem():
   return params, np.concatenate([x] * 2), np.concatenate([y] * 2), eps
 
 
-@pytest.mark.run_bound
 @pytest.mark.parametrize("problem", ["linear", "mlp"])
 def test_fast_is_as_strong_as_standard_with_far_fewer_rows(problem):
   params, x, y, eps = _linear_problem() if problem == "linear" else _mlp_problem()
