@@ -14,6 +14,8 @@ import pytest
 
 from jaxrobust import metrics
 
+pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
+
 GRID = np.arange(9) / 8
 
 
