@@ -50,7 +50,10 @@ Attacks, each at its defaults unless noted, without a budget:
   queries per eps tried); L2 ``ddn``, ``fmn``, ``carlini_wagner_l2``, ``fab``, ``deepfool``,
   ``min_norm_search(apgd)``, ``brendel_bethge``, ``min_norm_search(square)``; L1 ``fmn``,
   ``fab``, ``min_norm_search(apgd)``, ``brendel_bethge``, ``min_norm_search(square)`` (Square's
-  L1 form, AutoAttack's L1 Square);
+  L1 form, AutoAttack's L1 Square); in every norm also ``min_norm_search(apgd-t)`` (row
+  ``mns(apgd-t)``: AutoAttack's standard APGD-T member, ``apgd(norm, loss="dlr",
+  targeted=True)`` with 100 steps and 9 target classes in Linf and L2, 5 in L1 as the standard
+  L1 AutoAttack; ``apgd_t``), the search at ``min_norm_search``'s defaults;
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
   started from the best point the other Foolbox attacks found, the eps searches left out; only
@@ -433,15 +436,29 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
     return {"fmn": lambda: a.fmn("linf"), "fab": lambda: a.fab("linf"),
             "mns(apgd)": lambda: mns(a.apgd("linf")), "mns(pgd)": lambda: mns(a.pgd("linf")),
             "deepfool": lambda: a.deepfool("linf"), "bb": lambda: a.brendel_bethge("linf"),
-            "mns(square)": lambda: mns(a.square("linf"))}
+            "mns(square)": lambda: mns(a.square("linf")),
+            "mns(apgd-t)": lambda: mns(apgd_t("linf"))}
   if norm == "l2":
     return {"ddn": lambda: a.ddn(), "fmn": lambda: a.fmn("l2"),
             "cw": lambda: a.carlini_wagner_l2(), "fab": lambda: a.fab("l2"),
             "deepfool": lambda: a.deepfool("l2"), "mns(apgd)": lambda: mns(a.apgd("l2")),
-            "bb": lambda: a.brendel_bethge("l2"), "mns(square)": lambda: mns(a.square("l2"))}
+            "bb": lambda: a.brendel_bethge("l2"), "mns(square)": lambda: mns(a.square("l2")),
+            "mns(apgd-t)": lambda: mns(apgd_t("l2"))}
   return {"fmn": lambda: a.fmn("l1"), "fab": lambda: a.fab("l1"),
           "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1"),
-          "mns(square)": lambda: mns(a.square("l1"))}
+          "mns(square)": lambda: mns(a.square("l1")), "mns(apgd-t)": lambda: mns(apgd_t("l1"))}
+
+
+def apgd_t(norm: str) -> jr.Attack:
+  """AutoAttack's standard APGD-T member (``auto_attack``'s construction): targeted DLR at
+  APGD's defaults (100 steps, one run per target), 9 target classes in Linf and L2, 5 in L1.
+
+  >>> apgd_t("l1").name == jr.attacks.apgd("l1", loss="dlr", targeted=True,
+  ...                                        n_target_classes=5).name
+  True
+  """
+  return jr.attacks.apgd(norm, loss="dlr", targeted=True,
+                         n_target_classes=5 if norm == "l1" else 9)
 
 
 def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y,
