@@ -12,7 +12,7 @@ Example::
 import sys, time
 import jax, jax.numpy as jnp, numpy as np, torch
 import jaxrobust as jr
-sys.path.insert(0, "benchmarks")
+sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
 import bench_optimality as bo
 torch.set_num_threads(1)
 AA_PATH = "/work/main/.aa"  # a checkout of fra31/auto-attack
