@@ -15,6 +15,7 @@ import pytest
 
 import jaxrobust as jr
 from jaxrobust.attacks._apgd import apgd, checkpoints, l1_checkpoints
+from jaxrobust.attacks._apgd_schedule import stages
 from tests.models import (
   Linear,
   assert_explicit_sharding_matches_one_device,
@@ -123,6 +124,47 @@ def test_linear_model_ground_truth(norm, multi):
   assert success[N:].mean() >= 0.99, success[N:].mean()
   size = np.asarray(result.norm)
   assert np.all(size <= eps * (1 + 1e-5) + 1e-7)
+
+
+def test_l1_large_eps_on_a_linear_model():
+  """AutoAttack's use_largereps (``large_eps``): never a success below d*, success at 1.02 d* at
+  least as often as plain L1 APGD; every iterate lies in its stage's ball (3, 2, 1 times eps) and
+  the box, the first stages do leave the eps ball, and the returned point is inside it."""
+  model, x, y, d = _linear_problem(2, "l1", 1.02)
+  eps = np.concatenate([0.99 * d, 1.02 * d]).astype(np.float32)
+  xx, yy = np.concatenate([x, x]), np.concatenate([y, y])
+  attack = apgd("l1", steps=L1_STEPS, large_eps=True)
+  factors = stages(L1_STEPS, True).factor  # [steps + 3]: 3, ..., 2, ..., 1, ...
+
+  @jax.jit
+  def trajectory(w, b, x, y, eps, key):
+    logits_fn = Linear(w, b).logits_fn
+    budget = jr.Budget(eps)
+    keys = jax.random.split(key, x.shape[0])
+    state = attack.init(logits_fn, x, y, budget, keys)
+
+    def step(state, _):
+      return attack.step(logits_fn, state, x, y, budget, None), state.x_adv
+
+    last, points = jax.lax.scan(step, state, None, length=attack.num_steps)
+    x_adv = attack.finalize(logits_fn, last, x, y, budget, None)
+    return jnp.concatenate([points, last.x_adv[None]]), x_adv, jr.predict(logits_fn(x_adv))
+
+  points, x_adv, pred = map(np.asarray, trajectory(model.w, model.b, jnp.asarray(xx),
+                                                    jnp.asarray(yy), jnp.asarray(eps),
+                                                    jax.random.key(0)))
+  assert len(points) == len(factors) == L1_STEPS + 3
+  size = np.abs(points - xx[None]).sum(-1)  # [steps + 3, 2N]
+  assert np.all(size <= factors[:, None] * eps[None] * (1 + 1e-5) + 1e-7)
+  assert np.all((points >= 0) & (points <= 1))
+  assert (size[factors > 1] > 1.01 * eps[None]).any()  # the larger balls are used
+  assert np.all(np.abs(x_adv - xx).sum(-1) <= eps * (1 + 1e-5) + 1e-7)
+  success = pred != yy
+  assert not success[:N].any()
+  plain = np.asarray(_jitted("l1", False, steps=L1_STEPS)(
+      model.w, model.b, jnp.asarray(xx), jnp.asarray(yy), jnp.asarray(eps),
+      jax.random.key(0)).success)
+  assert success[N:].mean() >= plain[N:].mean(), (success[N:].mean(), plain[N:].mean())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -438,6 +480,10 @@ def test_bad_inputs_raise():
       apgd("linf", **kwargs)
   with pytest.raises(ValueError, match="Unknown norm"):
     apgd("l3")
+  with pytest.raises(ValueError, match="L1 only"):
+    apgd("l2", large_eps=True)
+  with pytest.raises(ValueError, match="steps >= 2"):
+    apgd("l1", steps=1, large_eps=True)
 
 
 def test_names():

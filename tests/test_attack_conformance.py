@@ -51,6 +51,7 @@ REGISTRY = {
     "apgd-linf-ce": lambda: jr.attacks.apgd("linf", steps=5),
     "apgd-l2-dlr": lambda: jr.attacks.apgd("l2", loss="dlr", steps=5, restarts=2),
     "apgd-l1-ce": lambda: jr.attacks.apgd("l1", steps=5),
+    "apgd-l1-ce-large-eps": lambda: jr.attacks.apgd("l1", steps=5, restarts=2, large_eps=True),
     "apgd-t-linf": lambda: jr.attacks.apgd("linf", targeted=True, n_target_classes=3, steps=4),
     "apgd-linf-targeted": lambda: jr.attacks.apgd("linf", targeted=True, n_target_classes=None,
                                                   steps=5),

@@ -239,7 +239,7 @@ def test_every_factory_records_its_full_configuration():
   assert json.loads(configs["apgd"].config) == {
       "factory": "apgd", "norm": "l1", "loss": None, "targeted": True, "n_target_classes": 9,
       "steps": 100, "restarts": 1, "rho": 0.75, "momentum": 0.75, "targets": "logits",
-      "malt_candidates": 100}
+      "malt_candidates": 100, "large_eps": False}
   assert json.loads(configs["eot"].config)["attack"]["factory"] == "pgd"
   search = json.loads(configs["min_norm_search"].config)
   assert (search["attack"]["factory"], search["attack"]["steps"], search["rtol"]) == ("pgd", 5, 0.05)

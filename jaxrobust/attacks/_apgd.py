@@ -50,6 +50,17 @@ shrinks at all). Measured on two-class linear models with 64 inputs at 1.02 time
 minimal L1 distance (whose optimum moves one coordinate): 4% success with the reference's rule,
 100% with the addition; a run that keeps improving is unchanged.
 
+AutoAttack's ``use_largereps`` (``large_eps=True``, L1 only, as in the reference's
+``decr_eps_pgd``): a run of :math:`N` updates is three stages of :math:`n_1 = n_2 =
+\lceil 0.3 N \rceil` and :math:`n_3 = N - n_1 - n_2` updates at the radii
+:math:`3\epsilon, 2\epsilon, \epsilon`. Each stage is a full l1-APGD run with its own
+checkpoints (every ``max(int(0.04 n_s), 1)`` updates), step size and sparsity; the first starts
+from the random start in the :math:`3\epsilon` ball, each next one from the previous stage's
+best-loss point :math:`x_{\max}` projected onto the smaller ball and the box,
+:math:`x + \Pi_{c_s\epsilon,\,\text{box}}(x_{\max} - x)`. Only the last stage (at
+:math:`\epsilon`) is scored, so a run evaluates :math:`N + 3` points of which :math:`n_3 + 1`
+count; the larger balls serve only to find a good region of the loss before shrinking.
+
 Random starts follow the reference: Linf :math:`x + \epsilon\, t / \|t\|_\infty` with
 :math:`t \sim U[-1, 1]^D`, L2 :math:`x + \epsilon\, t / \|t\|_2` with :math:`t \sim N(0, I)`
 (both on the sphere), L1 the projection of :math:`t \sim N(0, I)` onto the L1 ball and the box;
@@ -101,7 +112,7 @@ from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_norm, check_number, check_positive_int, logits_shape
 from jaxrobust.attacks._apgd_schedule import (INITIAL_STEP, APGDState, APGDConfig, l1_checkpoint,
                                                l1_update, momentum_checkpoint, momentum_update,
-                                               checkpoints, l1_checkpoints)
+                                               checkpoints, l1_checkpoints, stages)
 from jaxrobust.attacks._apgd_schedule import (  # noqa: F401 (re-exported, as before the split)
   l1_coordinates, l1_fewer_coordinates, l1_initial_coordinates)
 from jaxrobust.attacks._common import (Best, Runs, apply_loss, loss_grad_logits,
@@ -222,7 +233,7 @@ def _init(config: APGDConfig, logits_fn, x, y, budget: Budget, keys, target=None
   else:
     _check_classes(config, logits_shape(logits_fn, x)[-1])
     targets = None
-  x0 = _start(x, keys, eps, lower, upper, config.norm, 0)
+  x0 = _start(x, keys, eps * float(config.stages.factor[0]), lower, upper, config.norm, 0)
   # Losses are float32 whatever the input dtype (loss_grad_logits returns them so); sizes in
   # input units (the step size) follow x, which is float64 under jax_enable_x64.
   losses = rows_like(x0, 0.0, jnp.float32)
@@ -245,7 +256,13 @@ def _step(config: APGDConfig, logits_fn, state: APGDState, x, y, budget: Budget,
                                               _run_target(config, state, run_index, target))
   best = state.best.update(state.x_adv, loss_value,
                            is_success(logits, y, None if config.multi else target))
-  first = i == 0
+  first = jnp.asarray(config.stages.first)[i]  # the run's (or with large_eps the stage's) start
+  if config.large_eps:
+    # Only the last stage (at eps) is scored: the earlier ones search the larger balls.
+    best = jax.tree.map(lambda new, old: jnp.where(jnp.asarray(config.stages.scored)[i], new, old),
+                        best, state.best)
+    eps_run = eps
+    eps = eps * jnp.asarray(config.stages.factor, eps.dtype)[i]
 
   # The run's own best-loss point (for the restarts from x_max) and the loss-increase count.
   improved = first | (loss_value > state.loss_best)
@@ -263,8 +280,18 @@ def _step(config: APGDConfig, logits_fn, state: APGDState, x, y, budget: Budget,
   x_cur = jnp.where(expand(checkpoint.restart, nd), x_best, state.x_adv)
   g = jnp.where(expand(checkpoint.restart, nd), grad_best, grad)
   x_next = config.update(config, x, x_cur, state.x_prev, g, checkpoint, first, eps, lower, upper)
+  if config.large_eps:
+    # A stage's end: the next stage starts from this stage's best-loss point, projected onto
+    # the next (smaller) ball and the box.
+    def shrink():
+      eps_next = eps_run * jnp.asarray(config.stages.next_factor, eps_run.dtype)[i]
+      delta = projections.project_l1_box(x_best - x, x, eps_next, lower, upper)
+      return jnp.clip(x + delta, lower, upper).astype(x_next.dtype)
+    x_next = jax.lax.cond(jnp.asarray(config.stages.end)[i], shrink, lambda: x_next)
+    eps = eps_run
+  eps_start = eps * float(config.stages.factor[0])
   x_next = config.runs.next_start(
-      state.t, x_next, lambda run: _start(x, state.keys, eps, lower, upper, config.norm, run))
+      state.t, x_next, lambda run: _start(x, state.keys, eps_start, lower, upper, config.norm, run))
   return APGDState(
       x_adv=x_next, x_prev=x_cur, x_best=x_best, grad_best=grad_best, loss_best=loss_best,
       loss_prev=loss_value, loss_best_at_check=checkpoint.loss_best_at_check,
@@ -292,7 +319,7 @@ def _done(state: APGDState) -> Array:
 def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
          targeted: bool = False, n_target_classes: int | None = 9, steps: int = 100,
          restarts: int = 1, rho: float = 0.75, momentum: float = 0.75,
-         targets: str = "logits", malt_candidates: int = 100) -> Attack:
+         targets: str = "logits", malt_candidates: int = 100, large_eps: bool = False) -> Attack:
   r"""Auto-PGD: step-size-free projected gradient ascent (AutoAttack's APGD and APGD-T).
 
   See the module docstring for the algorithm. In short, each run makes ``steps`` momentum
@@ -335,6 +362,9 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
       ``"malt"`` (MALT's nearest boundaries, see above). Only with ``n_target_classes``.
     malt_candidates: how many classes (the largest clean logits other than the label) MALT
       scores; the paper's 100. Fewer save gradient rows at ``init`` on models with many classes.
+    large_eps: AutoAttack's ``use_largereps`` (L1 only; its L1 ``standard`` suite sets it): each
+      run is three stages at :math:`3\epsilon`, :math:`2\epsilon` and :math:`\epsilon` (see the
+      module docstring); only the last stage's points are scored. ``steps >= 2``.
 
   Returns:
     A :class:`jaxrobust.Attack` for :func:`jaxrobust.run` or :func:`jaxrobust.robustness_curve`.
@@ -342,7 +372,8 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
   Raises:
     ValueError: unknown norm or loss, ``steps``/``restarts``/``n_target_classes`` < 1, ``rho``
       outside (0, 1], ``momentum`` outside [0, 1], unknown ``targets``, ``targets="malt"``
-      without APGD-T's ``n_target_classes``, ``malt_candidates`` < ``n_target_classes``; at
+      without APGD-T's ``n_target_classes``, ``malt_candidates`` < ``n_target_classes``,
+      ``large_eps`` with a norm other than L1 or with ``steps`` < 2; at
       ``init``, too few classes for the loss or
       for ``n_target_classes``.
 
@@ -359,6 +390,12 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
     >>> run = jax.jit(lambda e: jr.run(attack, logits_fn, x, y, jr.Budget(e), jax.random.key(0)))
     >>> bool(run(0.09).success[0]), bool(run(0.11).success[0])
     (False, True)
+    >>> l1 = apgd("l1", steps=10, large_eps=True)  # L1 distance 0.2; stages at 3, 2, 1 eps
+    >>> l1.name
+    'apgd-ce-l1-10x1-large-eps'
+    >>> run = jax.jit(lambda e: jr.run(l1, logits_fn, x, y, jr.Budget(e), jax.random.key(0)))
+    >>> [(bool(r.success[0]), round(float(r.norm[0]), 2)) for r in (run(0.19), run(0.21))]
+    [(False, 0.19), (True, 0.21)]
 
   References:
     Croce & Hein, "Reliable evaluation of adversarial robustness with an ensemble of diverse
@@ -397,22 +434,34 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
   else:
     name = f"apgd-{loss_name}-{norm}-{steps}x{restarts}" + ("-targeted" if targeted else "")
 
-  runs = Runs(steps, restarts * (n_target_classes if multi else 1))
+  if large_eps and norm != "l1":
+    raise ValueError(f"large_eps is AutoAttack's L1 schedule (use_largereps, L1 only); got "
+                     f"norm={norm!r}.")
+  large_eps = bool(large_eps)
+  schedule = stages(steps, large_eps)
+  if large_eps:
+    name += "-large-eps"
+  # A run is its stages end to end: sum(n_s) + (number of stages) evaluations.
+  runs = Runs(len(schedule.factor) - 1, restarts * (n_target_classes if multi else 1))
   table = np.zeros(runs.period, np.int32)  # window length at each checkpoint, 0 elsewhere
-  if norm == "l1":
-    marks, lengths = l1_checkpoints(steps), None
-  else:
-    marks = checkpoints(steps)
-    lengths = np.diff((0,) + marks)
-  for j, w in enumerate(marks):
-    table[w] = 1 if lengths is None else lengths[j]
+  start = 0
+  for n in schedule.lengths:
+    if norm == "l1":
+      marks, lengths = l1_checkpoints(n), None
+    else:
+      marks = checkpoints(n)
+      lengths = np.diff((0,) + marks)
+    for j, w in enumerate(marks):
+      table[start + w] = 1 if lengths is None else lengths[j]
+    start += n + 1
   config = APGDConfig(
       norm=norm, name=name, loss=loss, loss_name=loss_name, loss_fn=loss_fn,
       targeted=bool(targeted), multi=multi, n_target_classes=n_target_classes, targets=targets,
       malt_candidates=malt_candidates, restarts=restarts, runs=runs, table=table,
       initial_step=INITIAL_STEP[norm], rho=rho,
       momentum=momentum, checkpoint=l1_checkpoint if norm == "l1" else momentum_checkpoint,
-      update=l1_update if norm == "l1" else momentum_update)
+      update=l1_update if norm == "l1" else momentum_update, stages=schedule,
+      large_eps=large_eps)
   return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
                 finalize=functools.partial(_finalize, config), num_steps=runs.num_steps,
                 norm=norm, targeted=bool(targeted) and not multi, minimum_norm=False, name=name,

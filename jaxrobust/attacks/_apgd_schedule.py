@@ -176,6 +176,71 @@ def l1_fewer_coordinates(coordinates: Array) -> Array:
   return jnp.maximum(jnp.minimum(l1_coordinates(coordinates), coordinates - 1), 1)
 
 
+LARGE_EPS_FACTORS = (3.0, 2.0, 1.0)
+"""AutoAttack's ``use_largereps`` stages: eps multiplied by these factors, in this order."""
+LARGE_EPS_FRACTIONS = (0.3, 0.3)
+"""The fractions of ``steps`` of every stage but the last, rounded up (the last has the rest)."""
+
+
+class Stages(NamedTuple):
+  r"""A run's eps stages, as static tables over the ``period`` scan iterations of one run.
+
+  One stage (the plain attack) or AutoAttack's ``use_largereps`` schedule (:func:`stages`).
+  Stage :math:`s` makes :math:`n_s` updates at :math:`c_s \epsilon`, i.e. :math:`n_s + 1`
+  evaluations; a stage after the first starts from the previous stage's best-loss point
+  projected onto the :math:`c_s \epsilon` L1 ball and the box.
+  """
+
+  factor: np.ndarray  # [period] float: the eps factor of each iteration's stage
+  next_factor: np.ndarray  # [period] float: the factor of the stage that follows (at its end)
+  first: np.ndarray  # [period] bool: the iteration evaluates its stage's first point
+  end: np.ndarray  # [period] bool: the last evaluation of a stage that is not the last one
+  scored: np.ndarray  # [period] bool: the iteration is in the last stage (at eps): scored
+  lengths: tuple[int, ...]  # updates per stage
+
+
+def stages(steps: int, large_eps: bool) -> Stages:
+  r"""The stages of one run of ``steps`` updates: one stage, or AutoAttack's ``use_largereps``.
+
+  With ``large_eps`` the run is three stages at :math:`3\epsilon, 2\epsilon, \epsilon` of
+  ``ceil(0.3 N)``, ``ceil(0.3 N)`` and the remaining updates (the reference's arithmetic), each
+  with its own start, so a run evaluates ``steps + 3`` points.
+
+  Examples:
+    >>> s = stages(10, True)
+    >>> s.lengths, s.factor.tolist()
+    ((3, 3, 4), [3.0, 3.0, 3.0, 3.0, 2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    >>> np.flatnonzero(s.first).tolist(), np.flatnonzero(s.end).tolist()
+    ([0, 4, 8], [3, 7])
+    >>> stages(3, False).lengths
+    (3,)
+  """
+  if large_eps:
+    lengths = [math.ceil(f * steps) for f in LARGE_EPS_FRACTIONS]
+    lengths.append(steps - sum(lengths))
+    if lengths[-1] < 0:
+      raise ValueError(f"large_eps needs steps >= 2 (three stages of ceil(0.3 steps), "
+                       f"ceil(0.3 steps) and the rest); got steps={steps}.")
+    factors = LARGE_EPS_FACTORS
+  else:
+    lengths, factors = [steps], (1.0,)
+  period = sum(lengths) + len(lengths)
+  factor, next_factor = np.ones(period), np.ones(period)
+  first, end, scored = (np.zeros(period, bool) for _ in range(3))
+  start = 0
+  for s, (n, c) in enumerate(zip(lengths, factors)):
+    factor[start:start + n + 1] = c
+    first[start] = True
+    last = s == len(lengths) - 1
+    if last:
+      scored[start:start + n + 1] = True
+    else:
+      end[start + n] = True
+      next_factor[start + n] = factors[s + 1]
+    start += n + 1
+  return Stages(factor, next_factor, first, end, scored, tuple(lengths))
+
+
 class APGDConfig(NamedTuple):
   """APGD's static configuration, chosen by :func:`apgd` and passed to every piece below."""
 
@@ -197,6 +262,8 @@ class APGDConfig(NamedTuple):
   momentum: float
   checkpoint: Callable[..., "_Checkpoint"]  # momentum_checkpoint or l1_checkpoint
   update: Callable[..., Array]  # momentum_update or l1_update
+  stages: "Stages"  # the eps stages of a run (one stage unless large_eps)
+  large_eps: bool  # AutoAttack's use_largereps (L1): stages at 3, 2 and 1 times eps
 
 
 class _Checkpoint(NamedTuple):

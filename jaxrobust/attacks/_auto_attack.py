@@ -8,7 +8,8 @@ version    members (AutoAttack's defaults)
 ========== ================================================================================
 standard   APGD-CE (100 steps, 1 restart) → APGD-T (targeted DLR, 9 targets, 100 steps)
            → FAB-T (9 targets, 100 steps) → Square (5000 queries, p_init 0.8).
-           For L1: APGD-CE with 5 restarts, APGD-T with 5 targets, Square in L1.
+           For L1: APGD-CE with 5 restarts, APGD-T with 5 targets, both with
+           ``use_largereps`` (``apgd(..., large_eps=True)``), Square in L1.
 plus       APGD-CE (5 restarts) → APGD-DLR (5 restarts) → FAB (5 restarts) → Square (5000)
            → APGD-T (9 targets) → FAB-T (9 targets).
 rand       APGD-CE and APGD-DLR (1 restart each), both with 20 EOT draws
@@ -35,7 +36,9 @@ behind them in ``info["counts"]``, never only as log lines:
   the targeted members use ``C - 1`` targets (AutoAttack warns and runs on).
 
 Differences from the reference, all documented where they live: every member returns its best
-point; L1 APGD runs without AutoAttack's ``use_largereps`` eps schedule.
+point. L1 ``standard`` runs its APGD members with AutoAttack's ``use_largereps`` eps schedule
+(:func:`~jaxrobust.attacks.apgd`'s ``large_eps``: stages at 3, 2 and 1 times eps), as the
+reference does; with ``steps=1``, too short for three stages, they run without it.
 
 References:
   Croce & Hein, "Reliable evaluation of adversarial robustness with an ensemble of diverse
@@ -85,8 +88,11 @@ def _members(norm: str, version: str, num_classes: int, n_target_classes: int, s
                                for t in _targets(norm, version, n_target_classes))
   if version == "standard":
     ce_restarts = 5 if norm == "l1" else 1
-    members = [apgd(norm, loss="ce", steps=steps, restarts=ce_restarts),
-               apgd(norm, loss="dlr", targeted=True, n_target_classes=apgd_targets, steps=steps),
+    # AutoAttack's L1 standard runs both APGD members with use_largereps (3, 2, 1 times eps).
+    large_eps = norm == "l1" and steps >= 2
+    members = [apgd(norm, loss="ce", steps=steps, restarts=ce_restarts, large_eps=large_eps),
+               apgd(norm, loss="dlr", targeted=True, n_target_classes=apgd_targets, steps=steps,
+                    large_eps=large_eps),
                fab(norm, targeted=True, n_target_classes=fab_targets, steps=steps)]
     members.append(square(norm, queries=queries, p_init=0.8, rescale_schedule=False,
                           layout=layout))
