@@ -247,11 +247,6 @@ def _tail(x: Array, power: int) -> Array:
   return _zeta4(x) if power == 4 else _trigamma(x)
 
 
-def _zeta_np(x: float, power: int) -> float:
-  """:func:`_tail` in float64 NumPy, for the static tables."""
-  return float(_zeta4(x)) if power == 4 else float(_trigamma(x))
-
-
 def _half_scale(rows: int, cols: int, norm: str, halves: bool) -> float:
   """The factor that turns :func:`_nested` into one half of :func:`eta` (0 for an empty half)."""
   if not rows or not cols:
@@ -279,7 +274,7 @@ def schedule_tables(norm: str, queries: int, p_init: float, height: int, width: 
   constants = {}
   for s in set(sizes.tolist()):
     scales = [_half_scale(rows, s, norm, s // 2 > 0) for rows in (s // 2, s - s // 2)]
-    constants[s] = (_zeta_np(float(s // 2 + 2), _power(norm)), *scales)
+    constants[s] = (float(_tail(float(s // 2 + 2), _power(norm))), *scales)
   return sizes, np.asarray([constants[s] for s in sizes.tolist()])
 
 
@@ -299,7 +294,7 @@ def run_tables(norm: str, queries: int, p_init: float, length: int, rescale: boo
   for s in set(sizes.tolist()):
     halves = (s // 2, s - s // 2)
     scales = [_half_scale(1, n, norm, s // 2 > 0) for n in halves]
-    constants[s] = (*(_zeta_np(float(n // 2 + 2), _power(norm)) for n in halves), *scales)
+    constants[s] = (*(float(_tail(float(n // 2 + 2), _power(norm))) for n in halves), *scales)
   return sizes, np.asarray([constants[s] for s in sizes.tolist()])
 
 
