@@ -53,7 +53,10 @@ Attacks, each at its defaults unless noted, without a budget:
   L1 form, AutoAttack's L1 Square); in every norm also ``min_norm_search(apgd-t)`` (row
   ``mns(apgd-t)``: AutoAttack's standard APGD-T member, ``apgd(norm, loss="dlr",
   targeted=True)`` with 100 steps and 9 target classes in Linf and L2, 5 in L1 as the standard
-  L1 AutoAttack; ``apgd_t``), the search at ``min_norm_search``'s defaults;
+  L1 AutoAttack; ``apgd_t``), the search at ``min_norm_search``'s defaults; in Linf and L2
+  also ``mns(apgd-t) 2 restarts`` (the same with two runs per target) and ``mns(square)
+  2x2500`` (Square's 5000 queries per eps as two runs of 2500, ``square_2x2500``), added for
+  the k-WTA model, where one unlucky run ends a search high;
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
   started from the best point the other Foolbox attacks found, the eps searches left out; only
