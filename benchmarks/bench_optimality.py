@@ -56,7 +56,9 @@ Attacks, each at its defaults unless noted, without a budget:
   L1 AutoAttack; ``apgd_t``), the search at ``min_norm_search``'s defaults; in Linf and L2
   also ``mns(apgd-t) 2 restarts`` (the same with two runs per target) and ``mns(square)
   2x2500`` (Square's 5000 queries per eps as two runs of 2500, ``square_2x2500``), added for
-  the k-WTA model, where one unlucky run ends a search high;
+  the k-WTA model, where one unlucky run ends a search high, and ``bb+mns(apgd-t)``,
+  ``brendel_bethge`` started from the best of its default starts and ``min_norm_search(apgd-t)``
+  (``bb_from_apgd_t``);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
   started from the best point the other Foolbox attacks found, the eps searches left out; only
@@ -442,7 +444,8 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
             "mns(square)": lambda: mns(a.square("linf")),
             "mns(apgd-t)": lambda: mns(apgd_t("linf")),
             "mns(apgd-t) 2 restarts": lambda: mns(apgd_t("linf", restarts=2)),
-            "mns(square) 2x2500": lambda: mns(square_2x2500("linf"))}
+            "mns(square) 2x2500": lambda: mns(square_2x2500("linf")),
+            "bb+mns(apgd-t)": lambda: bb_from_apgd_t("linf")}
   if norm == "l2":
     return {"ddn": lambda: a.ddn(), "fmn": lambda: a.fmn("l2"),
             "cw": lambda: a.carlini_wagner_l2(), "fab": lambda: a.fab("l2"),
@@ -450,7 +453,8 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
             "bb": lambda: a.brendel_bethge("l2"), "mns(square)": lambda: mns(a.square("l2")),
             "mns(apgd-t)": lambda: mns(apgd_t("l2")),
             "mns(apgd-t) 2 restarts": lambda: mns(apgd_t("l2", restarts=2)),
-            "mns(square) 2x2500": lambda: mns(square_2x2500("l2"))}
+            "mns(square) 2x2500": lambda: mns(square_2x2500("l2")),
+            "bb+mns(apgd-t)": lambda: bb_from_apgd_t("l2")}
   return {"fmn": lambda: a.fmn("l1"), "fab": lambda: a.fab("l1"),
           "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1"),
           "mns(square)": lambda: mns(a.square("l1")), "mns(apgd-t)": lambda: mns(apgd_t("l1"))}
@@ -484,6 +488,18 @@ def square_2x2500(norm: str) -> jr.Attack:
   (5001, 5000)
   """
   return jr.attacks.square(norm, queries=2500, restarts=2)
+
+
+def bb_from_apgd_t(norm: str) -> jr.Attack:
+  """Brendel-Bethge (its defaults: 1000 steps) started from the best of its default starts and
+  ``min_norm_search(apgd_t(norm))``; never worse than that start per point.
+
+  >>> bb_from_apgd_t("linf").name.startswith("brendel-bethge")
+  True
+  """
+  from jaxrobust.attacks._brendel_bethge import default_init_attack
+  starts = default_init_attack(norm) + (jr.attacks.min_norm_search(apgd_t(norm)),)
+  return jr.attacks.brendel_bethge(norm, init_attack=starts)
 
 
 def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y,
