@@ -53,7 +53,11 @@ Attacks, each at its defaults unless noted, without a budget:
   L1 form, AutoAttack's L1 Square); in every norm also ``min_norm_search(apgd-t)`` (row
   ``mns(apgd-t)``: AutoAttack's standard APGD-T member, ``apgd(norm, loss="dlr",
   targeted=True)`` with 100 steps and 9 target classes in Linf and L2, 5 in L1 as the standard
-  L1 AutoAttack; ``apgd_t``), the search at ``min_norm_search``'s defaults;
+  L1 AutoAttack; ``apgd_t``), the search at ``min_norm_search``'s defaults; in L1 also the two
+  APGD members of the standard L1 AutoAttack exactly as ``auto_attack("l1", "standard")`` builds
+  them (``l1_standard_apgd``: ``large_eps=True``, the reference's ``use_largereps``; APGD-CE with
+  5 restarts, APGD-T with 5 targets), rows ``mns(apgd, large)`` and ``mns(apgd-t, large)``
+  (the rows ``mns(apgd)`` and ``mns(apgd-t)`` run without ``large_eps``, APGD-CE with 1 restart);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
   started from the best point the other Foolbox attacks found, the eps searches left out; only
@@ -446,7 +450,9 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
             "mns(apgd-t)": lambda: mns(apgd_t("l2"))}
   return {"fmn": lambda: a.fmn("l1"), "fab": lambda: a.fab("l1"),
           "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1"),
-          "mns(square)": lambda: mns(a.square("l1")), "mns(apgd-t)": lambda: mns(apgd_t("l1"))}
+          "mns(square)": lambda: mns(a.square("l1")), "mns(apgd-t)": lambda: mns(apgd_t("l1")),
+          "mns(apgd, large)": lambda: mns(l1_standard_apgd(targeted=False)),
+          "mns(apgd-t, large)": lambda: mns(l1_standard_apgd(targeted=True))}
 
 
 def apgd_t(norm: str) -> jr.Attack:
@@ -459,6 +465,24 @@ def apgd_t(norm: str) -> jr.Attack:
   """
   return jr.attacks.apgd(norm, loss="dlr", targeted=True,
                          n_target_classes=5 if norm == "l1" else 9)
+
+
+def l1_standard_apgd(targeted: bool) -> jr.Attack:
+  """An APGD member of AutoAttack's standard L1 suite, as ``auto_attack("l1", "standard")``
+  builds it: the reference's ``use_largereps`` (``large_eps=True``: 30% of the 100 steps at
+  3 eps, 30% at 2 eps, 40% at eps), APGD-CE with 5 restarts, APGD-T (targeted DLR) with 5 target
+  classes and one restart each.
+
+  >>> from jaxrobust.attacks._auto_attack import _members
+  >>> ce, t = _members("l1", "standard", 10, 9, 100, 5000, 20)[:2]
+  >>> (l1_standard_apgd(False).name, l1_standard_apgd(True).name) == (ce.name, t.name)
+  True
+  >>> l1_standard_apgd(True).name
+  'apgd-t-dlr-l1-100x5targets-large-eps'
+  """
+  if targeted:
+    return jr.attacks.apgd("l1", loss="dlr", targeted=True, n_target_classes=5, large_eps=True)
+  return jr.attacks.apgd("l1", loss="ce", restarts=5, large_eps=True)
 
 
 def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y,
