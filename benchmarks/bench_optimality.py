@@ -66,7 +66,8 @@ Attacks, each at its defaults unless noted, without a budget:
   within its own eps in one batch);
 * the AutoAttack reference (``--autoattack-path``): FAB (Linf, L2, L1), untargeted, one run of
   ``attack_single_run`` (the minimum-norm mode: the smallest adversarial point found); APGD-CE
-  (Linf, L2, L1) and APGD-T (targeted DLR, 9 target classes; Linf, L2) made minimum-norm by
+  (Linf, L2, L1) and APGD-T (targeted DLR, 9 target classes in Linf and L2, 5 in L1 with
+  ``use_largereps``, the reference's standard L1 suite) made minimum-norm by
   the same eps search (``run_apgd_eps_search``): in Linf and L2 every sample within its own eps
   in one batch, in L1 (whose step does not take a per-sample eps) one run of the reference's
   ``perturb`` per distinct eps, as AttackBench does (batches of one once the bisection starts:
@@ -798,12 +799,14 @@ def run_apgd_eps_search(aa_path: str, norm: str, port, x, y, *, targeted: bool =
   so each distinct eps is one call of the reference's ``perturb`` on the samples that have it
   (``in_groups_of_equal_eps``, AttackBench's ``apgd_minimal_wrapper``), with
   ``use_largereps=True`` (AttackBench's L1 configuration and the reference's L1 AutoAttack: 30%
-  of the iterations at 3 eps, 30% at 2 eps, 40% at eps, from a random start)."""
+  of the iterations at 3 eps, 30% at 2 eps, 40% at eps, from a random start); APGD-T there
+  with 5 target classes, as the reference's standard L1 suite (``set_version``)."""
   import torch
 
   torch.manual_seed(0)
-  if norm == "l1":
-    make = reference_apgd(aa_path, norm, targeted, use_largereps=True, eps=1.0)
+  if norm == "l1":  # the reference's L1 AutoAttack: APGD-T with 5 target classes
+    targets = {"n_target_classes": 5} if targeted else {}
+    make = reference_apgd(aa_path, norm, targeted, use_largereps=True, eps=1.0, **targets)
 
     def run(xt, yt, eps):
       attack = make(port)
@@ -898,9 +901,8 @@ def peer_attacks(norm: str, args) -> dict[str, Callable]:
     peers["autoattack fab"] = functools.partial(run_fab_reference, args.autoattack_path, norm)
     peers["autoattack apgd-ce (eps search)"] = functools.partial(
         run_apgd_eps_search, args.autoattack_path, norm)
-    if norm in ("linf", "l2"):
-      peers["autoattack apgd-t (eps search)"] = functools.partial(
-          run_apgd_eps_search, args.autoattack_path, norm, targeted=True)
+    peers["autoattack apgd-t (eps search)"] = functools.partial(
+        run_apgd_eps_search, args.autoattack_path, norm, targeted=True)
   try:
     import torchattacks  # noqa: F401
 
