@@ -57,7 +57,9 @@ Attacks, each at its defaults unless noted, without a budget:
   APGD members of the standard L1 AutoAttack exactly as ``auto_attack("l1", "standard")`` builds
   them (``l1_standard_apgd``: ``large_eps=True``, the reference's ``use_largereps``; APGD-CE with
   5 restarts, APGD-T with 5 targets), rows ``mns(apgd, large)`` and ``mns(apgd-t, large)``
-  (the rows ``mns(apgd)`` and ``mns(apgd-t)`` run without ``large_eps``, APGD-CE with 1 restart);
+  (the rows ``mns(apgd)`` and ``mns(apgd-t)`` run without ``large_eps``, APGD-CE with 1 restart),
+  and ``bb+mns(large)``, L1 BB started from FMN, FAB and those two rows' attacks
+  (``l1_bb_from_large_eps``);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
   started from the best point the other Foolbox attacks found, the eps searches left out; only
@@ -453,7 +455,8 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
           "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1"),
           "mns(square)": lambda: mns(a.square("l1")), "mns(apgd-t)": lambda: mns(apgd_t("l1")),
           "mns(apgd, large)": lambda: mns(l1_standard_apgd(targeted=False)),
-          "mns(apgd-t, large)": lambda: mns(l1_standard_apgd(targeted=True))}
+          "mns(apgd-t, large)": lambda: mns(l1_standard_apgd(targeted=True)),
+          "bb+mns(large)": l1_bb_from_large_eps}
 
 
 def apgd_t(norm: str) -> jr.Attack:
@@ -484,6 +487,17 @@ def l1_standard_apgd(targeted: bool) -> jr.Attack:
   if targeted:
     return jr.attacks.apgd("l1", loss="dlr", targeted=True, n_target_classes=5, large_eps=True)
   return jr.attacks.apgd("l1", loss="ce", restarts=5, large_eps=True)
+
+
+def l1_bb_from_large_eps() -> jr.Attack:
+  """L1 Brendel-Bethge (its defaults, 1000 steps) started from the smallest adversarial point of
+  FMN, FAB and both ``l1_standard_apgd`` members in ``min_norm_search`` at its defaults (row
+  ``bb+mns(large)``; BB's default start has ``min_norm_search(apgd)`` without ``large_eps``, at
+  ``rtol=0.01``, in their place). The result is never worse than the start."""
+  a = jr.attacks
+  return a.brendel_bethge("l1", init_attack=(
+      a.fmn("l1"), a.fab("l1", n_target_classes=None),
+      a.min_norm_search(l1_standard_apgd(False)), a.min_norm_search(l1_standard_apgd(True))))
 
 
 def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y,
