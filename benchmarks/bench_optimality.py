@@ -58,7 +58,12 @@ Attacks, each at its defaults unless noted, without a budget:
   2x2500`` (Square's 5000 queries per eps as two runs of 2500, ``square_2x2500``), added for
   the k-WTA model, where one unlucky run ends a search high, and ``bb+mns(apgd-t)``,
   ``brendel_bethge`` started from the best of its default starts and ``min_norm_search(apgd-t)``
-  (``bb_from_apgd_t``);
+  (``bb_from_apgd_t``); in L1 also the two APGD members of the standard L1 AutoAttack exactly
+  as ``auto_attack("l1", "standard")`` builds them (``l1_standard_apgd``: ``large_eps=True``, the reference's ``use_largereps``; APGD-CE with
+  5 restarts, APGD-T with 5 targets), rows ``mns(apgd, large)`` and ``mns(apgd-t, large)``
+  (the rows ``mns(apgd)`` and ``mns(apgd-t)`` run without ``large_eps``, APGD-CE with 1 restart),
+  and ``bb+mns(large)``, L1 BB started from FMN, FAB and those two rows' attacks
+  (``l1_bb_from_large_eps``);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
   started from the best point the other Foolbox attacks found, the eps searches left out; only
@@ -67,7 +72,8 @@ Attacks, each at its defaults unless noted, without a budget:
   within its own eps in one batch);
 * the AutoAttack reference (``--autoattack-path``): FAB (Linf, L2, L1), untargeted, one run of
   ``attack_single_run`` (the minimum-norm mode: the smallest adversarial point found); APGD-CE
-  (Linf, L2, L1) and APGD-T (targeted DLR, 9 target classes; Linf, L2) made minimum-norm by
+  (Linf, L2, L1) and APGD-T (targeted DLR, 9 target classes in Linf and L2, 5 in L1 with
+  ``use_largereps``, the reference's standard L1 suite) made minimum-norm by
   the same eps search (``run_apgd_eps_search``): in Linf and L2 every sample within its own eps
   in one batch, in L1 (whose step does not take a per-sample eps) one run of the reference's
   ``perturb`` per distinct eps, as AttackBench does (batches of one once the bisection starts:
@@ -457,7 +463,10 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
             "bb+mns(apgd-t)": lambda: bb_from_apgd_t("l2")}
   return {"fmn": lambda: a.fmn("l1"), "fab": lambda: a.fab("l1"),
           "mns(apgd)": lambda: mns(a.apgd("l1")), "bb": lambda: a.brendel_bethge("l1"),
-          "mns(square)": lambda: mns(a.square("l1")), "mns(apgd-t)": lambda: mns(apgd_t("l1"))}
+          "mns(square)": lambda: mns(a.square("l1")), "mns(apgd-t)": lambda: mns(apgd_t("l1")),
+          "mns(apgd, large)": lambda: mns(l1_standard_apgd(targeted=False)),
+          "mns(apgd-t, large)": lambda: mns(l1_standard_apgd(targeted=True)),
+          "bb+mns(large)": l1_bb_from_large_eps}
 
 
 def apgd_t(norm: str, restarts: int = 1) -> jr.Attack:
@@ -500,6 +509,35 @@ def bb_from_apgd_t(norm: str) -> jr.Attack:
   from jaxrobust.attacks._brendel_bethge import default_init_attack
   starts = default_init_attack(norm) + (jr.attacks.min_norm_search(apgd_t(norm)),)
   return jr.attacks.brendel_bethge(norm, init_attack=starts)
+
+
+def l1_standard_apgd(targeted: bool) -> jr.Attack:
+  """An APGD member of AutoAttack's standard L1 suite, as ``auto_attack("l1", "standard")``
+  builds it: the reference's ``use_largereps`` (``large_eps=True``: 30% of the 100 steps at
+  3 eps, 30% at 2 eps, 40% at eps), APGD-CE with 5 restarts, APGD-T (targeted DLR) with 5 target
+  classes and one restart each.
+
+  >>> from jaxrobust.attacks._auto_attack import _members
+  >>> ce, t = _members("l1", "standard", 10, 9, 100, 5000, 20)[:2]
+  >>> (l1_standard_apgd(False).name, l1_standard_apgd(True).name) == (ce.name, t.name)
+  True
+  >>> l1_standard_apgd(True).name
+  'apgd-t-dlr-l1-100x5targets-large-eps'
+  """
+  if targeted:
+    return jr.attacks.apgd("l1", loss="dlr", targeted=True, n_target_classes=5, large_eps=True)
+  return jr.attacks.apgd("l1", loss="ce", restarts=5, large_eps=True)
+
+
+def l1_bb_from_large_eps() -> jr.Attack:
+  """L1 Brendel-Bethge (its defaults, 1000 steps) started from the smallest adversarial point of
+  FMN, FAB and both ``l1_standard_apgd`` members in ``min_norm_search`` at its defaults (row
+  ``bb+mns(large)``; BB's default start has ``min_norm_search(apgd)`` without ``large_eps``, at
+  ``rtol=0.01``, in their place). The result is never worse than the start."""
+  a = jr.attacks
+  return a.brendel_bethge("l1", init_attack=(
+      a.fmn("l1"), a.fab("l1", n_target_classes=None),
+      a.min_norm_search(l1_standard_apgd(False)), a.min_norm_search(l1_standard_apgd(True))))
 
 
 def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y,
@@ -815,12 +853,14 @@ def run_apgd_eps_search(aa_path: str, norm: str, port, x, y, *, targeted: bool =
   so each distinct eps is one call of the reference's ``perturb`` on the samples that have it
   (``in_groups_of_equal_eps``, AttackBench's ``apgd_minimal_wrapper``), with
   ``use_largereps=True`` (AttackBench's L1 configuration and the reference's L1 AutoAttack: 30%
-  of the iterations at 3 eps, 30% at 2 eps, 40% at eps, from a random start)."""
+  of the iterations at 3 eps, 30% at 2 eps, 40% at eps, from a random start); APGD-T there
+  with 5 target classes, as the reference's standard L1 suite (``set_version``)."""
   import torch
 
   torch.manual_seed(0)
-  if norm == "l1":
-    make = reference_apgd(aa_path, norm, targeted, use_largereps=True, eps=1.0)
+  if norm == "l1":  # the reference's L1 AutoAttack: APGD-T with 5 target classes
+    targets = {"n_target_classes": 5} if targeted else {}
+    make = reference_apgd(aa_path, norm, targeted, use_largereps=True, eps=1.0, **targets)
 
     def run(xt, yt, eps):
       attack = make(port)
@@ -915,9 +955,8 @@ def peer_attacks(norm: str, args) -> dict[str, Callable]:
     peers["autoattack fab"] = functools.partial(run_fab_reference, args.autoattack_path, norm)
     peers["autoattack apgd-ce (eps search)"] = functools.partial(
         run_apgd_eps_search, args.autoattack_path, norm)
-    if norm in ("linf", "l2"):
-      peers["autoattack apgd-t (eps search)"] = functools.partial(
-          run_apgd_eps_search, args.autoattack_path, norm, targeted=True)
+    peers["autoattack apgd-t (eps search)"] = functools.partial(
+        run_apgd_eps_search, args.autoattack_path, norm, targeted=True)
   try:
     import torchattacks  # noqa: F401
 
