@@ -53,7 +53,9 @@ Attacks, each at its defaults unless noted, without a budget:
   L1 form, AutoAttack's L1 Square); in every norm also ``min_norm_search(apgd-t)`` (row
   ``mns(apgd-t)``: AutoAttack's standard APGD-T member, ``apgd(norm, loss="dlr",
   targeted=True)`` with 100 steps and 9 target classes in Linf and L2, 5 in L1 as the standard
-  L1 AutoAttack; ``apgd_t``), the search at ``min_norm_search``'s defaults;
+  L1 AutoAttack; ``apgd_t``), the search at ``min_norm_search``'s defaults; in Linf and L2 also
+  row ``mns(apgd-t) fine``, the same attack through ``min_norm_search(..., **FINE_SEARCH)``
+  (rtol 1e-4, 30 search steps: the precision at which the peers' ``eps_search`` ends);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
   started from the best point the other Foolbox attacks found, the eps searches left out; only
@@ -97,6 +99,11 @@ attacked (the clean-correct ones):
 A point counts as found when the attack's own framework (JAX or the PyTorch port) misclassifies
 it; a peer's point is also re-judged by the JAX model and disagreements are counted. Time is the
 wall time of one call (2 cores shared with other jobs: the 1-min load average is printed).
+
+``--seed N`` (default 0) is jaxrobust's key ``jax.random.key(N)`` and the peers' torch seed (and
+the AutoAttack reference's own ``seed``); the entry records it, and for N other than 0 every row
+name gets the suffix `` seedN`` (``seed_name``), so the runs of several seeds merge as separate
+rows. Seed 0 reproduces the rows of files written before the option, bitwise.
 
 Each model x norm is appended to ``--out`` (JSON lines) as soon as it is done, so a run cut by a
 timeout keeps what it finished; ``--summarize FILE...`` prints the tables of RESULTS.md from
