@@ -58,12 +58,14 @@ Attacks, each at its defaults unless noted, without a budget:
   2x2500`` (Square's 5000 queries per eps as two runs of 2500, ``square_2x2500``), added for
   the k-WTA model, where one unlucky run ends a search high, and ``bb+mns(apgd-t)``,
   ``brendel_bethge`` started from the best of its default starts and ``min_norm_search(apgd-t)``
-  (``bb_from_apgd_t``); in L1 also the two APGD members of the standard L1 AutoAttack exactly
-  as ``auto_attack("l1", "standard")`` builds them (``l1_standard_apgd``: ``large_eps=True``, the reference's ``use_largereps``; APGD-CE with
-  5 restarts, APGD-T with 5 targets), rows ``mns(apgd, large)`` and ``mns(apgd-t, large)``
-  (the rows ``mns(apgd)`` and ``mns(apgd-t)`` run without ``large_eps``, APGD-CE with 1 restart),
-  and ``bb+mns(large)``, L1 BB started from FMN, FAB and those two rows' attacks
-  (``l1_bb_from_large_eps``);
+  (``bb_from_apgd_t``), and ``mns(apgd-t) fine``, ``mns(apgd-t)`` through
+  ``min_norm_search(..., **FINE_SEARCH)`` (rtol 1e-4, 30 search steps: the precision at which the
+  peers' ``eps_search`` ends); in L1 also the two APGD members of the standard L1 AutoAttack
+  exactly as ``auto_attack("l1", "standard")`` builds them (``l1_standard_apgd``:
+  ``large_eps=True``, the reference's ``use_largereps``; APGD-CE with 5 restarts, APGD-T with 5
+  targets), rows ``mns(apgd, large)`` and ``mns(apgd-t, large)`` (the rows ``mns(apgd)`` and
+  ``mns(apgd-t)`` run without ``large_eps``, APGD-CE with 1 restart), and ``bb+mns(large)``, L1
+  BB started from FMN, FAB and those two rows' attacks (``l1_bb_from_large_eps``);
 * Foolbox 3: FMN (Linf, L2, L1), DDN, L2 C&W (9 binary-search steps x 100 steps, the budget
   of jaxrobust's default), DeepFool (Linf, L2), EAD (L1; 9 x 100), Brendel-Bethge (Linf, L2, L1;
   started from the best point the other Foolbox attacks found, the eps searches left out; only
@@ -108,6 +110,11 @@ attacked (the clean-correct ones):
 A point counts as found when the attack's own framework (JAX or the PyTorch port) misclassifies
 it; a peer's point is also re-judged by the JAX model and disagreements are counted. Time is the
 wall time of one call (2 cores shared with other jobs: the 1-min load average is printed).
+
+``--seed N`` (default 0) is jaxrobust's key ``jax.random.key(N)`` and the peers' torch seed (and
+the AutoAttack reference's own ``seed``); the entry records it, and for N other than 0 every row
+name gets the suffix `` seedN`` (``seed_name``), so the runs of several seeds merge as separate
+rows. Seed 0 reproduces the rows of files written before the option, bitwise.
 
 Each model x norm is appended to ``--out`` (JSON lines) as soon as it is done, so a run cut by a
 timeout keeps what it finished; ``--summarize FILE...`` prints the tables of RESULTS.md from
@@ -449,6 +456,7 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
             "deepfool": lambda: a.deepfool("linf"), "bb": lambda: a.brendel_bethge("linf"),
             "mns(square)": lambda: mns(a.square("linf")),
             "mns(apgd-t)": lambda: mns(apgd_t("linf")),
+            "mns(apgd-t) fine": lambda: mns(apgd_t("linf"), **FINE_SEARCH),
             "mns(apgd-t) 2 restarts": lambda: mns(apgd_t("linf", restarts=2)),
             "mns(square) 2x2500": lambda: mns(square_2x2500("linf")),
             "bb+mns(apgd-t)": lambda: bb_from_apgd_t("linf")}
@@ -458,6 +466,7 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
             "deepfool": lambda: a.deepfool("l2"), "mns(apgd)": lambda: mns(a.apgd("l2")),
             "bb": lambda: a.brendel_bethge("l2"), "mns(square)": lambda: mns(a.square("l2")),
             "mns(apgd-t)": lambda: mns(apgd_t("l2")),
+            "mns(apgd-t) fine": lambda: mns(apgd_t("l2"), **FINE_SEARCH),
             "mns(apgd-t) 2 restarts": lambda: mns(apgd_t("l2", restarts=2)),
             "mns(square) 2x2500": lambda: mns(square_2x2500("l2")),
             "bb+mns(apgd-t)": lambda: bb_from_apgd_t("l2")}
@@ -467,6 +476,12 @@ def jaxrobust_attacks(norm: str) -> dict[str, Callable[[], jr.Attack]]:
           "mns(apgd, large)": lambda: mns(l1_standard_apgd(targeted=False)),
           "mns(apgd-t, large)": lambda: mns(l1_standard_apgd(targeted=True)),
           "bb+mns(large)": l1_bb_from_large_eps}
+
+
+FINE_SEARCH = {"rtol": 1e-4, "search_steps": 30}
+"""``min_norm_search``'s settings of the row ``mns(apgd-t) fine`` (Linf, L2): bisection to a
+relative width of 1e-4 (about 2^-13, where ``eps_search``'s 16 runs end), with room for the
+doubling steps."""
 
 
 def apgd_t(norm: str, restarts: int = 1) -> jr.Attack:
@@ -541,10 +556,10 @@ def l1_bb_from_large_eps() -> jr.Attack:
 
 
 def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y,
-                  check_counting: bool = False) -> dict:
+                  check_counting: bool = False, seed: int = 0) -> dict:
   run = jax.jit(lambda params, x, y, key: jr.run(attack, lambda v: apply_fn(params, v), x, y,
                                                  jr.Budget(jnp.inf), key))
-  args = (params, jnp.asarray(x), jnp.asarray(y), jax.random.key(0))
+  args = (params, jnp.asarray(x), jnp.asarray(y), jax.random.key(seed))
   start = time.perf_counter()
   compiled = run.lower(*args).compile()
   compile_s = time.perf_counter() - start
@@ -560,7 +575,7 @@ def run_jaxrobust(attack: jr.Attack, norm: str, apply_fn, params, x, y,
   props = (propagations_of_info(result.info["propagations"])
            if "propagations" in (result.info or {}) else None)
   if props is None or check_counting:
-    counted = count_jaxrobust(attack, apply_fn, params, x, y)
+    counted = count_jaxrobust(attack, apply_fn, params, x, y, seed)
     counted["same_points"] = bool(np.array_equal(counted.pop("x_adv"), x_adv))
     if props is None:
       props = counted
@@ -602,7 +617,7 @@ def run_overhead(forward_rows: int, gradient_rows: int, n: int) -> dict:
           "how": "count_evaluations"}
 
 
-def count_jaxrobust(attack: jr.Attack, apply_fn, params, x, y) -> dict:
+def count_jaxrobust(attack: jr.Attack, apply_fn, params, x, y, seed: int = 0) -> dict:
   """``jr.run`` again with the model wrapped by ``jr.metrics.count_evaluations`` (weights, data
   and key arguments of the jitted program, as the timed run): the row's propagation keys and the
   returned points (to check that counting changes nothing)."""
@@ -613,10 +628,10 @@ def count_jaxrobust(attack: jr.Attack, apply_fn, params, x, y) -> dict:
     return jr.run(attack, logits_fn, x, y, jr.Budget(jnp.inf), key)
 
   compiled = jax.jit(counted_run).lower(params, jnp.asarray(x), jnp.asarray(y),
-                                        jax.random.key(0)).compile()
+                                        jax.random.key(seed)).compile()
   holder["counter"].reset()  # nothing ran yet; the counter of the traced program
   result = jax.block_until_ready(compiled(params, jnp.asarray(x), jnp.asarray(y),
-                                          jax.random.key(0)))
+                                          jax.random.key(seed)))
   jax.effects_barrier()
   counter = holder["counter"]
   return dict(run_overhead(counter.forward, counter.gradient, len(y)),
@@ -707,7 +722,7 @@ def run_foolbox(make, port, x, y, starting_points=None) -> np.ndarray:
   return adv.numpy()
 
 
-def run_fab_reference(aa_path: str, norm: str, port, x, y) -> np.ndarray:
+def run_fab_reference(aa_path: str, norm: str, port, x, y, *, seed: int = 0) -> np.ndarray:
   import torch
 
   module, note = import_autoattack(aa_path)
@@ -715,9 +730,9 @@ def run_fab_reference(aa_path: str, norm: str, port, x, y) -> np.ndarray:
     raise RuntimeError(note)
   from autoattack.fab_pt import FABAttack_PT
 
-  torch.manual_seed(0)
+  torch.manual_seed(seed)
   attack = FABAttack_PT(port, norm={"linf": "Linf", "l2": "L2", "l1": "L1"}[norm], n_restarts=1,
-                        n_iter=100, seed=0, device="cpu")
+                        n_iter=100, seed=seed, device="cpu")
   with torch.no_grad():
     adv = attack.attack_single_run(torch.from_numpy(nchw(x)),
                                    torch.from_numpy(y.astype(np.int64)),
@@ -845,7 +860,7 @@ def apgd_per_sample_eps(attack, port, x, y, targeted: bool) -> Callable[[np.ndar
 
 
 def run_apgd_eps_search(aa_path: str, norm: str, port, x, y, *, targeted: bool = False,
-                        search_steps: int = 16) -> np.ndarray:
+                        search_steps: int = 16, seed: int = 0) -> np.ndarray:
   """The AutoAttack reference's APGD-CE, or APGD-T (``targeted``), made minimum-norm by
   ``eps_search``. Linf and L2: every sample within its own eps in one batch
   (``apgd_per_sample_eps``). L1: the reference's L1 step and projection do not broadcast a
@@ -854,13 +869,16 @@ def run_apgd_eps_search(aa_path: str, norm: str, port, x, y, *, targeted: bool =
   (``in_groups_of_equal_eps``, AttackBench's ``apgd_minimal_wrapper``), with
   ``use_largereps=True`` (AttackBench's L1 configuration and the reference's L1 AutoAttack: 30%
   of the iterations at 3 eps, 30% at 2 eps, 40% at eps, from a random start); APGD-T there
-  with 5 target classes, as the reference's standard L1 suite (``set_version``)."""
+  with 5 target classes, as the reference's standard L1 suite (``set_version``). ``seed``: the
+  torch seed, set once per search, and the reference's own ``seed`` (which its ``perturb`` sets
+  per call, so in L1 only)."""
   import torch
 
-  torch.manual_seed(0)
+  torch.manual_seed(seed)
   if norm == "l1":  # the reference's L1 AutoAttack: APGD-T with 5 target classes
     targets = {"n_target_classes": 5} if targeted else {}
-    make = reference_apgd(aa_path, norm, targeted, use_largereps=True, eps=1.0, **targets)
+    make = reference_apgd(aa_path, norm, targeted, use_largereps=True, eps=1.0, seed=seed,
+                          **targets)
 
     def run(xt, yt, eps):
       attack = make(port)
@@ -869,7 +887,7 @@ def run_apgd_eps_search(aa_path: str, norm: str, port, x, y, *, targeted: bool =
 
     attack_at = in_groups_of_equal_eps(run, x, y)
   else:
-    attack = reference_apgd(aa_path, norm, targeted, eps=1.0)(port)
+    attack = reference_apgd(aa_path, norm, targeted, eps=1.0, seed=seed)(port)
     attack_at = apgd_per_sample_eps(attack, port, x, y, targeted)
   return eps_search(attack_at, norm, port, x, y, search_steps=search_steps)
 
@@ -952,11 +970,12 @@ def peer_attacks(norm: str, args) -> dict[str, Callable]:
   if foolbox_attacks(norm, False):
     peers["foolbox pgd (eps search)"] = functools.partial(run_foolbox_eps_search, norm)
   if args.autoattack_path:
-    peers["autoattack fab"] = functools.partial(run_fab_reference, args.autoattack_path, norm)
+    peers["autoattack fab"] = functools.partial(run_fab_reference, args.autoattack_path, norm,
+                                                seed=args.seed)
     peers["autoattack apgd-ce (eps search)"] = functools.partial(
-        run_apgd_eps_search, args.autoattack_path, norm)
+        run_apgd_eps_search, args.autoattack_path, norm, seed=args.seed)
     peers["autoattack apgd-t (eps search)"] = functools.partial(
-        run_apgd_eps_search, args.autoattack_path, norm, targeted=True)
+        run_apgd_eps_search, args.autoattack_path, norm, targeted=True, seed=args.seed)
   try:
     import torchattacks  # noqa: F401
 
@@ -1011,7 +1030,7 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
   for name, make in jaxrobust_attacks(norm).items():
     if args.no_jaxrobust or f"jaxrobust {name}" in args.skip:
       continue
-    row = run_jaxrobust(make(), norm, apply_fn, params, xc, yc, args.check_counting)
+    row = run_jaxrobust(make(), norm, apply_fn, params, xc, yc, args.check_counting, args.seed)
     rows[f"jaxrobust {name}"] = dict(row, norms=full(row["norms"]))
     same = "" if "same_points" not in row else f", same points counted: {row['same_points']}"
     check = row.get("check_count_evaluations")
@@ -1036,7 +1055,7 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
     best_fb = None
     for name, run in peer_attacks(norm, args).items():
       counted = counted_port(port)
-      torch.manual_seed(0)
+      torch.manual_seed(args.seed)
       start = time.perf_counter()
       try:
         x_adv = run(counted, xc, yc)
@@ -1047,7 +1066,7 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
       seconds = time.perf_counter() - start
       props = propagations_of_port(counted, len(yc))
       if args.check_counting:  # the same attack on the bare port: the same points, bitwise
-        torch.manual_seed(0)
+        torch.manual_seed(args.seed)
         props["same_points"] = bool(np.array_equal(np.asarray(run(port, xc, yc), np.float32),
                                                    np.asarray(x_adv, np.float32)))
       judged = judge_peer(x_adv, norm, port, apply_fn, params, xc, yc)
@@ -1082,9 +1101,21 @@ def measure(model: str, norm: str, args, x_all, y_all) -> dict:
           rows["foolbox bb"] = {"error": f"{type(error).__name__}: {error}"}
           print(f"  foolbox bb: failed ({error})", flush=True)
   load.append(os.getloadavg()[0])
+  if args.seed:  # another seed's rows merge beside seed 0's (``merge`` keeps the first of a name)
+    rows = {seed_name(name, args.seed): row for name, row in rows.items()}
   return {"model": model, "norm": norm, "weights": params_digest(params), "n": int(len(y)),
           "clean_correct": int(correct.sum()), "port_gap": port_gap, "load": load,
-          "rows": rows}
+          "seed": args.seed, "rows": rows}
+
+
+def seed_name(name: str, seed: int) -> str:
+  """The row name of ``name`` run with ``--seed seed``: unchanged for seed 0 (the rows of every
+  earlier file), else suffixed, so the runs of several seeds merge as separate rows.
+
+  >>> seed_name("jaxrobust mns(apgd-t)", 0), seed_name("autoattack apgd-t (eps search)", 2)
+  ('jaxrobust mns(apgd-t)', 'autoattack apgd-t (eps search) seed2')
+  """
+  return f"{name} seed{seed}" if seed else name
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1222,6 +1253,9 @@ def main(argv=None) -> int:
                       help="run every attack also without counting (jaxrobust: also with "
                       "count_evaluations) and record whether the points are the same, bitwise")
   parser.add_argument("--torch-threads", type=int, default=None)
+  parser.add_argument("--seed", type=int, default=0,
+                      help="jaxrobust's key jax.random.key(seed) and the peers' torch seed; "
+                      "rows of a seed other than 0 are named with the suffix ' seedN'")
   parser.add_argument("--out", type=pathlib.Path, default=None, help="append JSON lines here")
   parser.add_argument("--summarize", nargs="+", type=pathlib.Path, default=None,
                       help="print the tables of these JSON-lines files and exit")
