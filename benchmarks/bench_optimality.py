@@ -119,7 +119,9 @@ rows. Seed 0 reproduces the rows of files written before the option, bitwise.
 Each model x norm is appended to ``--out`` (JSON lines) as soon as it is done, so a run cut by a
 timeout keeps what it finished; ``--summarize FILE...`` prints the tables of RESULTS.md from
 those lines, merging the rows of several runs on the same model, norm and weights (e.g. a later
-``--bb --no-jaxrobust`` run). Example::
+``--bb --no-jaxrobust`` run; a row already read keeps its first value), and ends with issue
+#27's goal table (``goals``: per goal, the cells met and the cells missed with their figures).
+Example::
 
   timeout 1500 python benchmarks/bench_optimality.py --models mlp-plain --n 100 \\
       --autoattack-path .aa --out /tmp/opt.jsonl
@@ -1182,6 +1184,57 @@ def merge(entries: list[dict]) -> dict[tuple[str, str], dict]:
   return merged
 
 
+STANDARD_MODELS = ("cnn-plain", "cnn-adversarial", "mlp-plain", "mlp-adversarial", "mlp-trades",
+                   "mlp-ibp")
+"""The standard and adversarially trained (or certifiably trained) models of the zoo."""
+MASKING_MODELS = ("mlp-kwta", "mlp-ccat")
+"""The models that obfuscate gradients (k-WTA) or gate their confidence (CCAT-like)."""
+
+GOALS = {
+    "single": "best single jaxrobust row >= every peer's best",
+    "single_099": "best single jaxrobust row >= 0.99 (standard and adversarially trained models)",
+    "ensemble": "jaxrobust ensemble >= peers' ensemble",
+    "ensemble_0995": "jaxrobust ensemble >= 0.995",
+    "masking": "k-WTA and CCAT-like: best single jaxrobust row >= the best peer",
+}
+"""Issue #27's goals for the optimality table, by key."""
+
+
+def goals(merged: dict[tuple[str, str], dict]) -> dict[str, list[tuple[str, bool, str]]]:
+  """Issue #27's goals (:data:`GOALS`) cell by cell: ``goal -> [(cell, met, evidence)]`` over the
+  (model, norm) cells of ``merged`` (from :func:`merge`) that have both sides.
+
+  >>> entry = {"rows": {
+  ...     "jaxrobust a": {"norms": [0.5, 1.0, 0.0], "seconds": 0, "compile_s": 0, "disagree": 0},
+  ...     "peer b": {"norms": [0.4, 1.0, 0.0], "seconds": 0, "compile_s": 0, "disagree": 0}}}
+  >>> table = goals({("mlp-plain", "l2"): entry})  # not a masking model: no cell there
+  >>> {goal: [met for _, met, _ in cells] for goal, cells in table.items()}
+  {'single': [False], 'single_099': [False], 'ensemble': [False], 'ensemble_0995': [False], 'masking': []}
+  >>> table["single"][0][2]
+  '0.8333 (jaxrobust a) vs 1.0000 (peer b)'
+  """
+  out: dict[str, list[tuple[str, bool, str]]] = {goal: [] for goal in GOALS}
+  for (model, norm), entry in sorted(merged.items(), key=lambda kv: (NORMS.index(kv[0][1]),
+                                                                     MODELS.index(kv[0][0]))):
+    s = scores(entry)
+    ours, peers = s["ensembles"].get("jaxrobust"), s["ensembles"].get("peers")
+    if not (ours and peers):
+      continue
+    cell = f"{model} {norm}"
+    mine, theirs = (s["rows"][side["best"]]["optimality"] for side in (ours, peers))
+    single = (mine >= theirs, f"{mine:.4f} ({ours['best']}) vs {theirs:.4f} ({peers['best']})")
+    out["single"].append((cell, *single))
+    if model in STANDARD_MODELS:
+      out["single_099"].append((cell, mine >= 0.99, f"{mine:.4f} ({ours['best']})"))
+    out["ensemble"].append((cell, ours["optimality"] >= peers["optimality"],
+                            f"{ours['optimality']:.5f} vs {peers['optimality']:.5f}"))
+    out["ensemble_0995"].append((cell, ours["optimality"] >= 0.995,
+                                 f"{ours['optimality']:.4f} (peers {peers['optimality']:.4f})"))
+    if model in MASKING_MODELS:
+      out["masking"].append((cell, *single))
+  return out
+
+
 def summarize(entries: list[dict]) -> None:
   latest = merge(entries)
   for norm in NORMS:
@@ -1229,6 +1282,14 @@ def summarize(entries: list[dict]) -> None:
             f"{e['optimality']:.4f} | | |")
     for name, error in s["errors"].items():
       print(f"| {name} | failed: {error[:80]} | | | | |")
+  table = goals(latest)
+  if any(table.values()):
+    print("\n#### The goals of issue #27\n")
+    print("| goal | cells met | cells missed (evidence) |")
+    print("|---|---|---|")
+    for goal, cells in table.items():
+      missed = "; ".join(f"{cell}: {why}" for cell, met, why in cells if not met) or "-"
+      print(f"| {GOALS[goal]} | {sum(met for _, met, _ in cells)} of {len(cells)} | {missed} |")
 
 
 def main(argv=None) -> int:
