@@ -1209,7 +1209,9 @@ def goals(merged: dict[tuple[str, str], dict]) -> dict[str, list[tuple[str, bool
   ...     "peer b": {"norms": [0.4, 1.0, 0.0], "seconds": 0, "compile_s": 0, "disagree": 0}}}
   >>> table = goals({("mlp-plain", "l2"): entry})  # not a masking model: no cell there
   >>> {goal: [met for _, met, _ in cells] for goal, cells in table.items()}
-  {'single': [False], 'single_099': [False], 'ensemble': [False], 'ensemble_0995': [False], 'masking': []}
+  ... # doctest: +NORMALIZE_WHITESPACE
+  {'single': [False], 'single_099': [False], 'ensemble': [False], 'ensemble_0995': [False],
+   'masking': []}
   >>> table["single"][0][2]
   '0.8333 (jaxrobust a) vs 1.0000 (peer b)'
   """
