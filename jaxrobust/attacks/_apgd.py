@@ -115,7 +115,7 @@ from jaxrobust.attacks._apgd_schedule import (INITIAL_STEP, APGDState, APGDConfi
                                                checkpoints, l1_checkpoints, stages)
 from jaxrobust.attacks._apgd_schedule import (  # noqa: F401 (re-exported, as before the split)
   l1_coordinates, l1_fewer_coordinates, l1_initial_coordinates)
-from jaxrobust.attacks._common import (Best, Runs, apply_loss, loss_grad_logits,
+from jaxrobust.attacks._common import (Best, Runs, apply_loss, l1_box_point, loss_grad_logits,
                                        score_last_iterate, unpack_budget)
 
 Array = jax.Array
@@ -285,8 +285,7 @@ def _step(config: APGDConfig, logits_fn, state: APGDState, x, y, budget: Budget,
     # the next (smaller) ball and the box.
     def shrink():
       eps_next = eps_run * jnp.asarray(config.stages.next_factor, eps_run.dtype)[i]
-      delta = projections.project_l1_box(x_best - x, x, eps_next, lower, upper)
-      return jnp.clip(x + delta, lower, upper).astype(x_next.dtype)
+      return l1_box_point(x_best - x, x, eps_next, lower, upper).astype(x_next.dtype)
     x_next = jax.lax.cond(jnp.asarray(config.stages.end)[i], shrink, lambda: x_next)
     eps = eps_run
   eps_start = eps * float(config.stages.factor[0])
@@ -460,8 +459,7 @@ def apgd(norm: str = "linf", *, loss: str | Callable[..., Array] | None = None,
       malt_candidates=malt_candidates, restarts=restarts, runs=runs, table=table,
       initial_step=INITIAL_STEP[norm], rho=rho,
       momentum=momentum, checkpoint=l1_checkpoint if norm == "l1" else momentum_checkpoint,
-      update=l1_update if norm == "l1" else momentum_update, stages=schedule,
-      large_eps=large_eps)
+      update=l1_update if norm == "l1" else momentum_update, stages=schedule)
   return Attack(init=functools.partial(_init, config), step=functools.partial(_step, config),
                 finalize=functools.partial(_finalize, config), num_steps=runs.num_steps,
                 norm=norm, targeted=bool(targeted) and not multi, minimum_norm=False, name=name,

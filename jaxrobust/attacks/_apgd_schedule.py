@@ -39,10 +39,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust import projections
 from jaxrobust._batch import expand, one_hot_mask
 from jaxrobust.attacks._ascent import direction
-from jaxrobust.attacks._common import Best, Runs
+from jaxrobust.attacks._common import Best, Runs, l1_box_point
 from jaxrobust.attacks._gradient_attack import project_into_budget
 
 Array = jax.Array
@@ -263,7 +262,11 @@ class APGDConfig(NamedTuple):
   checkpoint: Callable[..., "_Checkpoint"]  # momentum_checkpoint or l1_checkpoint
   update: Callable[..., Array]  # momentum_update or l1_update
   stages: "Stages"  # the eps stages of a run (one stage unless large_eps)
-  large_eps: bool  # AutoAttack's use_largereps (L1): stages at 3, 2 and 1 times eps
+
+  @property
+  def large_eps(self) -> bool:
+    """AutoAttack's ``use_largereps`` (L1): the run is stages at 3, 2 and 1 times eps."""
+    return len(self.stages.lengths) > 1
 
 
 class _Checkpoint(NamedTuple):
@@ -349,5 +352,4 @@ def l1_update(config: APGDConfig, x: Array, x_cur: Array, x_prev: Array, g: Arra
   del config, x_prev, first
   eta = expand(checkpoint.step_size, x.ndim)
   moved = x_cur + eta * _l1_direction(g, checkpoint.coordinates)
-  delta = projections.project_l1_box(moved - x, x, eps, lower, upper)
-  return jnp.clip(x + delta, lower, upper)
+  return l1_box_point(moved - x, x, eps, lower, upper)

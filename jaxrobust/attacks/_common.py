@@ -10,6 +10,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
+from jaxrobust import projections
 from jaxrobust._batch import expand, finite_or_zero, is_success, per_example, rows_like, work_dtype
 
 Array = jax.Array
@@ -21,6 +22,14 @@ def unpack_budget(x: Array, budget) -> tuple[Array, Array, Array, Array]:
   eps, lower, upper = budget
   return (x.astype(dtype), per_example(eps, x.shape[0], dtype), jnp.asarray(lower, dtype),
           jnp.asarray(upper, dtype))
+
+
+def l1_box_point(delta: Array, x: Array, eps: Array, lower: Array, upper: Array) -> Array:
+  """``x + project_l1_box(delta)`` in ``x``'s dtype: the point of the L1 ball of radius ``eps``
+  around ``x`` and the box nearest to ``x + delta`` (:func:`jaxrobust.projections.project_l1_box`),
+  clipped to the box only against the rounding of ``x + (upper - x)``."""
+  moved = projections.project_l1_box(delta, x, eps, lower, upper).astype(x.dtype)
+  return jnp.clip(x + moved, lower, upper)
 
 
 def apply_loss(loss_fn: Callable[..., Array], logits: Array, y: Array,

@@ -37,7 +37,7 @@ from jaxrobust._batch import expand, fold_in, is_success
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_number
 from jaxrobust.attacks import _ascent
-from jaxrobust.attacks._common import (Best, Runs, apply_loss, loss_grad_logits,
+from jaxrobust.attacks._common import (Best, Runs, apply_loss, l1_box_point, loss_grad_logits,
                                        score_last_iterate, unpack_budget)
 
 Array = jax.Array
@@ -115,10 +115,7 @@ def _l1_move(config: _Config, grad: Array, x_adv: Array, x: Array, eps: Array, l
   else:
     d = _ascent.direction(grad, "l1", x_adv, lower, upper, config.l1_sparsity)
     stepped = x_adv + expand(length, x.ndim) * d
-  delta = projections.project_l1_box(stepped - x, x, eps, lower, upper).astype(x.dtype)
-  # The exact projection already respects the box; the clip only absorbs the rounding of
-  # x + (upper - x).
-  return jnp.clip(x + delta, lower, upper)
+  return l1_box_point(stepped - x, x, eps, lower, upper)
 
 
 def _init(config: _Config, logits_fn, x, y, budget: Budget, keys, target=None):

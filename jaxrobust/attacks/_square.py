@@ -163,12 +163,12 @@ from jaxrobust import losses as losses_lib
 from jaxrobust._batch import expand, fold_in, is_success
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_bool, check_number, check_positive_int
-from jaxrobust.attacks._common import Best, Runs, apply_loss, unpack_budget
+from jaxrobust.attacks._common import Best, Runs, apply_loss, l1_box_point, unpack_budget
 from jaxrobust.attacks._square_layouts import LAYOUTS, Grid, grid
 from jaxrobust.attacks._square_layouts import MAX_CHANNELS  # noqa: F401 (re-exported)
 from jaxrobust.attacks._square_windows import (channel_l1, channel_norm, eta_run_window,
                                                eta_window, image_l1, image_norm, l1_start,
-                                               l2_start, linf_start, project_into, random_sign,
+                                               l2_start, linf_start, random_sign,
                                                run_tables, schedule_tables, start_words,
                                                window_mask)
 from jaxrobust.attacks._square_windows import (  # noqa: F401 (re-exported, as before the split)
@@ -338,7 +338,7 @@ def _l1_candidate(config: _Config, x: Array, x_cur: Array, eps: Array, lower: Ar
   mass = spare + channels * channel_l1(jnp.where(both, delta, 0))
   refill = direction / (channel_l1(direction) + 1e-12) * mass
   delta = jnp.where(both, 0, delta) + jnp.where(first, refill, 0)
-  return project_into(x4, delta, eps, lower, upper).reshape(x.shape)
+  return l1_box_point(delta, x4, eps, lower, upper).reshape(x.shape)
 
 
 def _objective(config: _Config, logits_fn, x_new: Array, y: Array,

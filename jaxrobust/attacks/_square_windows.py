@@ -45,8 +45,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust import projections
 from jaxrobust._batch import expand
+from jaxrobust.attacks._common import l1_box_point
 from jaxrobust.attacks._square_layouts import Grid
 
 Array = jax.Array
@@ -460,10 +460,4 @@ def l1_start(x4: Array, eps: Array, lower: Array, upper: Array, bits: Array, g: 
   exactly onto the intersection of the L1 ball of radius ``eps`` and the box
   (:func:`jaxrobust.projections.project_l1_box`), as the reference does."""
   delta = _tiles(x4, bits, g, "l1")
-  return project_into(x4, delta, eps, lower, upper)
-
-
-def project_into(x4: Array, delta: Array, eps: Array, lower: Array, upper: Array) -> Array:
-  """``x + project_l1_box(delta)``, clipped to the box against rounding, in ``x``'s dtype."""
-  moved = projections.project_l1_box(delta, x4, eps, lower, upper).astype(x4.dtype)
-  return jnp.clip(x4 + moved, lower, upper)
+  return l1_box_point(delta, x4, eps, lower, upper)
