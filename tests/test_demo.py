@@ -17,6 +17,8 @@ from jaxrobust.cli import demo as demo_command
 from jaxrobust.demo import data, digits
 from jaxrobust.demo import train as train_lib
 
+pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
+
 TINY = ["--epochs", "1", "--test-size", "64", "--num-eps", "3", "--steps", "3"]
 REPORT_KEYS = {
   "jaxrobust_version", "jax_version", "backend", "python_version", "command", "seed", "dataset",
@@ -294,6 +296,7 @@ def _check_report(report, names=train_lib.METHODS):
 
 
 @pytest.mark.slow
+@pytest.mark.run_bound  # it trains four models: 26 s with XLA's optimisation, 174 s without
 def test_cli_demo_end_to_end_then_from_cache(monkeypatch, tmp_path, capsys):
   calls, losses = [], []
   real_fit = train_lib.fit
