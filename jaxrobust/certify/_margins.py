@@ -113,4 +113,4 @@ def margin_bounds(logits_fn: Callable[[Array], Array], y: Array, lower: Array, u
       bound = jnp.maximum(bound, crown)
     return jnp.where(classes == label, jnp.asarray(jnp.inf, dtype), bound)
 
-  return per_example(one_example, examples_per_pass, lower, upper, y)
+  return per_example(one_example, examples_per_pass, logits_fn, lower, upper, y)
