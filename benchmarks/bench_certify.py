@@ -131,7 +131,7 @@ class TorchCertify:
         remaining -= size
         copies = x.repeat(size, 1, 1, 1)
         labels = self.model(copies + self.sigma * torch.randn_like(copies)).argmax(1)
-        counts += np.bincount(labels.numpy(), minlength=self.num_classes)
+        counts += np.bincount(labels.cpu().numpy(), minlength=self.num_classes)
         self.evaluations += size
     return counts
 

@@ -41,6 +41,20 @@ Sections (``--sections``):
   N when the evaluation streams), throughput, and a checkpointed run of the first count stopped
   halfway, then resumed, whose report must equal the uninterrupted one. Not in the presets' default
   sections (``--sections evaluate``; small: WRN-10-2, 64 and 256 images in batches of 32).
+* ``certify``: certification at scale (issue #26, item 6), two units. ``bounds``: IBP logit
+  bounds on ``--ibp-model`` and IBP and CROWN-IBP margin bounds on ``--crown-model`` for
+  ``--cert-points`` points in the Linf box of radius ``--cert-eps``, CROWN-IBP once per
+  ``examples_per_pass`` of ``--crown-chunks`` (the documented memory knob of
+  ``jr.certify.margin_bounds``: XLA's buffer sizes show what it bounds); each bound checked
+  against the logits and margins of the clean points and 8 uniform draws of the box, CROWN-IBP
+  checked equal at every setting and never looser than IBP. (Full CROWN runs one backward pass
+  per unit of every nonlinear layer: out of reach at 32x32, see ``margin_bounds``.)
+  ``smoothing``: ``jr.certify.smoothing`` (one program for every image) against the PyTorch port
+  of Cohen et al.'s CERTIFY in ``bench_certify.py`` (one image at a time) on the torch mirror,
+  ``--smoothing-points`` images, ``--sigma``, ``--n0``, ``--n``, ``--alpha``, draws per model
+  call ``--smoothing-batch`` on both sides. Not in the presets' default sections (``--sections
+  certify``; small: WRN-10-2, 8 points, n 1,000; device: IBP on WRN-28-10 and CROWN-IBP on
+  WRN-16-4 with 128 points, smoothing on WRN-16-4, 32 images, n 10,000).
 * ``compile``: trace+lower and compile time of the AutoAttack curve program on
   ``--compile-model`` (``--points`` points, ``--eps``), with the weights and data as arguments
   (``args``), with the weights closed over (``weights``: XLA constants) and with weights and data
@@ -99,6 +113,9 @@ Examples::
       --no-constants
   # an accelerator (each section and dtype in its own subprocess)
   python benchmarks/bench_scale.py --device-preset --autoattack-path .aa --out $OUT/scale.json
+  # certification at scale (issue #26, item 6): CPU sizes, then an accelerator's
+  python benchmarks/bench_scale.py --small --sections certify --out /tmp/certify.json
+  python benchmarks/bench_scale.py --device-preset --sections certify --out $OUT/certify.json
 """
 
 from __future__ import annotations
@@ -140,7 +157,7 @@ from jaxrobust.model import model_of  # noqa: E402
 import scale_models  # noqa: E402
 from bench_autoattack import import_autoattack  # noqa: E402
 
-SECTIONS = ("pgd", "aa", "compile", "resnet", "evaluate")
+SECTIONS = ("pgd", "aa", "compile", "resnet", "evaluate", "certify")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 COMPILE_VARIANTS = ("args", "weights", "weights+data")
 PROGRAMS = ("early-exit", "dense", "full-cost")
@@ -166,7 +183,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                 reference_eps=1, aa_dtypes=["float32"], compile_model="wrn-10-2",
                 constants=True, repeats=3, aa_repeats=1, rows="all", torch_threads=1,
                 eval_model="wrn-10-2", eval_images=[64, 256], eval_batch=32,
-                section_timeout=600.0, budget=1800.0),
+                ibp_model="wrn-10-2", crown_model="wrn-10-2", cert_points=8,
+                cert_eps="1/255", crown_chunks=["all", "4", "1"], smoothing_model="wrn-10-2",
+                smoothing_points=4, sigma=0.25, n0=100, n=1000, alpha=0.001,
+                smoothing_batch=500, section_timeout=600.0, budget=1800.0),
   # An H100/H200 lent for 15 minutes: each unit (section, dtype) under 150 s, all well under 8
   # minutes. AutoAttack at 2 eps (the full-cost curve costs the same per point and eps; 4 eps of
   # 128 points would take ~150 s alone), the reference on the largest eps only.
@@ -179,7 +199,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                  reference_eps=1, aa_dtypes=["float32"], compile_model="wrn-28-10",
                  constants=False, repeats=3, aa_repeats=1, rows="cheap", torch_threads=None,
                  eval_model="wrn-16-4", eval_images=[1024, 10000], eval_batch=1024,
-                 section_timeout=150.0, budget=450.0),
+                 ibp_model="wrn-28-10", crown_model="wrn-16-4", cert_points=128,
+                 cert_eps="1/255", crown_chunks=["all", "32", "8"], smoothing_model="wrn-16-4",
+                 smoothing_points=32, sigma=0.25, n0=100, n=10_000, alpha=0.001,
+                 smoothing_batch=1000, section_timeout=150.0, budget=450.0),
 }
 
 
@@ -910,6 +933,173 @@ def evaluate_unit(args, dtype: str) -> dict[str, Any]:
   return out
 
 
+def parse_chunks(values: list[str]) -> list[int | None]:
+  """``--crown-chunks`` values: ``all`` (every example in one pass) or a positive int."""
+  return [None if v == "all" else int(v) for v in values]
+
+
+def certify_bounds_unit(args) -> dict[str, Any]:
+  """IBP on ``--ibp-model`` and CROWN-IBP on ``--crown-model`` at ``--cert-points`` points, one
+  program per setting, the state and the data arguments; checked sound on sampled points."""
+  env = environment()
+  eps = parse_eps([args.cert_eps])[0]
+  print(f"\n=== certification bounds: IBP on {args.ibp_model}, CROWN-IBP on {args.crown_model}, "
+        f"{args.cert_points} points, Linf eps {eps * 255:.3g}/255, float32 ===\n{header(env)}",
+        flush=True)
+  out: dict[str, Any] = {"env": env, "eps": eps, "points": args.cert_points, "results": []}
+  key = jax.random.key(args.seed + 1)
+
+  def box(x, eps):
+    return jnp.clip(x - eps, 0.0, 1.0), jnp.clip(x + eps, 0.0, 1.0)
+
+  def sampled_margins(apply, state, x, y, eps, key):
+    """Margins ``z_y - z_j`` at the clean points and 8 uniform draws of the box ``[9, B, C]``."""
+    lower, upper = box(x, eps)
+    draws = jax.random.uniform(key, (8, *x.shape), minval=lower, maxval=upper)
+    z = jax.vmap(functools.partial(apply, state))(jnp.concatenate([x[None], draws]))
+    return jnp.take_along_axis(z, y[None, :, None], axis=2) - z
+
+  def bench(label: str, model_name: str, program: Callable, model: Model, x, y,
+            extra: dict[str, Any]) -> np.ndarray:
+    state, eps_arg = model.state["float32"], jnp.float32(eps)
+    compiled, info = compile_program(program, state, x, y, eps_arg)
+    load_before = load_average()
+    bounds, times = time_program(compiled, (state, x, y, eps_arg), args.repeats)
+    row = {"what": label, "model": model_name, "time_s": min(times), "times_s": times,
+           "peak_bytes": jax_peak(), "load_average": [load_before, load_average()], **extra,
+           **info}
+    out["results"].append(row)
+    save_partial(out)
+    print(f"  {label:<34} {min(times):8.3f} s ({1e3 * min(times) / len(x):.1f} ms per point), "
+          f"compile {info['compile_s']:.1f} s, XLA buffers {gib(info.get('xla_bytes'))} GiB "
+          f"(temporaries {gib(info.get('xla_temp_bytes'))}), peak {gib(row['peak_bytes'])} GiB",
+          flush=True)
+    return np.asarray(bounds)
+
+  # IBP of the logits: the interval must contain the logits of every sampled point of the box.
+  model = build_model(args.ibp_model, args.wrn_bn, args.seed)
+  apply = model.apply("float32", "random")
+  x, y = make_data(model, "float32", "random", args.cert_points, args.seed)
+
+  def ibp(state, x, y, eps):
+    del y
+    return jnp.stack(jr.certify.interval_bounds(functools.partial(apply, state), *box(x, eps)))
+
+  lower_upper = bench("IBP logit bounds", args.ibp_model, ibp, model, x, y, {})
+  logits = np.asarray(jax.jit(lambda state, x, eps, key: jax.vmap(functools.partial(
+      apply, state))(jnp.concatenate([x[None], jax.random.uniform(
+          key, (8, *x.shape), minval=box(x, eps)[0], maxval=box(x, eps)[1])])))(
+      model.state["float32"], x, jnp.float32(eps), key))
+  slack = 1e-4 * (1 + np.abs(logits))
+  if not (np.all(logits >= lower_upper[0] - slack) and np.all(logits <= lower_upper[1] + slack)):
+    raise AssertionError("IBP's interval misses a sampled point's logits")
+  out["ibp_mean_width"] = float(np.mean(lower_upper[1] - lower_upper[0]))
+  print(f"  IBP intervals contain the logits of the clean points and 8 draws each; mean width "
+        f"{out['ibp_mean_width']:.3g}", flush=True)
+  del model
+
+  # CROWN-IBP margin bounds with the memory knob: the same bounds at every setting.
+  model = build_model(args.crown_model, args.wrn_bn, args.seed)
+  apply = model.apply("float32", "random")
+  x, y = make_data(model, "float32", "random", args.cert_points, args.seed)
+  margins = np.asarray(jax.jit(functools.partial(sampled_margins, apply))(
+      model.state["float32"], x, y, jnp.float32(eps), key))
+  other = np.arange(model.num_classes)[None, :] != np.asarray(y)[:, None]
+  found = {}
+  for method in ("ibp", "crown-ibp"):
+    for chunk in ([None] if method == "ibp" else parse_chunks(args.crown_chunks)):
+      def program(state, x, y, eps, method=method, chunk=chunk):
+        return jr.certify.margin_bounds(functools.partial(apply, state), y, *box(x, eps),
+                                        method=method, examples_per_pass=chunk)
+
+      label = f"{method} margins, {'all' if chunk is None else chunk} per pass"
+      bound = bench(label, args.crown_model, program, model, x, y,
+                    {"method": method, "examples_per_pass": chunk})
+      if not np.all(np.where(other[None], margins >= bound[None] - 1e-4 * (1 + np.abs(margins)),
+                             True)):
+        raise AssertionError(f"{label}: a margin bound above a sampled margin")
+      found[label] = bound
+  crown = [b for label, b in found.items() if label.startswith("crown-ibp")]
+  for b in crown[1:]:
+    np.testing.assert_allclose(b, crown[0], rtol=1e-4, atol=1e-4)
+  # The label's own entries are +inf on both sides: compared as 0.
+  ibp_bound = np.where(other, found["ibp margins, all per pass"], 0.0)
+  crown_bound = np.where(other, crown[0], 0.0)
+  if not np.all(crown_bound >= ibp_bound - 1e-4 * (1 + np.abs(ibp_bound))):
+    raise AssertionError("CROWN-IBP looser than IBP")
+  certified = lambda b: int(np.sum(np.all(np.where(other, b > 0, True), axis=1)))  # noqa: E731
+  out["certified"] = {"ibp": certified(ibp_bound), "crown-ibp": certified(crown_bound)}
+  out["crown_ibp_gap_to_ibp"] = float(np.sum(crown_bound - ibp_bound) / np.sum(other))
+  print(f"  every bound below the sampled margins; CROWN-IBP equal at every examples_per_pass and "
+        f"never looser than IBP (mean gain {out['crown_ibp_gap_to_ibp']:.3g}); certified "
+        f"{out['certified']} of {args.cert_points}", flush=True)
+  return out
+
+
+def certify_smoothing_unit(args) -> dict[str, Any]:
+  """``jr.certify.smoothing`` against ``bench_certify``'s PyTorch port of CERTIFY on the same
+  weights (``--smoothing-model``, ``--smoothing-points`` images, one program for all of them)."""
+  from bench_certify import TorchCertify
+
+  env = environment()
+  print(f"\n=== randomized smoothing: {args.smoothing_model}, {args.smoothing_points} images, "
+        f"sigma {args.sigma}, n0 {args.n0}, n {args.n}, alpha {args.alpha}, batch "
+        f"{args.smoothing_batch} ===\n{header(env)}", flush=True)
+  model = build_model(args.smoothing_model, args.wrn_bn, args.seed)
+  apply = model.apply("float32", "random")
+  x, y = make_data(model, "float32", "random", args.smoothing_points, args.seed)
+  keys = jax.random.split(jax.random.key(args.seed + 2), args.smoothing_points)
+
+  def program(state, x, keys, sigma, alpha):
+    return jr.certify.smoothing(functools.partial(apply, state), x, keys, sigma=sigma,
+                                n0=args.n0, n=args.n, alpha=alpha,
+                                batch_size=args.smoothing_batch)
+
+  call = (model.state["float32"], x, keys, jnp.float32(args.sigma), jnp.float32(args.alpha))
+  compiled, info = compile_program(program, *call)
+  load_before = load_average()
+  certificate, times = time_program(compiled, call, args.repeats)
+  jax_load = [load_before, load_average()]
+  ours = {"time_s": min(times), "times_s": times, "peak_bytes": jax_peak(),
+          "load_average": jax_load, "prediction": np.asarray(certificate.prediction).tolist(),
+          "radius": np.asarray(certificate.radius).tolist(), **info}
+  print(f"  jaxrobust: {min(times):.2f} s (+ compile {info['compile_s']:.1f} s), peak "
+        f"{gib(ours['peak_bytes'])} GiB, load {jax_load[0]:.1f}->{jax_load[1]:.1f}", flush=True)
+  out: dict[str, Any] = {"env": env, "model": args.smoothing_model,
+                         "points": args.smoothing_points, "sigma": args.sigma, "n0": args.n0,
+                         "n": args.n, "alpha": args.alpha, "batch": args.smoothing_batch,
+                         "jaxrobust": ours}
+  save_partial(out)
+  torch = torch_module()
+  if torch is None:
+    print("  PyTorch port skipped: torch not installed")
+    return out
+  device = torch_device()
+  mirror, rel = check_mirror(model, args.seed, device)
+  net = torch_model(mirror, "float32", "random", device)
+  torch.manual_seed(args.seed)
+  port = TorchCertify(net, model.num_classes, args.sigma, args.smoothing_batch)
+  xt = torch.from_numpy(scale_models.nchw(np.asarray(x))).to(device)
+  load_before = load_average()
+  start = time.perf_counter()
+  theirs = [port.certify(xt[i:i + 1], args.n0, args.n, args.alpha)
+            for i in range(args.smoothing_points)]
+  torch_sync(device)
+  seconds = time.perf_counter() - start
+  out["torch_port"] = {"time_s": seconds, "evaluations": port.evaluations,
+                       "load_average": [load_before, load_average()], "mirror_rel_diff": rel,
+                       "prediction": [c for c, _ in theirs], "radius": [r for _, r in theirs]}
+  same = float(np.mean(np.asarray(out["torch_port"]["prediction"])
+                       == np.asarray(ours["prediction"])))
+  out["same_prediction"] = same
+  out["ratio"] = ours["time_s"] / seconds
+  print(f"  PyTorch port (one image at a time, {port.evaluations} rows): {seconds:.2f} s; "
+        f"jaxrobust / port {out['ratio']:.3f}; same class or both abstain on {same:.2f} of the "
+        f"images; mean radius {np.mean(ours['radius']):.3f} vs "
+        f"{np.mean(out['torch_port']['radius']):.3f}", flush=True)
+  return out
+
+
 # ------------------------------------------------------------------------------------------------
 # Orchestration: each unit (a section and dtype, an AutoAttack side, a compile variant) runs in
 # its own subprocess, so its JAX peak memory is its own and a unit over --section-timeout is
@@ -924,6 +1114,9 @@ def unit_list(args) -> list[dict[str, str]]:
                 for d in (args.dtypes if section == "pgd" else args.resnet_dtypes)]
     elif section == "evaluate":
       units += [{"section": "evaluate", "dtype": d} for d in args.aa_dtypes]
+    elif section == "certify":
+      units += [{"section": "certify", "dtype": "float32", "side": side}
+                for side in ("bounds", "smoothing")]
     elif section == "aa":
       for d in args.aa_dtypes:
         units += [{"section": "aa", "dtype": d, "side": "jaxrobust"},
@@ -952,6 +1145,8 @@ def run_unit(args, unit: dict[str, str]) -> dict[str, Any]:
                     args.resnet_norms, args.resnet_programs)
   if section == "evaluate":
     return evaluate_unit(args, dtype)
+  if section == "certify":
+    return (certify_bounds_unit if unit["side"] == "bounds" else certify_smoothing_unit)(args)
   if section == "aa":
     return (aa_jax_unit if unit["side"] == "jaxrobust" else aa_reference_unit)(args, dtype)
   return compile_unit(args, unit["variant"])
@@ -1003,6 +1198,14 @@ def summary(report: dict[str, Any]) -> str:
                          f"max RSS {r['max_rss_gib_after']:.2f} GiB" for r in u.get("runs", []))
       if "resume" in u:
         figure += f"; resumed report equal: {u['resume']['equal_report']}"
+    elif section == "certify":
+      figure = "; ".join(f"{r['what']} {r['time_s']:.3f} s, XLA buffers {gib(r.get('xla_bytes'))} "
+                         "GiB" for r in u.get("results", []))
+      if "jaxrobust" in u:
+        figure = f"jaxrobust {u['jaxrobust']['time_s']:.2f} s"
+        if "torch_port" in u:
+          figure += (f", PyTorch port {u['torch_port']['time_s']:.2f} s (ratio "
+                     f"{u['ratio']:.3f})")
     elif "compile_s" in u:
       figure = (f"trace+lower {u['trace_lower_s']:.1f} s + XLA {u['compile_s']:.1f} s = "
                 f"{u['trace_lower_s'] + u['compile_s']:.1f} s")
@@ -1045,6 +1248,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="evaluate section: image counts, one jr.evaluate run each")
   parser.add_argument("--eval-batch", type=int, help="evaluate section: batch size")
   parser.add_argument("--points", type=int, help="AutoAttack (and compile) points")
+  parser.add_argument("--ibp-model", help="certify section: the model IBP bounds")
+  parser.add_argument("--crown-model", help="certify section: the model CROWN-IBP bounds")
+  parser.add_argument("--cert-points", type=int, help="certify section: points bounded")
+  parser.add_argument("--cert-eps", help="certify section: Linf radius of the box, e.g. 1/255")
+  parser.add_argument("--crown-chunks", nargs="+",
+                      help="certify section: examples_per_pass values ('all' or ints)")
+  parser.add_argument("--smoothing-model", help="certify section: randomized smoothing's model")
+  parser.add_argument("--smoothing-points", type=int, help="certify section: smoothed images")
+  parser.add_argument("--sigma", type=float, help="certify section: smoothing noise")
+  parser.add_argument("--n0", type=int, help="certify section: selection draws")
+  parser.add_argument("--n", type=int, help="certify section: estimation draws")
+  parser.add_argument("--alpha", type=float, help="certify section: failure probability")
+  parser.add_argument("--smoothing-batch", type=int,
+                      help="certify section: draws per model call (both sides)")
   parser.add_argument("--eps", nargs="+", help="AutoAttack Linf radii, e.g. 0.5/255 2/255")
   parser.add_argument("--reference-points", type=int,
                       help="points for the reference AutoAttack (default --points)")
