@@ -132,42 +132,47 @@ def test_broken_points_cost_nothing(problem):
   assert counts[None, True] == counts[4, True] == (1 + 1) * BATCH
 
 
-def test_curve_with_skipping_equals_dense_curve(problem):
+SKIPPING_ATTACK = jr.attacks.ensemble(jr.attacks.fgsm("linf"), jr.attacks.pgd("linf", steps=4))
+SKIPPING_CHUNK = 2  # 24 rows: 12 chunks on one device; on 8 devices 3 rows, 2 chunks each
+
+
+def _skipping_curve(params, x, y, e, key, chunk_size=SKIPPING_CHUNK):
+  return jr.robustness_curve(SKIPPING_ATTACK, functools.partial(mlp_logits, params), x, y, e, key,
+                             chunk_size=chunk_size)
+
+
+@pytest.fixture(scope="module")
+def skipping_curves(problem):
+  """The dense curve and the one with skipping (in chunks of 2 rows), one program; the second
+  is also the one-device reference of the 8-device test (one compilation fewer)."""
   params, x, y = problem
-  attack = jr.attacks.ensemble(jr.attacks.fgsm("linf"), jr.attacks.pgd("linf", steps=4))
   eps = jnp.array([0.1, 0.02, 0.05, 0.05, 0.0, 0.2])  # unsorted, duplicated, zero
+  curves = jax.jit(lambda params, x, y, e, key: (_skipping_curve(params, x, y, e, key, None),
+                                                  _skipping_curve(params, x, y, e, key)))
+  return eps, curves(params, x, y, eps, jax.random.key(3))
 
-  @jax.jit
-  def curves(params, x, y, e, key):
-    """The dense curve and the one with skipping (in chunks of 3 rows), one program."""
-    curve = functools.partial(jr.robustness_curve, attack, functools.partial(mlp_logits, params),
-                              x, y, e, key)
-    return curve(chunk_size=None), curve(chunk_size=3)
 
-  dense, skipped = curves(params, x, y, eps, jax.random.key(3))
+def test_curve_with_skipping_equals_dense_curve(skipping_curves):
+  _, (dense, skipped) = skipping_curves
   np.testing.assert_array_equal(np.asarray(skipped.robust), np.asarray(dense.robust))
   assert float(dense.robust_accuracy[4]) == float(dense.clean_accuracy)
   assert 0 < float(dense.robust_accuracy[-1]) < float(dense.robust_accuracy[1])
 
 
-def test_skipping_curve_sharded_over_8_devices(problem):
+def test_skipping_curve_sharded_over_8_devices(problem, skipping_curves):
   from jax.sharding import AxisType, NamedSharding
   from jax.sharding import PartitionSpec as P
 
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
   params, x, y = problem
-  attack = jr.attacks.ensemble(jr.attacks.fgsm("linf"), jr.attacks.pgd("linf", steps=3))
-  eps = jnp.array([0.03, 0.1])
-  run = jax.jit(lambda params, x, y, eps, key: jr.robustness_curve(
-      attack, functools.partial(mlp_logits, params), x, y, eps, key, chunk_size=2))
-  curve = lambda x, y: run(params, x, y, eps, jax.random.key(3))
-  single = curve(x, y)
+  eps, (_, single) = skipping_curves
+  run = jax.jit(_skipping_curve)
   for axis_type in (AxisType.Explicit, AxisType.Auto):
     mesh = jax.make_mesh((8,), ("batch",), axis_types=(axis_type,))
     with jax.set_mesh(mesh):
       put = lambda a: jax.device_put(a, NamedSharding(mesh, P("batch")))
-      sharded = curve(put(x), put(y))
+      sharded = run(params, put(x), put(y), eps, jax.random.key(3))
     np.testing.assert_array_equal(np.asarray(sharded.robust), np.asarray(single.robust))
 
 
