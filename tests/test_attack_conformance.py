@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
-from tests.models import mlp
+from tests.models import mlp_logits, mlp_params
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -82,9 +84,14 @@ REGISTRY = {
 EPS = {"linf": 0.1, "l2": 0.5, "l1": 2.0}
 
 
+@functools.lru_cache(maxsize=None)
+def _params():
+  return mlp_params(0, int(np.prod(SHAPE)), 16, CLASSES)
+
+
 @pytest.fixture(scope="module")
 def problem():
-  logits_fn = mlp(0, int(np.prod(SHAPE)), 16, CLASSES)
+  logits_fn = functools.partial(mlp_logits, _params())  # for eager checks of the results
   rng = np.random.default_rng(1)
   x = jnp.asarray(rng.uniform(0, 1, size=(BATCH,) + SHAPE), jnp.float32)
   x = x.at[0].set(0.0).at[1].set(1.0)  # corners of the box
@@ -97,21 +104,22 @@ def problem():
 def compiled(request, problem):
   """The attack, and one jitted run per attack with a trace counter (compiled once per module)."""
   attack = REGISTRY[request.param]()
-  logits_fn, x, y, target = problem
   traces = []
 
   @jax.jit
-  def jitted(x, y, eps, keys, target):
+  def jitted(params, x, y, eps, keys, target):
     traces.append(None)
+    logits_fn = functools.partial(mlp_logits, params)
     return jr.run(attack, _model(attack, logits_fn), x, y, jr.Budget(eps), keys,
                   target if attack.targeted else None)
 
   def run(x, y, eps, key, target):
-    """Always per-example eps and keys, so every call reuses one compilation."""
+    """Always per-example eps and keys, so every call reuses one compilation; the weights are
+    an argument of the program, not constants compiled into it."""
     eps = jnp.broadcast_to(jnp.asarray(eps, jnp.float32), (x.shape[0],))
     if key.ndim == 0:
       key = jax.vmap(lambda i: jax.random.fold_in(key, i))(jnp.arange(x.shape[0]))
-    return jitted(x, y, eps, key, target)
+    return jitted(_params(), x, y, eps, key, target)
 
   return attack, run, traces
 
