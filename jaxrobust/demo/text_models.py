@@ -180,9 +180,9 @@ class TinyCausalLM(nnx.Module):
   Examples:
     >>> import jax.numpy as jnp
     >>> lm = TinyCausalLM(12, context_length=8, dim=16, heads=2, layers=1, rngs=nnx.Rngs(0))
-    >>> tokens = jnp.array([[1, 2, 3, 4]], jnp.int32)
-    >>> changed = tokens.at[0, 3].set(5)  # a later token never changes earlier logits
-    >>> bool(jnp.allclose(lm(tokens)[:, :3], lm(changed)[:, :3]))
+    >>> tokens = jnp.array([[1, 2, 3, 4], [1, 2, 3, 5]], jnp.int32)  # the last token differs
+    >>> logits = nnx.jit(lambda lm, tokens: lm(tokens))(lm, tokens)  # the state an argument
+    >>> bool(jnp.allclose(logits[0, :3], logits[1, :3]))  # earlier logits never see it
     True
 
   References:
@@ -242,15 +242,17 @@ class TinyCausalLM(nnx.Module):
     Examples:
       >>> import jax.numpy as jnp
       >>> lm = TinyCausalLM(12, context_length=8, dim=16, heads=2, layers=1, rngs=nnx.Rngs(0))
+      >>> @nnx.jit  # the model's state and the embeddings are arguments of one program
+      ... def errors(lm, embeds):
+      ...   whole = lm.logits_from_embeddings(embeds)
+      ...   per_row = lm.logits_after_prefix(embeds[:, 3:], lm.prefix_cache(embeds[:, :3]))
+      ...   shared = lm.prefix_cache(embeds[:1, :3])  # one prefix for every row
+      ...   repeated = lm.logits_after_prefix(jnp.concatenate([embeds[:1, 3:]] * 4), shared)
+      ...   return (jnp.max(jnp.abs(per_row - whole[:, 3:])),
+      ...           jnp.max(jnp.abs(repeated - whole[:1, 3:])))
       >>> embeds = lm.embedding[jnp.array([[1, 2, 3, 4, 5], [6, 7, 8, 9, 10]])]
-      >>> whole = lm.logits_from_embeddings(embeds)
-      >>> after = lm.logits_after_prefix(embeds[:, 3:], lm.prefix_cache(embeds[:, :3]))
-      >>> bool(jnp.allclose(after, whole[:, 3:], atol=1e-5))  # a prefix per row
-      True
-      >>> shared = lm.prefix_cache(embeds[:1, :3])  # one prefix for every row
-      >>> after = lm.logits_after_prefix(jnp.concatenate([embeds[:1, 3:]] * 4), shared)
-      >>> bool(jnp.allclose(after, whole[:1, 3:], atol=1e-5))
-      True
+      >>> [bool(error < 1e-5) for error in errors(lm, embeds)]  # a prefix per row; one shared
+      [True, True]
     """
     num_prefix = cache[0][0].shape[1] if cache else 0
     end = num_prefix + embeds.shape[1]
