@@ -128,13 +128,17 @@ def test_macro_bootstrap_resamples_every_group_on_its_own():
   resampling would move it; a third, mixed group widens it, inside Hoeffding's interval."""
   values = jnp.array([0.0, 0.5, 1.0])
   key = jax.random.key(8)
-  fixed = metrics.histogram_mean(jnp.array([[0, 0, 2], [30, 0, 0]]), values, average="macro",
-                                 interval="bootstrap", key=key, resamples=500)
-  assert (float(fixed["lower"]), float(fixed["mean"]), float(fixed["upper"])) == (0.5, 0.5, 0.5)
   counts = jnp.array([[0, 0, 2], [30, 0, 0], [10, 10, 10]])
-  mixed = metrics.histogram_mean(counts, values, average="macro", interval="bootstrap", key=key,
-                                 resamples=500)
-  hoeffding = metrics.histogram_mean(counts, values, average="macro", interval="hoeffding")
+
+  @jax.jit  # one program, the counts, values and key its arguments (eagerly: op by op)
+  def intervals(counts, values, key):
+    bootstrap = lambda c: metrics.histogram_mean(c, values, average="macro",
+                                                 interval="bootstrap", key=key, resamples=500)
+    return (bootstrap(counts[:2]), bootstrap(counts),
+            metrics.histogram_mean(counts, values, average="macro", interval="hoeffding"))
+
+  fixed, mixed, hoeffding = intervals(counts, values, key)
+  assert (float(fixed["lower"]), float(fixed["mean"]), float(fixed["upper"])) == (0.5, 0.5, 0.5)
   assert float(mixed["mean"]) == pytest.approx(0.5)
   assert float(hoeffding["lower"]) < float(mixed["lower"]) < 0.5 < float(mixed["upper"]) < float(
       hoeffding["upper"])
