@@ -179,7 +179,8 @@ def test_smoothed_predict_and_bad_options(points):
   assert np.all((predict == y) | (predict == -1))  # never the wrong class here
   assert np.all(predict[distance < 0.005] == -1)
   nan_model = lambda v: jnp.full((v.shape[0], 2), jnp.nan)
-  dead = jr.certify.smoothing(nan_model, x[:2], keys[:2], sigma=SIGMA, n0=10, n=50)
+  dead = jax.jit(lambda x, keys, sigma: jr.certify.smoothing(  # one program, not op by op
+      nan_model, x, keys, sigma=sigma, n0=10, n=50))(x[:2], keys[:2], jnp.float32(SIGMA))
   assert dead.prediction.tolist() == [-1, -1] and dead.radius.tolist() == [0.0, 0.0]
   for bad, match in [({"sigma": 0.0}, "sigma"), ({"sigma": 0.1, "alpha": 1.0}, "alpha"),
                      ({"sigma": 0.1, "n0": 0}, "n0")]:
@@ -197,19 +198,20 @@ def test_bound_radius_is_the_exact_linf_distance_on_linear_models(linear_problem
   x, y = jnp.asarray(p.x), jnp.asarray(p.y)
   budget = jr.Budget(0.5, p.lower, p.upper)
   methods = ("ibp", "crown-ibp", "crown")
-  bounds = jax.jit(lambda w, b, x, y, budget: [  # the three methods in one program
+  *bounds, in_l2 = jax.jit(lambda w, b, x, y, budget: [  # the three methods and L2: one program
       jr.certify.certify_bounds(Linear(w, b).logits_fn, x, y, budget, method=method)
-      for method in methods])(p.model.w, p.model.b, x, y, jax.tree.map(jnp.float32, budget))
+      for method in methods] + [jr.certify.certify_bounds(Linear(w, b).logits_fn, x, y, budget,
+                                                          norm="l2")])(
+      p.model.w, p.model.b, x, y, jax.tree.map(jnp.float32, budget))
   for method, c in zip(methods, bounds):
     np.testing.assert_array_equal(c.prediction, p.y)
     radius = np.asarray(c.radius, np.float64)
     assert np.all(radius <= p.distance * (1 + 1e-5)), method  # sound
     np.testing.assert_allclose(radius, p.distance, rtol=2e-4, atol=1e-4 * 0.5)  # and exact
   # L2: the ball is enclosed in its Linf box: sound, and exactly the Linf distance here.
-  c = jr.certify.certify_bounds(p.model.logits_fn, x, y, budget, norm="l2")
   l2 = p.model.min_distance(p.x, p.y, "l2")
-  assert np.all(np.asarray(c.radius) <= l2 * (1 + 1e-5))
-  np.testing.assert_allclose(c.radius, p.distance, rtol=2e-4, atol=1e-4)
+  assert np.all(np.asarray(in_l2.radius) <= l2 * (1 + 1e-5))
+  np.testing.assert_allclose(in_l2.radius, p.distance, rtol=2e-4, atol=1e-4)
 
 
 def tiny_mlp_params(seed):
@@ -273,8 +275,10 @@ def test_certified_curve_and_the_bracket_in_a_report(linear_problem_linf):
   report = jr.evaluate(p.model.logits_fn, (p.x, p.y), attacks={"apgd": jr.attacks.apgd(steps=20)},
                        epsilons=epsilons, key=jax.random.key(0), batch_size=24, progress=False,
                        lower=p.lower, upper=p.upper)
-  cert = jr.certify.certify_bounds(p.model.logits_fn, jnp.asarray(p.x), jnp.asarray(p.y),
-                                   jr.Budget(2 * float(epsilons[-1]), p.lower, p.upper))
+  cert = jax.jit(lambda w, b, x, y, budget: jr.certify.certify_bounds(  # one program
+      Linear(w, b).logits_fn, x, y, budget))(
+      p.model.w, p.model.b, jnp.asarray(p.x), jnp.asarray(p.y),
+      jax.tree.map(jnp.float32, jr.Budget(2 * float(epsilons[-1]), p.lower, p.upper)))
   bracketed = report.with_certified("ibp", jr.certify.certified_curve(
       cert, jnp.asarray(p.y), epsilons))
   certified = bracketed.certified["ibp"].robust_count

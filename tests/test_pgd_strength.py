@@ -145,10 +145,12 @@ def test_l1_box_step_solves_the_linear_programme():
 def test_fgm_l1_fills_the_box_room_in_gradient_order():
   """Where the best coordinate has too little room, FGM-L1 moves on to the next ones."""
   w = np.array([[3.0, 0.0], [-2.0, 0.0], [1.0, 0.0], [0.5, 0.0]], np.float32)
-  logits_fn = lambda x: x @ jnp.asarray(w)
   x = jnp.array([[0.25, 0.5, 0.5, 0.5]])  # class 0 wins; the margin gradient is -w[:, 0]
-  result = jr.run(jr.attacks.fgsm("l1", loss="margin"), logits_fn, x, jnp.array([0]),
-                  jr.Budget(0.9), jax.random.key(0))
+  # One program (the weights its argument) instead of every op run eagerly: 68 compilations.
+  result = jax.jit(lambda w, x, y, eps: jr.run(jr.attacks.fgsm("l1", loss="margin"),
+                                               lambda v: v @ w, x, y, jr.Budget(eps),
+                                               jax.random.key(0)))(
+      w, x, jnp.array([0]), jnp.float32(0.9))
   np.testing.assert_allclose(np.asarray(result.x_adv), [[0.0, 1.0, 0.35, 0.5]], atol=1e-6)
 
 
@@ -166,16 +168,16 @@ def test_explicit_step_sizes_are_constant_or_a_given_schedule():
   best one (the loss keeps rising), so ``x_adv = x + (sum of steps) * eps * sign(w_1 - w_0)``.
   """
   w = jnp.array([[1.0, -1.0], [-2.0, 2.0]])
-  logits_fn = lambda x: x @ w
   x, y = jnp.array([[0.8, 0.2]]), jnp.array([0])
-  budget = jr.Budget(0.1)
   constant = jr.attacks.pgd("linf", steps=3, step_size=0.1, random_start=False)
-  result = jr.run(constant, logits_fn, x, y, budget, jax.random.key(0))
-  np.testing.assert_allclose(np.asarray(result.x_adv), [[0.8 - 0.03, 0.2 + 0.03]], atol=1e-6)
   growing = jr.attacks.pgd("linf", steps=3, random_start=False,
                            step_size=lambda t: 0.1 * (t + 1).astype(jnp.float32))
-  result = jr.run(growing, logits_fn, x, y, budget, jax.random.key(0))
-  np.testing.assert_allclose(np.asarray(result.x_adv), [[0.8 - 0.06, 0.2 + 0.06]], atol=1e-6)
+  # Both runs in one program (the weights its argument) instead of every op run eagerly.
+  results = jax.jit(lambda w, x, y, eps: [
+      jr.run(attack, lambda v: v @ w, x, y, jr.Budget(eps), jax.random.key(0)).x_adv
+      for attack in (constant, growing)])(w, x, y, jnp.float32(0.1))
+  np.testing.assert_allclose(np.asarray(results[0]), [[0.8 - 0.03, 0.2 + 0.03]], atol=1e-6)
+  np.testing.assert_allclose(np.asarray(results[1]), [[0.8 - 0.06, 0.2 + 0.06]], atol=1e-6)
 
 
 def test_l1_step_under_an_explicit_batch_sharded_mesh():
