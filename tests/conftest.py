@@ -80,20 +80,23 @@ def _test_compile_options(request):
 # the ground-truth matrix, the WideResNet) last, where one worker runs them while the other has
 # nothing left to do. ``--no-loadscope-reorder`` (pyproject.toml) keeps the order set here: the
 # longest files first (longest-processing-time-first scheduling), every other file after them in
-# collection order. The figures are seconds of one run of each file on a 2-core machine; they
-# only order the queue, so a stale figure costs time, never a test.
+# collection order. The figures are each file's seconds in one run of the whole suite on a quiet
+# 2-core machine (2026-11-27, `--durations=0`, summed per file); they only order the queue, so a
+# stale figure costs time, never a test.
 LONGEST_FIRST = {
-    "tests/test_ground_truth.py": 140, "tests/test_notebooks.py": 130,
-    "tests/test_auto_attack.py": 70, "tests/test_wide_resnet.py": 70,
-    "tests/test_honest_scores.py": 55, "tests/test_docs.py": 50, "tests/test_demo.py": 47,
-    "tests/test_equivalence.py": 46, "tests/test_early_exit.py": 38,
-    "tests/test_attack_conformance.py": 38, "tests/test_brendel_bethge.py": 38,
-    "tests/test_propagations.py": 35, "tests/test_fast_evaluation.py": 33,
-    "tests/test_autoattack_reference.py": 31, "tests/test_ensemble.py": 30,
-    "tests/test_apgd.py": 28, "tests/test_min_norm_found.py": 27, "tests/test_distributed.py": 26,
-    "tests/test_judged.py": 25, "tests/test_scores.py": 24, "tests/test_training.py": 22,
-    "tests/test_text_gcg_cache.py": 20, "tests/test_interop_torch_training.py": 20,
-    "tests/test_evaluate.py": 20, "tests/test_interop_torch.py": 18,
+    "tests/test_ground_truth.py": 126, "tests/test_notebooks.py": 79,
+    "tests/test_auto_attack.py": 49, "tests/test_honest_scores.py": 48,
+    "tests/test_wide_resnet.py": 46, "tests/test_equivalence.py": 40,
+    "tests/test_early_exit.py": 40, "tests/test_attack_conformance.py": 38,
+    "tests/test_docs.py": 38, "tests/test_propagations.py": 35, "tests/test_min_norm_found.py": 35,
+    "tests/test_square.py": 35, "tests/test_demo.py": 34, "tests/test_apgd.py": 33,
+    "tests/test_brendel_bethge.py": 31, "tests/test_ensemble.py": 30,
+    "tests/test_autoattack_reference.py": 29, "tests/test_training.py": 28,
+    "tests/test_evaluate.py": 26, "tests/test_certify_bounds.py": 25,
+    "tests/test_ground_truth_min_norm.py": 24, "tests/test_pgd_strength.py": 20,
+    "tests/test_certify.py": 19, "tests/test_judged.py": 18, "tests/test_distributed.py": 18,
+    "tests/test_fast_evaluation.py": 18, "tests/test_text_gcg_cache.py": 18,
+    "tests/test_projections.py": 17,
 }
 
 

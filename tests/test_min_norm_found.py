@@ -93,7 +93,14 @@ CASES = ([(name, "mlp") for name in sorted(DEFAULTS)]
          + [(name, "cnn") for name in ("carlini-wagner-l2", "ddn-l2", "fmn-l2", "fmn-l1")])
 
 
-@pytest.mark.parametrize("name, arch", CASES)
+# Carlini-Wagner's 9 x 100 steps on the CNN run long unoptimised: 8.1 s at this module's XLA
+# level 0, 5.4 s at the defaults (CPU, measured alone); every other case is cheaper at level 0.
+RUN_BOUND = {("carlini-wagner-l2", "cnn")}
+
+
+@pytest.mark.parametrize("name, arch", [
+    pytest.param(*case, marks=[pytest.mark.run_bound] if case in RUN_BOUND else [])
+    for case in CASES])
 def test_defaults_find_nearly_every_clean_correct_digit_at_eps_inf(name, arch):
   apply_fn, weights = MODELS[arch]
   attack = DEFAULTS[name]()

@@ -626,7 +626,7 @@ def train_digits(kind: str, x_train, y_train):
     return (optax.apply_updates(params, updates), opt_state), None
 
   @functools.partial(jax.jit, compiler_options=FAST)
-  def epoch(state, eps, key):
+  def epoch(state, x_train, y_train, eps, key):  # the data are arguments, not constants
     order_key, attack_key = jax.random.split(key)
     batches = x_train.shape[0] // DIGITS_BATCH
     order = jax.random.permutation(order_key, x_train.shape[0])[:batches * DIGITS_BATCH]
@@ -640,7 +640,7 @@ def train_digits(kind: str, x_train, y_train):
   for index in range(DIGITS_EPOCHS):
     ramp = min(1.0, (index + 1) / (0.6 * DIGITS_EPOCHS))
     eps = {"plain": 0.0, "pgd": 0.2, "ibp": 0.1 * ramp}[kind]
-    state = epoch(state, jnp.float32(eps), jax.random.key(index))
+    state = epoch(state, x_train, y_train, jnp.float32(eps), jax.random.key(index))
   return state[0]
 
 
@@ -654,7 +654,7 @@ def digits_results():
   y_train, y_test = jnp.asarray(y_train), jnp.asarray(y_test)
 
   @functools.partial(jax.jit, compiler_options=FAST)
-  def evaluate(params):
+  def evaluate(params, x_test, y_test):  # the data are arguments, not constants
     model = functools.partial(mlp_apply, params)
     counts = training.robust_counts(model, x_test, y_test, jr.Budget(0.2), jax.random.key(0))
     certificate = jr.certify.certify_bounds(model, x_test, y_test, jr.Budget(0.05))
@@ -663,7 +663,7 @@ def digits_results():
 
   results = {}
   for kind in ("plain", "pgd", "ibp"):
-    metrics, certified = evaluate(train_digits(kind, x_train, y_train))
+    metrics, certified = evaluate(train_digits(kind, x_train, y_train), x_test, y_test)
     results[kind] = {k: float(v) for k, v in metrics.items()} | {"certified": float(certified)}
   return results
 
