@@ -200,7 +200,7 @@ def per_example(fn: Callable, examples_per_pass: int | None, model: Callable[[Ar
   (:func:`jaxrobust.engine.canonical_conv.on_cpu_canonical`, an exact rewrite): the backward
   passes' transposed convolutions would otherwise run on XLA:CPU's slow generic emitter inside
   the ``lax.map`` loop, or inside any loop the caller runs the bounds in (measured: CROWN-IBP
-  margins of 8 points on a WRN-10-2, 4 per pass, 1.78 -> 0.19 s; ``benchmarks/RESULTS.md``).
+  margins of 8 points on a WRN-10-2, 4 per pass, 0.70 -> 0.10 s; ``benchmarks/RESULTS.md``).
   """
   if examples_per_pass is None:
     compute = lambda: jax.vmap(fn)(lower, *arrays)  # noqa: E731

@@ -15,7 +15,9 @@ loop, optimisation barriers, partial unrolling and the XLA flags tried; the figu
 ``conv_general_dilated`` written as transposes around an NHWC/HWIO/NHWC convolution (exact:
 dimension numbers only name axes), recursing into the jaxprs of loops, conditionals and calls, so
 that XLA sees canonical convolutions inside the loop bodies too. The engine applies it on CPU to
-every attack whose model contains a convolution (:func:`jaxrobust.engine.attack_loop.run_attack`).
+every attack whose model contains a convolution (:func:`jaxrobust.engine.attack_loop.run_attack`),
+and the certifiers to their linear bounds' per-example passes
+(:func:`jaxrobust.certify._linear.per_example`).
 
 References:
   XLA, ``xla/service/cpu/conv_canonicalization.cc`` (entry computation only).
