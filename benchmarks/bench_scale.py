@@ -952,11 +952,15 @@ def certify_bounds_unit(args) -> dict[str, Any]:
   def box(x, eps):
     return jnp.clip(x - eps, 0.0, 1.0), jnp.clip(x + eps, 0.0, 1.0)
 
-  def sampled_margins(apply, state, x, y, eps, key):
-    """Margins ``z_y - z_j`` at the clean points and 8 uniform draws of the box ``[9, B, C]``."""
+  def sampled_logits(apply, state, x, eps, key):
+    """Logits ``[9, B, C]`` at the clean points and 8 uniform draws of the box each."""
     lower, upper = box(x, eps)
     draws = jax.random.uniform(key, (8, *x.shape), minval=lower, maxval=upper)
-    z = jax.vmap(functools.partial(apply, state))(jnp.concatenate([x[None], draws]))
+    return jax.vmap(functools.partial(apply, state))(jnp.concatenate([x[None], draws]))
+
+  def sampled_margins(apply, state, x, y, eps, key):
+    """Margins ``z_y - z_j`` of :func:`sampled_logits`, ``[9, B, C]``."""
+    z = sampled_logits(apply, state, x, eps, key)
     return jnp.take_along_axis(z, y[None, :, None], axis=2) - z
 
   def bench(label: str, model_name: str, program: Callable, model: Model, x, y,
@@ -986,9 +990,7 @@ def certify_bounds_unit(args) -> dict[str, Any]:
     return jnp.stack(jr.certify.interval_bounds(functools.partial(apply, state), *box(x, eps)))
 
   lower_upper = bench("IBP logit bounds", args.ibp_model, ibp, model, x, y, {})
-  logits = np.asarray(jax.jit(lambda state, x, eps, key: jax.vmap(functools.partial(
-      apply, state))(jnp.concatenate([x[None], jax.random.uniform(
-          key, (8, *x.shape), minval=box(x, eps)[0], maxval=box(x, eps)[1])])))(
+  logits = np.asarray(jax.jit(functools.partial(sampled_logits, apply))(
       model.state["float32"], x, jnp.float32(eps), key))
   slack = 1e-4 * (1 + np.abs(logits))
   if not (np.all(logits >= lower_upper[0] - slack) and np.all(logits <= lower_upper[1] + slack)):
@@ -996,12 +998,13 @@ def certify_bounds_unit(args) -> dict[str, Any]:
   out["ibp_mean_width"] = float(np.mean(lower_upper[1] - lower_upper[0]))
   print(f"  IBP intervals contain the logits of the clean points and 8 draws each; mean width "
         f"{out['ibp_mean_width']:.3g}", flush=True)
-  del model
 
   # CROWN-IBP margin bounds with the memory knob: the same bounds at every setting.
-  model = build_model(args.crown_model, args.wrn_bn, args.seed)
-  apply = model.apply("float32", "random")
-  x, y = make_data(model, "float32", "random", args.cert_points, args.seed)
+  if args.crown_model != args.ibp_model:  # else the same model and data
+    del model
+    model = build_model(args.crown_model, args.wrn_bn, args.seed)
+    apply = model.apply("float32", "random")
+    x, y = make_data(model, "float32", "random", args.cert_points, args.seed)
   margins = np.asarray(jax.jit(functools.partial(sampled_margins, apply))(
       model.state["float32"], x, y, jnp.float32(eps), key))
   other = np.arange(model.num_classes)[None, :] != np.asarray(y)[:, None]
