@@ -1,7 +1,7 @@
 r"""Compute skipping with static shapes: run a per-example function only on the active points.
 
 XLA needs static shapes, so "skip the points that are already broken" cannot shrink the batch.
-Instead the active points are moved to the front (a stable sort of the batch by ``~active``), and
+Instead the active points are moved to the front (a stable partition, :func:`active_first`), and
 a ``lax.while_loop`` runs the function on consecutive chunks of ``c`` rows covering them,
 :math:`\lceil n_\text{active} / c\rceil` chunks; the outputs are put back in the original order.
 With few active points the cost falls to a few chunks; with none, to nothing. Optionally the
@@ -94,12 +94,42 @@ def per_device(local: Callable[..., Any], active: Array, *rows: Any) -> Any:
     ) from e
 
 
+def active_first(active: Array) -> tuple[Array, Array]:
+  r"""The stable partition of the rows with the active ones first: ``(order, position)``, both
+  ``[B]`` int32 and inverse permutations of each other (``order[position[i]] = i``).
+
+  ``order`` lists the active rows in increasing index, then the inactive ones; ``position[i]`` is
+  where row :math:`i` goes. With :math:`c_i = \sum_{j \le i} a_j` active rows up to row
+  :math:`i` and :math:`n = c_{B-1}`,
+
+  .. math:: \text{position}_i = \begin{cases} c_i - 1 & a_i \\ n + i - c_i & \text{else,}
+     \end{cases}
+
+  one prefix sum and one scatter: the same permutation as a stable ``argsort(~active)`` and its
+  inverse (a second ``argsort``), at a thirtieth of their cost on XLA:CPU for a batch of 540
+  (4 µs against 123 µs), which every segment of early exit pays.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> order, position = active_first(jnp.array([False, True, False, True]))
+    >>> order.tolist(), position.tolist()
+    ([1, 3, 0, 2], [2, 0, 3, 1])
+  """
+  batch = active.shape[0]
+  index = jax.lax.broadcasted_iota(jnp.int32, active.shape, 0)
+  before = jnp.cumsum(active.astype(jnp.int32))  # c_i
+  position = jnp.where(active, before - 1, before[-1] + index - before)
+  order = jnp.zeros((batch,), jnp.int32).at[position].set(index, unique_indices=True,
+                                                          indices_are_sorted=False)
+  return order, position
+
+
 def chunk_loop(fn: Callable[..., tuple[Any, Any, Array]], active: Array, chunk: int,
                rows: Any, outputs: Any, shared: Any = None, *,
                small: int | None = None, most_small: int = 4) -> tuple[Any, Any]:
   r"""The loop under every compaction: ``fn`` on chunks of rows that cover the active ones.
 
-  The active rows are moved to the front of the batch (a stable sort, so they keep their order),
+  The active rows are moved to the front of the batch (:func:`active_first`: they keep their order),
   and of :math:`n` active rows the first :math:`\lfloor n / c\rfloor c` run in chunks of ``chunk``
   rows :math:`c`; the other :math:`r = n \bmod c` run in chunks of ``small`` rows :math:`s` when
   given and :math:`\lceil r / s\rceil \le` ``most_small`` (``fn`` is traced a second time, for
@@ -133,7 +163,7 @@ def chunk_loop(fn: Callable[..., tuple[Any, Any, Array]], active: Array, chunk: 
   """
   batch = active.shape[0]
   small = chunk if small is None or small >= chunk else small
-  order = jnp.argsort(~active, stable=True).astype(jnp.int32)  # active rows first, in order
+  order, position = active_first(active)
   # A chunk starting at an active row ends at most ``chunk - 1`` rows past the batch: pad so that
   # no dynamic slice is clamped (padding rows repeat a row; their outputs are dropped).
   padded = batch + chunk - 1
@@ -168,8 +198,7 @@ def chunk_loop(fn: Callable[..., tuple[Any, Any, Array]], active: Array, chunk: 
   if small < chunk:
     carry = loop(small, rest, carry)
   _, outputs, shared, _ = carry
-  inverse = jnp.argsort(order[:batch]).astype(jnp.int32)
-  return jax.tree.map(lambda leaf: jnp.take(leaf[:batch], inverse, axis=0), outputs), shared
+  return jax.tree.map(lambda leaf: jnp.take(leaf[:batch], position, axis=0), outputs), shared
 
 
 def shared_marks(tree: Any) -> Any:

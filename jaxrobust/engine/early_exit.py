@@ -9,8 +9,8 @@ follows, instead of one fixed-length ``lax.scan`` over the whole batch:
   so a row's trajectory is its own up to its first success and then stops. It does not depend on the
   batch, on the chunking below, or on when the loop ends;
 * **segments with re-compaction** -- the steps run in segments of :math:`R` steps. Before each
-  segment the rows still to attack are moved to the front of the batch (a stable sort by
-  ``done``), cut into chunks of :math:`c` rows (:meth:`jaxrobust._options.RunOptions.chunk_rows`:
+  segment the rows still to attack are moved to the front of the batch (a stable partition
+  by ``done``), cut into chunks of :math:`c` rows (:meth:`jaxrobust._options.RunOptions.chunk_rows`:
   ``chunk_size`` or a backend default, balanced over the batch), and only the chunks holding such
   rows run the segment's :math:`R` steps; the results go back to their rows. With :math:`a_s`
   rows left at segment :math:`s`, the model sees about :math:`R \sum_s \lceil a_s / c \rceil c`
