@@ -278,6 +278,22 @@ def test_rows_left_over_by_full_chunks_run_in_small_chunks():
     assert counter.forward == expected, (n, counter.forward, expected)
 
 
+def test_active_first_is_the_stable_argsort_and_its_inverse():
+  """``compaction.active_first``: the permutation of a stable ``argsort(~active)`` (active rows
+  first, each group in index order) and its inverse, for every mask size and density."""
+  from jaxrobust.engine import compaction
+
+  partition = jax.jit(compaction.active_first)
+  rng = np.random.default_rng(1)
+  for batch in (1, 2, 7, 64, 540):
+    for density in (0.0, 0.1, 0.5, 0.9, 1.0):
+      active = rng.random(batch) < density
+      order, position = map(np.asarray, partition(jnp.asarray(active)))
+      np.testing.assert_array_equal(order, np.argsort(~active, kind="stable"))
+      np.testing.assert_array_equal(order[position], np.arange(batch))
+      assert order.dtype == position.dtype == np.int32
+
+
 def test_a_grid_starting_at_zero_costs_nothing_there():
   """A ball of radius 0 holds only x: a curve over [0, e1, e2] runs the model on exactly the
   rows of the curve over [e1, e2] (beyond the clean pass), with the flags of the dense curve."""
