@@ -13,7 +13,7 @@ schedule, with the attack's defaults otherwise:
   models (no loop around the model, so no early exit); PGD only (unrolling AutoAttack is out of
   the question).
 
-Printed per (model, attack, schedule): compile seconds, run seconds (best of ``--repeats``,
+Printed per (model, attack, schedule): compile seconds, run milliseconds (best of ``--repeats``,
 compiled program only), the model rows of one run counted by ``jr.metrics.count_evaluations`` in a
 separate untimed run (``grad``: rows with a backward pass, ``fwd``: without), the robust counts per
 eps, and whether the flags equal the dense curve's (they must, see
@@ -97,7 +97,8 @@ def main() -> None:
           dense_flags = flags
         same = "-" if dense_flags is None else str(bool(np.array_equal(flags, dense_flags)))
         print(f"{model_name:16s} {attack_name:11s} {schedule:8s} compile {compile_s:6.1f} s  "
-              f"run {min(times):7.2f} s  rows grad {counter.gradient:9d} fwd {counter.forward:9d}"
+              f"run {min(times) * 1e3:9.1f} ms  rows grad {counter.gradient:9d} "
+              f"fwd {counter.forward:9d}"
               f"  robust {flags.sum(1).tolist()}  equal to dense: {same}  "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
 
