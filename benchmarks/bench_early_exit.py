@@ -18,16 +18,24 @@ compiled program only), the model rows of one run counted by ``jr.metrics.count_
 separate untimed run (``grad``: rows with a backward pass, ``fwd``: without), the robust counts per
 eps, and whether the flags equal the dense curve's (they must, see
 ``jaxrobust.engine.early_exit``). The load average is printed before and after; compare only
-quiet runs.
+quiet runs. The weights and the data are arguments of every compiled program.
+
+``--regime full`` puts ``bench_scale.py``'s full-cost head on each model (logits
+``1e-3 * model(x) + 10 * onehot(0)``, every label 0): nothing can break, every point runs every
+step at every eps, and ``default`` against ``dense`` is early exit's pure overhead, its worst
+case (issue #26: never more than 5% over the dense run).
 
 Example::
 
   python benchmarks/bench_early_exit.py --models mlp,cnn-plain,cnn-adversarial --attacks pgd
+  python benchmarks/bench_early_exit.py --models mlp,cnn-plain --attacks pgd \
+      --schedules dense,default --regime full --repeats 5
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import pathlib
 import sys
@@ -46,6 +54,9 @@ def main() -> None:
   parser.add_argument("--aa-eps", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.3])
   parser.add_argument("--repeats", type=int, default=3)
   parser.add_argument("--schedules", default="dense,default,unrolled")
+  parser.add_argument("--regime", choices=("trained", "full"), default="trained",
+                      help="full: logits 1e-3 * model(x) + 10 * onehot(0), every label 0, so "
+                      "nothing breaks and every point runs every step (early exit's worst case)")
   args = parser.parse_args()
 
   import jax
@@ -69,7 +80,13 @@ def main() -> None:
     arch, _, kind = model_name.partition("-")
     params = get_params(arch, kind or "plain", "frozen", False)
     apply = ARCHS[arch]().apply
-    logits_fn = lambda x, params=params, apply=apply: apply(params, x)
+    if args.regime == "full":
+      # Nothing can break: the trunk's logits would have to move by 10^4 (bench_scale.py's head).
+      head = lambda z: 1e-3 * z + 10.0 * jax.nn.one_hot(0, z.shape[-1], dtype=z.dtype)
+      model_fn = lambda params, v, apply=apply: head(apply(params, v))
+      labels = jnp.zeros_like(y)
+    else:
+      model_fn, labels = apply, y
     for attack_name in args.attacks.split(","):
       attack, eps = attacks[attack_name]
       dense_flags = None
@@ -78,21 +95,32 @@ def main() -> None:
           continue
         options = schedules[schedule]
 
-        def curve(model, eps, options=options, attack=attack):
-          return jr.robustness_curve(attack, model, x, y, eps, jax.random.key(0), **options)
+        # The weights and the data are arguments of every program, never constants.
+        def curve(params, x, y, eps, count=False, options=options, attack=attack,
+                  model_fn=model_fn):
+          logits_fn = functools.partial(model_fn, params)
+          counter = None
+          if count:
+            logits_fn, counter = jr.metrics.count_evaluations(logits_fn)
+            counters.append(counter)
+          return jr.robustness_curve(attack, logits_fn, x, y, eps, jax.random.key(0), **options)
 
+        counters = []
+        operands = (params, x, labels, jnp.asarray(eps))
         start = time.perf_counter()
-        compiled = jax.jit(lambda eps: curve(logits_fn, eps)).lower(eps).compile()
+        compiled = jax.jit(curve).lower(*operands).compile()
         compile_s = time.perf_counter() - start
         times = []
         for _ in range(args.repeats):
           start = time.perf_counter()
-          result = jax.block_until_ready(compiled(eps))
+          result = jax.block_until_ready(compiled(*operands))
           times.append(time.perf_counter() - start)
-        counted, counter = jr.metrics.count_evaluations(logits_fn)
-        jax.block_until_ready(jax.jit(lambda eps: curve(counted, eps))(eps))
+        jax.block_until_ready(jax.jit(functools.partial(curve, count=True))(*operands))
         jax.effects_barrier()
+        counter = counters[-1]
         flags = np.asarray(result.robust)
+        if args.regime == "full" and not flags.all():
+          raise AssertionError("a point broke in the full-cost regime")
         if schedule == "dense":
           dense_flags = flags
         same = "-" if dense_flags is None else str(bool(np.array_equal(flags, dense_flags)))
@@ -101,7 +129,6 @@ def main() -> None:
               f"fwd {counter.forward:9d}"
               f"  robust {flags.sum(1).tolist()}  equal to dense: {same}  "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
-
 
 if __name__ == "__main__":
   main()

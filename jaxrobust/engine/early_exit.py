@@ -14,7 +14,11 @@ follows, instead of one fixed-length ``lax.scan`` over the whole batch:
   ``chunk_size`` or a backend default, balanced over the batch), and only the chunks holding such
   rows run the segment's :math:`R` steps; the results go back to their rows. With :math:`a_s`
   rows left at segment :math:`s`, the model sees about :math:`R \sum_s \lceil a_s / c \rceil c`
-  rows instead of :math:`R\,S\,B`, and the loop ends as soon as no row is left.
+  rows instead of :math:`R\,S\,B`, and the loop ends as soon as no row is left. In a batch of
+  at least four chunks, a segment that would skip fewer than :math:`c` rows (nothing broken yet:
+  a robust model, the first steps) runs the whole batch as one instead, in one loop rather than
+  one per chunk (a third traced shape of the step; the digits CNN's PGD on 540 points where
+  nothing breaks: 1.08x the dense run's time in chunks of 60, 1.03x so);
 
 Exactness. A row that is never done runs exactly the steps of the dense run, so its final point
 is the same; a row that is done holds a successful point in both runs. Hence the success flags,
@@ -124,7 +128,8 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   compact = compactable(frozen, chunk)
   # Smaller chunks for the rows left over cost a second traced shape of the step: worth it only
   # where the run dominates, a batch of at least four chunks (see remainder_rows).
-  small = remainder_rows(chunk) if x.shape[0] >= 4 * chunk else chunk
+  many = x.shape[0] >= 4 * chunk
+  small = remainder_rows(chunk) if many else chunk
   rows = (x, y, eps, keys, target, frozen, limit)
   kernel = propagations.metered_kernel(attack, freeze) if meter else attack
 
@@ -145,7 +150,14 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
     run = functools.partial(_steps_until_done, kernel, logits_fn, lower, upper, count, block)
     if not compact:
       return run(state, *rows)[0]
-    return _compacted_segment(run, state, rows, frozen | kernel.done(state), chunk, small)
+    done = frozen | kernel.done(state)
+    compacted = lambda state: _compacted_segment(run, state, rows, done, chunk, small)
+    if not many:
+      return compacted(state)
+    # Where compaction would skip less than a chunk's rows (nothing broken yet, as on a robust
+    # model), the whole batch runs as one: the same rows, one loop instead of one per chunk.
+    crowded = jnp.sum(~done, dtype=jnp.int32) > done.shape[0] - chunk
+    return jax.lax.cond(crowded, lambda state: run(state, *rows)[0], compacted, state)
 
   def run_all():
     # init and finalize may evaluate the model: on the rows to attack only.
