@@ -294,6 +294,32 @@ def test_active_first_is_the_stable_argsort_and_its_inverse():
       assert order.dtype == position.dtype == np.int32
 
 
+def test_whole_batch_segments_and_chunked_ones_give_the_dense_run():
+  """A batch of six chunks whose first segment breaks nothing runs it as one whole batch, and the
+  segments after the broken rows are done in chunks: the verdicts equal the dense run's, and a
+  row never broken ends exactly where the dense run leaves it."""
+  batch, chunk = 48, 8
+  model = random_linear(5, int(np.prod(SHAPE)), CLASSES)
+  rng = np.random.default_rng(6)
+  x = jnp.asarray(rng.uniform(0.3, 0.7, size=(batch,) + SHAPE), jnp.float32)
+  y = jnp.argmax(model.logits_fn(x), axis=-1).astype(jnp.int32)
+  # Forty rows too small a ball to break, eight so large a ball that they break in a step or two.
+  eps = jnp.where(jnp.arange(batch) < 40, 1e-4, 0.5).astype(jnp.float32)
+  attack = jr.attacks.pgd("linf", steps=16)
+
+  @functools.partial(jax.jit, static_argnums=4)
+  def run(weights, x, y, eps, early_exit):
+    return jr.run(attack, functools.partial(linear_logits, weights), x, y, jr.Budget(eps),
+                  jax.random.key(2), early_exit=early_exit, chunk_size=chunk)
+
+  dense, exits = (run(model.weights(), x, y, eps, e) for e in (False, True))
+  success = np.asarray(dense.success)
+  assert not success[:40].any() and success[40:].all()
+  np.testing.assert_array_equal(np.asarray(exits.success), success)
+  np.testing.assert_allclose(np.asarray(exits.x_adv)[:40], np.asarray(dense.x_adv)[:40],
+                             rtol=0, atol=1e-6)
+
+
 def test_a_grid_starting_at_zero_costs_nothing_there():
   """A ball of radius 0 holds only x: a curve over [0, e1, e2] runs the model on exactly the
   rows of the curve over [e1, e2] (beyond the clean pass), with the flags of the dense curve."""

@@ -17,8 +17,9 @@ follows, instead of one fixed-length ``lax.scan`` over the whole batch:
   rows instead of :math:`R\,S\,B`, and the loop ends as soon as no row is left. In a batch of
   at least four chunks, a segment that would skip fewer than :math:`c` rows (nothing broken yet:
   a robust model, the first steps) runs the whole batch as one instead, in one loop rather than
-  one per chunk (a third traced shape of the step; the digits CNN's PGD on 540 points where
-  nothing breaks: 1.08x the dense run's time in chunks of 60, 1.03x so);
+  one per chunk (a third traced shape of the step). Where nothing breaks, early exit's worst
+  case, that brought the digits models' PGD-20 curves on 540 points from 1.11-1.34x the dense
+  run's time to 0.97-1.07x (``benchmarks/bench_early_exit.py --regime full``).
 
 Exactness. A row that is never done runs exactly the steps of the dense run, so its final point
 is the same; a row that is done holds a successful point in both runs. Hence the success flags,
