@@ -92,8 +92,11 @@ class RunOptions:
       (misclassified ones; for an ensemble, those an earlier member broke; in a curve, those
       broken at a smaller eps): the points to attack are moved together into chunks of this many
       rows and only chunks holding such points are computed (:mod:`jaxrobust.engine.compaction`).
-      Results equal the dense run's. ``None``: with early exit, a backend default; without, no
-      compaction (:meth:`chunk_rows` says which number is used). The chunk loop is a
+      Results equal the dense run's. ``None``: with early exit, a backend default (and where a
+      batch of at least four such chunks would skip fewer than a chunk's rows, the whole batch
+      runs at once, :mod:`jaxrobust.engine.early_exit`); without, no compaction
+      (:meth:`chunk_rows` says which number is used). A number is kept: at most that many rows
+      per model call in the attack's loop. The chunk loop is a
       ``lax.while_loop``, which JAX cannot differentiate in reverse mode: to take ``jax.grad``
       through an attack (adversarial training), leave ``chunk_size=None`` and pass
       ``early_exit=False``. An explicit ``chunk_size`` compacts per device under an Explicit mesh

@@ -27,6 +27,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxrobust as jr
+from jaxrobust._options import RunOptions
 from tests.models import linear_logits, mlp_logits, mlp_params, random_linear
 from tests.test_attack_conformance import REGISTRY
 
@@ -295,28 +296,33 @@ def test_active_first_is_the_stable_argsort_and_its_inverse():
 
 
 def test_whole_batch_segments_and_chunked_ones_give_the_dense_run():
-  """A batch of six chunks whose first segment breaks nothing runs it as one whole batch, and the
-  segments after the broken rows are done in chunks: the verdicts equal the dense run's, and a
-  row never broken ends exactly where the dense run leaves it."""
-  batch, chunk = 48, 8
+  """With the backend's chunks (64 rows on CPU), a batch of six chunks whose first segment breaks
+  nothing runs it (and ``init``) as one whole batch, and the segments after the broken rows are
+  done in chunks: the verdicts equal the dense run's, and a row never broken ends exactly where
+  the dense run leaves it."""
+  chunk = RunOptions().chunk_rows(384)
+  assert chunk == 64 and jax.default_backend() == "cpu"
+  batch, never = 6 * chunk, 5 * chunk
   model = random_linear(5, int(np.prod(SHAPE)), CLASSES)
   rng = np.random.default_rng(6)
   x = jnp.asarray(rng.uniform(0.3, 0.7, size=(batch,) + SHAPE), jnp.float32)
   y = jnp.argmax(model.logits_fn(x), axis=-1).astype(jnp.int32)
-  # Forty rows too small a ball to break, eight so large a ball that they break in a step or two.
-  eps = jnp.where(jnp.arange(batch) < 40, 1e-4, 0.5).astype(jnp.float32)
+  # Five chunks' rows in a ball of half their distance to the boundary (they move, never break),
+  # one chunk's in so large a ball that they break in a step or two.
+  half = 0.5 * model.min_distance(np.asarray(x), np.asarray(y), "linf")
+  eps = jnp.asarray(np.where(np.arange(batch) < never, half, 0.5), jnp.float32)
   attack = jr.attacks.pgd("linf", steps=16)
 
   @functools.partial(jax.jit, static_argnums=4)
   def run(weights, x, y, eps, early_exit):
     return jr.run(attack, functools.partial(linear_logits, weights), x, y, jr.Budget(eps),
-                  jax.random.key(2), early_exit=early_exit, chunk_size=chunk)
+                  jax.random.key(2), early_exit=early_exit)
 
   dense, exits = (run(model.weights(), x, y, eps, e) for e in (False, True))
   success = np.asarray(dense.success)
-  assert not success[:40].any() and success[40:].all()
+  assert not success[:never].any() and success[never:].all()
   np.testing.assert_array_equal(np.asarray(exits.success), success)
-  np.testing.assert_allclose(np.asarray(exits.x_adv)[:40], np.asarray(dense.x_adv)[:40],
+  np.testing.assert_allclose(np.asarray(exits.x_adv)[:never], np.asarray(dense.x_adv)[:never],
                              rtol=0, atol=1e-6)
 
 

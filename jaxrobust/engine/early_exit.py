@@ -14,12 +14,13 @@ follows, instead of one fixed-length ``lax.scan`` over the whole batch:
   ``chunk_size`` or a backend default, balanced over the batch), and only the chunks holding such
   rows run the segment's :math:`R` steps; the results go back to their rows. With :math:`a_s`
   rows left at segment :math:`s`, the model sees about :math:`R \sum_s \lceil a_s / c \rceil c`
-  rows instead of :math:`R\,S\,B`, and the loop ends as soon as no row is left. In a batch of
-  at least four chunks, a segment that would skip fewer than :math:`c` rows (nothing broken yet:
-  a robust model, the first steps) runs the whole batch as one instead, in one loop rather than
-  one per chunk (a third traced shape of the step). Where nothing breaks, early exit's worst
-  case, that brought the digits models' PGD-20 curves on 540 points from 1.11-1.34x the dense
-  run's time to 0.97-1.07x (``benchmarks/bench_early_exit.py --regime full``).
+  rows instead of :math:`R\,S\,B`, and the loop ends as soon as no row is left. With the
+  backend's chunks (``chunk_size=None``) in a batch of at least four of them, a segment that
+  would skip fewer than :math:`c` rows (nothing broken yet: a robust model, the first steps) runs
+  the whole batch as one instead, in one loop rather than one per chunk (a third traced shape of
+  the step). Where nothing breaks, early exit's worst case, the digits models' PGD-20 curves on
+  540 points went from 1.11-1.34x the dense run's time to 0.97-1.07x
+  (``benchmarks/bench_early_exit.py --regime full``).
 
 Exactness. A row that is never done runs exactly the steps of the dense run, so its final point
 is the same; a row that is done holds a successful point in both runs. Hence the success flags,
@@ -131,6 +132,9 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   # where the run dominates, a batch of at least four chunks (see remainder_rows).
   many = x.shape[0] >= 4 * chunk
   small = remainder_rows(chunk) if many else chunk
+  # Whole-batch segments where chunks would skip less than a chunk's rows: with the backend's
+  # chunks only (an explicit chunk_size is a promise of rows per model call).
+  whole = many and options.chunk_size is None
   rows = (x, y, eps, keys, target, frozen, limit)
   kernel = propagations.metered_kernel(attack, freeze) if meter else attack
 
@@ -153,7 +157,7 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
       return run(state, *rows)[0]
     done = frozen | kernel.done(state)
     compacted = lambda state: _compacted_segment(run, state, rows, done, chunk, small)
-    if not many:
+    if not whole:
       return compacted(state)
     # Where compaction would skip less than a chunk's rows (nothing broken yet, as on a robust
     # model), the whole batch runs as one: the same rows, one loop instead of one per chunk.
