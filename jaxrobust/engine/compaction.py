@@ -17,12 +17,13 @@ The loop's trip count depends on the data, so JAX cannot differentiate it in rev
 ``jax.grad`` through a compacted computation raises (unless no differentiable value flows
 through the loop); forward mode (``jax.jvp``) works. Drivers document this for ``chunk_size``.
 
-The sort and the gathers move rows across the batch. When the batch axis is sharded over a mesh
-axis that the array's type shows (an Explicit mesh axis), the compaction runs per device under
+The permutation and the gathers move rows across the batch. When the batch axis is sharded over a
+mesh axis that the array's type shows (an Explicit mesh axis), the compaction runs per device under
 ``jax.shard_map`` over that axis (:func:`per_device`): each device compacts and attacks its own
 rows, ``chunk_size`` rows at a time, and nothing crosses devices. Under Auto axes the sharding is
-not visible while tracing; XLA then partitions the sort itself (correct, but it moves rows between
-devices), so sharded drivers should call this inside their own ``shard_map``.
+not visible while tracing; XLA then partitions the permutation and the gathers itself (correct, but
+it moves rows between devices), so sharded drivers should call this inside their own
+``shard_map``.
 """
 
 from __future__ import annotations
