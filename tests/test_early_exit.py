@@ -4,13 +4,16 @@ computation, for a fraction of the model evaluations.
 * The attacks of the conformance registry: the curve with early exit and skipping (in chunks of
   4 rows, so that the rows left are re-compacted across several chunks; on 8 devices also the
   default, which moves no rows there) has exactly the flags (and per-member breakdown) of the
-  dense curve, on one device and on an Explicit 8-device mesh. The suite runs ``QUICK``, a configuration or two of every attack
-  family that exits early (the whole registry passed when this was written); ``JAXROBUST_EARLY_EXIT=all`` runs the whole registry (minimum-norm
-  and EOT attacks included: they take the same path minus the early exit).
+  dense curve, on one device and on an Explicit 8-device mesh. The suite runs ``QUICK``, a
+  configuration or two of every attack family that exits early (the whole registry passed when
+  this was written); ``JAXROBUST_EARLY_EXIT=all`` runs the whole registry (minimum-norm and EOT
+  attacks included: they take the same path minus the early exit).
 * Counting rows through the model (``jr.metrics.count_evaluations``): on a linear model where
   every point breaks at the first update, a 100-step attack costs about two gradient rows per
   point instead of 101; a curve over eight eps costs about what its first eps costs.
 * A broken row's result depends only on the row: the same under any chunk size or batch order.
+* The machinery: the row partition equals a stable argsort; segments that run the whole batch
+  and segments in chunks, in one run, give the dense verdicts.
 """
 
 from __future__ import annotations
