@@ -130,5 +130,6 @@ def main() -> None:
               f"  robust {flags.sum(1).tolist()}  equal to dense: {same}  "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
 
+
 if __name__ == "__main__":
   main()

@@ -35,7 +35,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, output to $OUT/NAME.
   shift 2
   echo "[$(date +%T)] $name (limit ${limit} s)"
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
-  echo "[$(date +%T)] $name: exit $?"
+  local status=$?  # 124: the step ran out of time
+  echo "[$(date +%T)] $name: exit $status"
 }
 
 step env 10 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; \
