@@ -99,7 +99,6 @@ def main() -> None:
         def curve(params, x, y, eps, count=False, options=options, attack=attack,
                   model_fn=model_fn):
           logits_fn = functools.partial(model_fn, params)
-          counter = None
           if count:
             logits_fn, counter = jr.metrics.count_evaluations(logits_fn)
             counters.append(counter)
