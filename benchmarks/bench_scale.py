@@ -84,6 +84,15 @@ equality. Peak device memory: for JAX, the compiled program's XLA buffers
 own subprocess (``--isolate``, the default) and the peak is cumulative within it); for torch,
 ``torch.cuda.max_memory_allocated`` after a reset. On a CPU there is no device peak ("-").
 
+Every core on a CPU. XLA:CPU runs these networks' convolutions on about one core (WRN-10-2, batch
+32, one input gradient: 67 ms pinned to one core, 55 ms on two), while torch's run on all of
+them (34 ms on two threads, 64 ms on one). ``--cpu-devices N`` asks JAX for N CPU devices
+(``jax_num_cpu_devices``) and runs jaxrobust's ``pgd``, ``resnet`` and ``aa`` programs (and the
+raw-gradient floor) data-parallel over them: ``jax.shard_map`` over the batch, the state
+replicated, the key folded with the device index: what ``jr.evaluate(..., mesh=mesh)`` runs per
+device on its ``shard_map`` path. ``--torch-threads`` sets torch's threads. Both default to the
+core count on a CPU (``--cpu-devices 1 --torch-threads 1``: one core each).
+
 Peers are optional and imported lazily; a missing peer is skipped with a note. Every table is
 printed with the device, the jax/torch versions and the 1-min load average; ``--out`` gets all
 figures as JSON.
@@ -92,8 +101,9 @@ Presets. ``--small`` (the default): 2 CPU cores, a few minutes on a quiet machin
 loaded one): WRN-10-2 PGD-10 at batch 32 (Linf and L2, float32 and bfloat16), AutoAttack on
 WRN-10-2 with 4 points at 0.5/255 and 2/255 (the reference at 2/255 only), the compile of that
 curve with and without constants, ResNet-50 PGD-3 at batch 2 (float32, Linf, dense and full
-cost); torch with 1 thread (on a shared 2-core machine two OpenMP threads ran 5-10x slower under
-load). ``--device-preset``: an H100/H200 lent for 15 minutes: WRN-28-10 PGD-10 at batch 512
+cost); both sides on every core: torch with one thread per core, and jaxrobust's PGD and
+AutoAttack programs split over one JAX CPU device per core (``--cpu-devices``, below).
+``--device-preset``: an H100/H200 lent for 15 minutes: WRN-28-10 PGD-10 at batch 512
 (float32 and bfloat16), AutoAttack on WRN-16-4 with 128 points at 1/255 and 2/255 (the reference
 at 2/255; 4 eps would take about as long as the reference's 150 s for the jaxrobust run alone),
 the compile of the AutoAttack curve for WRN-28-10 with parameters as arguments, ResNet-50 PGD-10
@@ -172,8 +182,9 @@ PARTIAL: list[pathlib.Path] = []
 """Where a worker writes its unit's figures after every measurement (a killed unit keeps them)."""
 
 PRESETS: dict[str, dict[str, Any]] = {
-  # 2 CPU cores, a few minutes in all (the reference AutoAttack on the largest eps only; torch
-  # with 1 thread: on this shared 2-core machine 2 OpenMP threads ran 5-10x slower under load).
+  # 2 CPU cores, a few minutes in all (the reference AutoAttack on the largest eps only); torch
+  # threads and JAX CPU devices default to the core count (on a loaded machine, two OpenMP
+  # threads ran 5-10x slower: --torch-threads 1 --cpu-devices 1 there).
   "small": dict(sections=["pgd", "aa", "compile", "resnet"], dtypes=["float32", "bfloat16"],
                 norms=["linf", "l2"], model="wrn-10-2", batch=32, steps=10,
                 programs=["early-exit", "dense", "full-cost"], resnet_model="resnet50",
@@ -181,7 +192,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                 resnet_norms=["linf"], resnet_programs=["dense", "full-cost"],
                 aa_model="wrn-10-2", points=4, eps=["0.5/255", "2/255"], reference_points=None,
                 reference_eps=1, aa_dtypes=["float32"], compile_model="wrn-10-2",
-                constants=True, repeats=3, aa_repeats=1, rows="all", torch_threads=1,
+                constants=True, repeats=3, aa_repeats=1, rows="all", torch_threads=None,
                 eval_model="wrn-10-2", eval_images=[64, 256], eval_batch=32,
                 ibp_model="wrn-10-2", crown_model="wrn-10-2", cert_points=8,
                 cert_eps="1/255", crown_chunks=["all", "4", "1"], smoothing_model="wrn-10-2",
@@ -232,6 +243,7 @@ def environment() -> dict[str, Any]:
   torch = torch_module()
   env = {"jax": jax.__version__, "jaxrobust": jr.__version__, "backend": jax.default_backend(),
          "device": f"{device.platform}:{getattr(device, 'device_kind', '?')}",
+         "devices": len(jax.devices()),
          "cpu": f"{os.cpu_count()} cores ({platform.processor() or platform.machine()})",
          "torch": torch.__version__ if torch is not None else None}
   if torch is not None:
@@ -244,7 +256,9 @@ def environment() -> dict[str, Any]:
 
 
 def header(env: dict[str, Any]) -> str:
-  return (f"device {env['device']} (jax {env['jax']}, backend {env['backend']}); torch "
+  count = env.get("devices", 1)
+  return (f"device {env['device']}{f' x {count}' if count > 1 else ''} (jax {env['jax']}, "
+          f"backend {env['backend']}); torch "
           f"{env['torch']} on {env.get('torch_device', '-')}; {env['cpu']}; 1-min load "
           f"{load_average():.2f}")
 
@@ -406,6 +420,57 @@ def with_state(program: Callable, apply: Callable) -> Callable:
   return lambda state, *rest: program(functools.partial(apply, state), *rest)
 
 
+def batch_mesh() -> jax.sharding.Mesh | None:
+  """A 1-D ``"batch"`` mesh over every device of this process, or ``None`` with one device."""
+  devices = jax.devices()
+  return None if len(devices) == 1 else jax.make_mesh((len(devices),), ("batch",),
+                                                      devices=devices)
+
+
+def data_parallel(program: Callable, batched: tuple[bool, ...], out_axis: int = 0) -> Callable:
+  """``program(state, *rest)`` run per device on its shard of the batch (``jax.shard_map``).
+
+  ``batched[i]`` says whether argument ``i`` (after the state) is split over the devices along
+  its first axis; the output's batch axis is ``out_axis``. A key argument (``batched`` False) is
+  folded with the device's index, so the shards draw different randomness. This is what
+  ``jr.evaluate(..., mesh=mesh)`` runs per device on its ``shard_map`` path; with one device the
+  program is returned unchanged.
+  """
+  mesh = batch_mesh()
+  if mesh is None:
+    return program
+  P = jax.sharding.PartitionSpec
+
+  def local(state, *rest):
+    index = jax.lax.axis_index("batch")
+    rest = tuple(jax.random.fold_in(a, index) if is_key(a) else a for a in rest)
+    return program(state, *rest)
+
+  out_spec = P(*([None] * out_axis), "batch")
+  return jax.shard_map(local, mesh=mesh, in_specs=(P(),) + tuple(P("batch") if b else P()
+                                                                   for b in batched),
+                       out_specs=out_spec, check_vma=False)
+
+
+def is_key(a: Any) -> bool:
+  return isinstance(a, jax.Array) and jnp.issubdtype(a.dtype, jax.dtypes.prng_key)
+
+
+def place(state, *rest_and_batched):
+  """``state`` replicated and each ``(array, batched)`` sharded over the batch mesh (if any)."""
+  mesh = batch_mesh()
+  if mesh is None:
+    return (state,) + tuple(a for a, _ in rest_and_batched)
+  P, S = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
+  count = mesh.devices.size
+  for a, b in rest_and_batched:
+    if b and a.shape[0] % count:
+      raise SystemExit(f"a batch of {a.shape[0]} does not split over {count} CPU devices: pass "
+                       f"a multiple of {count}, or --cpu-devices 1")
+  return (jax.device_put(state, S(mesh, P())),) + tuple(
+      jax.device_put(a, S(mesh, P("batch") if b else P())) for a, b in rest_and_batched)
+
+
 # ------------------------------------------------------------------------------------------------
 # Torch side.
 
@@ -526,8 +591,10 @@ def pgd_unit(args, name: str, batch: int, steps: int, dtype: str, norms: list[st
 
   # The floor: K jitted input gradients (full-cost head: also the check that gradients flow).
   x, y = data["full"]
-  compiled, info = compile_program(input_gradient(model.apply(dtype, "full")), state, x, y)
-  grad, times = time_program(compiled, (state, x, y), args.repeats)
+  args_grad = place(state, (x, True), (y, True))
+  compiled, info = compile_program(data_parallel(input_gradient(model.apply(dtype, "full")),
+                                                 (True, True)), *args_grad)
+  grad, times = time_program(compiled, args_grad, args.repeats)
   row_norms = np.asarray(jnp.sqrt(jnp.sum(jnp.square(grad.reshape(batch, -1)), -1)))
   if not np.all(row_norms > 0) or not np.all(np.isfinite(row_norms)):
     raise AssertionError("the full-cost model has zero or non-finite input gradients")
@@ -551,8 +618,10 @@ def pgd_unit(args, name: str, batch: int, steps: int, dtype: str, norms: list[st
       x, y = data[regime]
       program = pgd_program(attack, early_exit)
       apply = model.apply(dtype, regime)
-      compiled, info = compile_program(with_state(program, apply), state, x, y, eps, key)
-      success, times = time_program(compiled, (state, x, y, eps, key), args.repeats)
+      placed = place(state, (x, True), (y, True), (eps, False), (key, False))
+      compiled, info = compile_program(data_parallel(with_state(program, apply),
+                                                     (True, True, False, False)), *placed)
+      success, times = time_program(compiled, placed, args.repeats)
       peak = jax_peak()
       broken = int(np.sum(np.asarray(success)))
       if regime == "full" and broken:
@@ -702,14 +771,16 @@ def aa_jax_unit(args, dtype: str) -> dict[str, Any]:
   attack = jr.attacks.auto_attack("linf")
   program = aa_curve_program(attack)
   state = model.state[dtype]
-  compiled, info = compile_program(with_state(program, model.apply(dtype, "full")), state, x, y,
-                                   eps, key)
+  placed = place(state, (x, True), (y, True), (eps, False), (key, False))
+  compiled, info = compile_program(data_parallel(with_state(program, model.apply(dtype, "full")),
+                                                 (True, True, False, False), out_axis=1),
+                                   *placed)
   save_partial({"env": env, "model": args.aa_model, "points": args.points,
                 "epsilons": epsilons, "dtype": dtype, **info})
   print(f"  compile: trace+lower {info['trace_lower_s']:.1f} s, XLA {info['compile_s']:.1f} s; "
         f"XLA buffers {gib(info.get('xla_bytes'))} GiB", flush=True)
   load_before = load_average()
-  robust, times = time_program(compiled, (state, x, y, eps, key), args.aa_repeats, warmup=False)
+  robust, times = time_program(compiled, placed, args.aa_repeats, warmup=False)
   load_after = load_average()
   robust = np.asarray(robust)
   if not robust.all():
@@ -1135,6 +1206,13 @@ def unit_name(unit: dict[str, str]) -> str:
   return "/".join(unit[k] for k in ("section", "dtype", "side", "variant") if k in unit)
 
 
+def use_cpu_devices(count: int) -> None:
+  """Asks JAX for ``count`` CPU devices, before its backend starts (on an accelerator the CPU
+  backend is not the default one, so :func:`batch_mesh` sees the accelerator alone)."""
+  if count > 1:
+    jax.config.update("jax_num_cpu_devices", count)
+
+
 def run_unit(args, unit: dict[str, str]) -> dict[str, Any]:
   section, dtype = unit["section"], unit["dtype"]
   jax.devices()  # JAX's backend (and its CUDA libraries) first, then torch's
@@ -1289,7 +1367,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                            "and assert they are equal")
   parser.add_argument("--autoattack-path", default=os.environ.get("AUTOATTACK_PATH"))
   parser.add_argument("--torch-threads", type=int,
-                      help="torch.set_num_threads on a CPU (--small: 1; else the core count)")
+                      help="torch.set_num_threads on a CPU (default: the core count)")
+  parser.add_argument("--cpu-devices", type=int, default=os.cpu_count() or 1,
+                      help="on a CPU backend, JAX devices (jax_num_cpu_devices): the pgd, "
+                           "resnet and aa programs of jaxrobust run data-parallel over them "
+                           "(shard_map over the batch), as jr.evaluate(mesh=...) does; ignored "
+                           "on an accelerator (default: the core count)")
   parser.add_argument("--section-timeout", type=float,
                       help="seconds after which a unit's subprocess is killed")
   parser.add_argument("--budget", type=float,
@@ -1312,10 +1395,13 @@ def main(argv: list[str] | None = None) -> int:
     spec = json.loads(pathlib.Path(argv[1]).read_text())
     args = argparse.Namespace(**spec["args"])
     PARTIAL.append(pathlib.Path(argv[2]))
+    use_cpu_devices(args.cpu_devices)
     result = run_unit(args, spec["unit"])
     pathlib.Path(argv[2]).write_text(json.dumps(result, default=str))
     return 0
   args = parse_args(argv)
+  if not args.isolate:
+    use_cpu_devices(args.cpu_devices)
   # A SIGTERM raises SystemExit, so subprocess.run kills the running unit on the way out.
   signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
   report: dict[str, Any] = {
