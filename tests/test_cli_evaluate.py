@@ -177,6 +177,28 @@ def test_interrupted_run_resumes_to_the_identical_report(workspace, reference, m
   assert resumed == reference_copy
 
 
+def test_default_devices_are_one_per_usable_cpu_core(workspace, reference):
+  # Without --devices, a CPU run splits each batch over one JAX CPU device per usable core (at
+  # most 8, at most what the backend has: tests/conftest.py gives it 8), the batch rounded up to
+  # a multiple of them; the report is the one of two devices, batch 32.
+  import jax
+  from jaxrobust.cli import evaluate as cli_evaluate
+
+  root, truth, n = workspace
+  assert evaluate(root, "auto", "--batch-size", "31") == 0
+  got = json.loads((root / "auto" / "report.json").read_text())
+  devices = min(cli_evaluate.usable_cores(), cli_evaluate.MAX_AUTO_CPU_DEVICES,
+                len(jax.devices()))
+  assert got["provenance"]["evaluate"]["devices"] == devices
+  assert got["provenance"]["evaluate"]["batch_size"] == -(-31 // devices) * devices
+  assert got["worst_case"]["robust_count"] == truth.tolist()
+  assert got["worst_case"] == reference["worst_case"] and got["attacks"] == reference["attacks"]
+  # An explicit --devices is kept, and so is its batch size.
+  assert evaluate(root, "one", "--devices", "1", "--batch-size", "31") == 0
+  one = json.loads((root / "one" / "report.json").read_text())["provenance"]["evaluate"]
+  assert (one["devices"], one["batch_size"]) == (1, 31)
+
+
 @pytest.fixture(scope="module")
 def nnx_report(workspace):
   root, *_ = workspace

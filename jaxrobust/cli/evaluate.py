@@ -21,6 +21,10 @@ The printed report ends with its "Gradient masking (static)" section (:func:`jax
 of the model: ``none found``, or one line per finding with its remedy); findings of severity
 ``error`` also warn and make the report unreliable.
 
+Without ``--devices``, a CPU run splits every batch over one JAX CPU device per usable core (at
+most :data:`MAX_AUTO_CPU_DEVICES`): XLA:CPU runs a convolution on about one core, so this puts
+the others to work; the report does not depend on the device count.
+
 With ``--checkpoint FILE`` an interrupted run resumes where it stopped and gives the identical
 report. Mistakes in the user's module, the data's shapes or its value range end the command with
 exit status 2 and one line saying what is wrong (``--traceback`` shows the Python traceback).
@@ -119,7 +123,8 @@ def add_parser(commands: Any) -> None:
   p.add_argument("--lower", type=float, default=0.0, help="smallest valid input (default: 0)")
   p.add_argument("--upper", type=float, default=1.0, help="largest valid input (default: 1)")
   p.add_argument("--batch-size", type=int_at_least(1), default=256,
-                 help="examples per step, all devices together (default: 256)")
+                 help="examples per step, all devices together (default: 256; without "
+                 "--devices, rounded up to a multiple of the device count)")
   p.add_argument("--limit", type=int_at_least(1), default=None,
                  help="evaluate only the first N examples")
   p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("jaxrobust-report"),
@@ -127,7 +132,9 @@ def add_parser(commands: Any) -> None:
   p.add_argument("--checkpoint", type=pathlib.Path, default=None,
                  help="checkpoint file: written after every batch, resumed from if present")
   p.add_argument("--devices", type=int_at_least(1), default=None,
-                 help="shard every batch over this many devices (on CPU they are simulated)")
+                 help="shard every batch over this many devices (default: on a CPU one JAX "
+                 f"CPU device per usable core, at most {MAX_AUTO_CPU_DEVICES}, since XLA:CPU "
+                 "runs a convolution on about one core; on an accelerator one device)")
   p.add_argument("--max-propagations", type=int_at_least(0), default=None, metavar="N",
                  help="cap every attack's forward plus backward propagations per example and "
                       "per eps at N (AttackBench's budget; default: no cap)")
@@ -291,11 +298,40 @@ def convert_torch(module: Any, x: Any) -> Any:
     raise UserError(f"--torch: {one_line(error)}") from error
 
 
+MAX_AUTO_CPU_DEVICES = 8
+"""At most this many CPU devices without ``--devices``: each holds its own copy of the weights."""
+
+
+def usable_cores() -> int:
+  """The CPU cores this process may run on (its affinity mask where the OS has one)."""
+  try:
+    return len(os.sched_getaffinity(0))
+  except AttributeError:  # macOS, Windows
+    return os.cpu_count() or 1
+
+
 def _use_devices(count: int | None) -> Any:
   """A 1-D mesh over the first ``count`` devices (``None``: no mesh). On CPU, asks JAX for
-  ``count`` simulated devices if no JAX operation ran yet."""
+  ``count`` devices if no JAX operation ran yet.
+
+  ``count=None`` (no ``--devices``): on a CPU backend, one device per usable core, at most
+  :data:`MAX_AUTO_CPU_DEVICES` (and at most the devices JAX has, if its backend is already up).
+  XLA:CPU runs a convolution on about one core, so a batch split over the cores' devices runs up
+  to that many times faster (2 cores: ``benchmarks/RESULTS.md``, "Every core of a CPU"); the
+  report does not depend on the device count. On an accelerator: no mesh (one device).
+  """
   if count is None:
-    return None
+    wanted = min(usable_cores(), MAX_AUTO_CPU_DEVICES)
+    try:
+      if wanted > 1:
+        jax.config.update("jax_num_cpu_devices", wanted)
+    except RuntimeError:  # the backend is already up: use the devices it has
+      pass
+    if jax.default_backend() != "cpu":
+      return None
+    devices = jax.devices()
+    count = min(wanted, len(devices))
+    return None if count == 1 else jax.make_mesh((count,), ("batch",), devices=devices[:count])
   try:
     if count > 1:
       jax.config.update("jax_num_cpu_devices", count)
@@ -306,6 +342,15 @@ def _use_devices(count: int | None) -> Any:
     raise UserError(f"--devices {count} but JAX sees {len(devices)} {devices[0].platform} "
                     "device(s)")
   return jax.make_mesh((count,), ("batch",), devices=devices[:count])
+
+
+def _batch_size(args: argparse.Namespace, num_examples: int, mesh: Any) -> int:
+  """``--batch-size`` (at most the data's size); without ``--devices``, rounded up to a multiple
+  of the devices chosen (the last batch is padded and masked by :func:`jaxrobust.evaluate`)."""
+  batch = min(args.batch_size, num_examples)
+  if mesh is not None and args.devices is None:
+    batch = -(-batch // mesh.size) * mesh.size
+  return batch
 
 
 def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
@@ -327,7 +372,7 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
   _check_model(model, x)
   try:
     report = jr.evaluate(model, (x, y), attacks=attacks, epsilons=epsilons,
-                         key=jax.random.key(args.seed), batch_size=min(args.batch_size, len(x)),
+                         key=jax.random.key(args.seed), batch_size=_batch_size(args, len(x), mesh),
                          mesh=mesh, checkpoint=args.checkpoint, progress=not args.quiet,
                          lower=args.lower, upper=args.upper, keep_per_example=True,
                          max_propagations=args.max_propagations)
