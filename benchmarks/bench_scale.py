@@ -34,7 +34,8 @@ Sections (``--sections``):
   reference may run fewer points (``--reference-points``) and fewer eps (``--reference-eps``, the
   largest ones); in the full-cost regime every point and eps costs the same, so the time and row
   ratios are taken per point and eps (said so in the output).
-* ``evaluate``: ``jr.evaluate`` streaming ``--eval-images`` random images (a generator that draws
+* ``evaluate``: ``jr.evaluate`` (with a mesh over the ``--cpu-devices`` on a CPU) streaming
+  ``--eval-images`` random images (a generator that draws
   them batch by batch, labels from the clean prediction) through AutoAttack ``fast`` on
   ``--eval-model`` at ``--eval-batch``, one run per image count: XLA compilations (counted from
   JAX's compile events), the process's peak resident memory before and after each run (flat in
@@ -90,7 +91,8 @@ them (34 ms on two threads, 64 ms on one). ``--cpu-devices N`` asks JAX for N CP
 (``jax_num_cpu_devices``) and runs jaxrobust's ``pgd``, ``resnet`` and ``aa`` programs (and the
 raw-gradient floor) data-parallel over them: ``jax.shard_map`` over the batch, the state
 replicated, the key folded with the device index: what ``jr.evaluate(..., mesh=mesh)`` runs per
-device on its ``shard_map`` path. ``--torch-threads`` sets torch's threads. Both default to the
+device on its ``shard_map`` path; the ``evaluate`` section passes ``jr.evaluate`` that mesh.
+``--torch-threads`` sets torch's threads. Both default to the
 core count on a CPU (``--cpu-devices 1 --torch-threads 1``: one core each).
 
 Peers are optional and imported lazily; a missing peer is skipped with a note. Every table is
@@ -949,7 +951,7 @@ def evaluate_unit(args, dtype: str) -> dict[str, Any]:
       if name == "/jax/core/compile/backend_compile_duration" else None)
   options = dict(attacks={"aa-fast": jr.attacks.auto_attack("linf", version="fast")},
                  epsilons=np.asarray(epsilons, np.float32), key=jax.random.key(args.seed),
-                 batch_size=args.eval_batch, progress=True)
+                 batch_size=args.eval_batch, progress=True, mesh=batch_mesh())
   out: dict[str, Any] = {"env": env, "model": args.eval_model, "dtype": dtype,
                          "batch": args.eval_batch, "epsilons": epsilons, "runs": []}
   reports = {}
