@@ -86,8 +86,9 @@ from typing import Any, Callable, NamedTuple, Optional
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-  sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "benchmarks"):
+  if str(_path) not in sys.path:
+    sys.path.insert(0, str(_path))
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
@@ -96,6 +97,7 @@ import optax  # noqa: E402
 
 import jaxrobust as jr  # noqa: E402
 from jaxrobust.demo.model import SmallCNN  # noqa: E402
+from cpu_devices import data_parallel, place, use_cpu_devices  # noqa: E402
 
 PORT_TOLERANCE = 1e-4
 """Largest allowed |torch logits - JAX logits| on the benchmark examples."""
@@ -422,18 +424,21 @@ def jaxrobust_runner(apply_fn, params, problem: Problem, step_size: Optional[flo
 
   def curve_fn(params, x, y, eps, key):
     return jr.robustness_curve(attack, functools.partial(apply_fn, params), x, y, eps, key,
-                               eps_batch_size=eps_batch_size, unroll=True if unroll else 1)
+                               eps_batch_size=eps_batch_size, unroll=True if unroll else 1
+                               ).robust
 
-  args = (params, jnp.asarray(problem.x), jnp.asarray(problem.y),
-          jnp.asarray(problem.epsilons, jnp.float32))
+  # With several CPU devices (--cpu-devices), the batch is split over them (shard_map).
+  args = place(params, (jnp.asarray(problem.x), True), (jnp.asarray(problem.y), True),
+               (jnp.asarray(problem.epsilons, jnp.float32), False))
+  program = data_parallel(curve_fn, (True, True, False, False), out_axis=1)
   start = time.perf_counter()
-  compiled = jax.jit(curve_fn).lower(*args, jax.random.key(problem.seed)).compile()
+  compiled = jax.jit(program).lower(*args, jax.random.key(problem.seed)).compile()
   compile_s = time.perf_counter() - start
   jax.block_until_ready(compiled(*args, jax.random.key(problem.seed)))  # warm-up
 
   def run(repeat: int) -> np.ndarray:
-    curve = jax.block_until_ready(compiled(*args, jax.random.key(problem.seed + repeat)))
-    return np.asarray(curve.robust)
+    return np.asarray(jax.block_until_ready(compiled(*args,
+                                                     jax.random.key(problem.seed + repeat))))
 
   def count_rows() -> tuple[int, int]:
     # A second program with a counting logits_fn: its host callbacks would distort the timing.
@@ -443,9 +448,12 @@ def jaxrobust_runner(apply_fn, params, problem: Problem, step_size: Optional[flo
       logits_fn, counter = jr.metrics.count_evaluations(functools.partial(apply_fn, params))
       counters.append(counter)
       return jr.robustness_curve(attack, logits_fn, x, y, eps, key,
-                                 eps_batch_size=eps_batch_size, unroll=True if unroll else 1)
+                                 eps_batch_size=eps_batch_size, unroll=True if unroll else 1
+                                 ).robust
 
-    jax.block_until_ready(jax.jit(counted_curve_fn)(*args, jax.random.key(problem.seed)))
+    # The timed program's split over the devices (its rows are every device's together).
+    counted = data_parallel(counted_curve_fn, (True, True, False, False), out_axis=1)
+    jax.block_until_ready(jax.jit(counted)(*args, jax.random.key(problem.seed)))
     jax.effects_barrier()
     return counters[-1].forward, counters[-1].gradient
 
@@ -746,9 +754,14 @@ def main(argv: Optional[list[str]] = None) -> int:
                       help="use untrained random weights (smoke test; no training, no cache)")
   parser.add_argument("--torch-threads", type=int, default=None,
                       help="torch.set_num_threads for the peers (default: the core count)")
+  parser.add_argument("--cpu-devices", type=int, default=os.cpu_count() or 1,
+                      help="JAX CPU devices: jaxrobust's curve runs data-parallel over them "
+                           "(shard_map over the points), since XLA:CPU runs a convolution on "
+                           "about one core (default: the core count; 1: one device)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", type=pathlib.Path, default=None, help="write the figures as JSON")
   args = parser.parse_args(argv)
+  use_cpu_devices(args.cpu_devices)
   if args.freeze_mlp:
     freeze_mlps()
     return 0
@@ -777,7 +790,8 @@ def main(argv: Optional[list[str]] = None) -> int:
   x, y = load_examples(args.n)
   kinds = ["plain", "adversarial"] if args.model == "both" else [args.model]
   machine = (f"{cores} cores ({platform.processor() or platform.machine()}), "
-             f"jax {jax.__version__} on {jax.default_backend()} (default XLA CPU threading), "
+             f"jax {jax.__version__} on {jax.default_backend()} x {len(jax.devices())} "
+             "(default XLA CPU threading), "
              f"{torch_note}")
   print(f"machine: {machine}")
   print(f"PGD, {args.steps} steps, 1 restart, {x.shape[0]} digits test examples; settings: "

@@ -167,6 +167,7 @@ from flax import nnx  # noqa: E402
 import jaxrobust as jr  # noqa: E402
 from jaxrobust.model import model_of  # noqa: E402
 import scale_models  # noqa: E402
+from cpu_devices import batch_mesh, data_parallel, place, use_cpu_devices  # noqa: E402
 from bench_autoattack import import_autoattack  # noqa: E402
 
 SECTIONS = ("pgd", "aa", "compile", "resnet", "evaluate", "certify")
@@ -420,57 +421,6 @@ def pgd_program(attack, early_exit: bool) -> Callable:
 
 def with_state(program: Callable, apply: Callable) -> Callable:
   return lambda state, *rest: program(functools.partial(apply, state), *rest)
-
-
-def batch_mesh() -> jax.sharding.Mesh | None:
-  """A 1-D ``"batch"`` mesh over every device of this process, or ``None`` with one device."""
-  devices = jax.devices()
-  return None if len(devices) == 1 else jax.make_mesh((len(devices),), ("batch",),
-                                                      devices=devices)
-
-
-def data_parallel(program: Callable, batched: tuple[bool, ...], out_axis: int = 0) -> Callable:
-  """``program(state, *rest)`` run per device on its shard of the batch (``jax.shard_map``).
-
-  ``batched[i]`` says whether argument ``i`` (after the state) is split over the devices along
-  its first axis; the output's batch axis is ``out_axis``. A key argument (``batched`` False) is
-  folded with the device's index, so the shards draw different randomness. This is what
-  ``jr.evaluate(..., mesh=mesh)`` runs per device on its ``shard_map`` path; with one device the
-  program is returned unchanged.
-  """
-  mesh = batch_mesh()
-  if mesh is None:
-    return program
-  P = jax.sharding.PartitionSpec
-
-  def local(state, *rest):
-    index = jax.lax.axis_index("batch")
-    rest = tuple(jax.random.fold_in(a, index) if is_key(a) else a for a in rest)
-    return program(state, *rest)
-
-  out_spec = P(*([None] * out_axis), "batch")
-  return jax.shard_map(local, mesh=mesh, in_specs=(P(),) + tuple(P("batch") if b else P()
-                                                                   for b in batched),
-                       out_specs=out_spec, check_vma=False)
-
-
-def is_key(a: Any) -> bool:
-  return isinstance(a, jax.Array) and jnp.issubdtype(a.dtype, jax.dtypes.prng_key)
-
-
-def place(state, *rest_and_batched):
-  """``state`` replicated and each ``(array, batched)`` sharded over the batch mesh (if any)."""
-  mesh = batch_mesh()
-  if mesh is None:
-    return (state,) + tuple(a for a, _ in rest_and_batched)
-  P, S = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
-  count = mesh.devices.size
-  for a, b in rest_and_batched:
-    if b and a.shape[0] % count:
-      raise SystemExit(f"a batch of {a.shape[0]} does not split over {count} CPU devices: pass "
-                       f"a multiple of {count}, or --cpu-devices 1")
-  return (jax.device_put(state, S(mesh, P())),) + tuple(
-      jax.device_put(a, S(mesh, P("batch") if b else P())) for a, b in rest_and_batched)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1206,13 +1156,6 @@ def unit_list(args) -> list[dict[str, str]]:
 
 def unit_name(unit: dict[str, str]) -> str:
   return "/".join(unit[k] for k in ("section", "dtype", "side", "variant") if k in unit)
-
-
-def use_cpu_devices(count: int) -> None:
-  """Asks JAX for ``count`` CPU devices, before its backend starts (on an accelerator the CPU
-  backend is not the default one, so :func:`batch_mesh` sees the accelerator alone)."""
-  if count > 1:
-    jax.config.update("jax_num_cpu_devices", count)
 
 
 def run_unit(args, unit: dict[str, str]) -> dict[str, Any]:
