@@ -756,8 +756,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                       help="torch.set_num_threads for the peers (default: the core count)")
   parser.add_argument("--cpu-devices", type=int, default=os.cpu_count() or 1,
                       help="JAX CPU devices: jaxrobust's curve runs data-parallel over them "
-                           "(shard_map over the points), since XLA:CPU runs a convolution on "
-                           "about one core (default: the core count; 1: one device)")
+                           "(shard_map over the points), since XLA:CPU runs a convolution's "
+                           "input gradient on about one core (default: the core count; 1: one device)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", type=pathlib.Path, default=None, help="write the figures as JSON")
   args = parser.parse_args(argv)

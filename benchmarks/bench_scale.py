@@ -50,7 +50,8 @@ Sections (``--sections``):
   against the logits and margins of the clean points and 8 uniform draws of the box, CROWN-IBP
   checked equal at every setting and never looser than IBP. (Full CROWN runs one backward pass
   per unit of every nonlinear layer: out of reach at 32x32, see ``margin_bounds``.)
-  ``smoothing``: ``jr.certify.smoothing`` (one program for every image) against the PyTorch port
+  ``smoothing``: ``jr.certify.smoothing`` (one program for every image, split over the
+  ``--cpu-devices`` with each image's key) against the PyTorch port
   of Cohen et al.'s CERTIFY in ``bench_certify.py`` (one image at a time) on the torch mirror,
   ``--smoothing-points`` images, ``--sigma``, ``--n0``, ``--n``, ``--alpha``, draws per model
   call ``--smoothing-batch`` on both sides. Not in the presets' default sections (``--sections
@@ -85,11 +86,12 @@ equality. Peak device memory: for JAX, the compiled program's XLA buffers
 own subprocess (``--isolate``, the default) and the peak is cumulative within it); for torch,
 ``torch.cuda.max_memory_allocated`` after a reset. On a CPU there is no device peak ("-").
 
-Every core on a CPU. XLA:CPU runs these networks' convolutions on about one core (WRN-10-2, batch
-32, one input gradient: 67 ms pinned to one core, 55 ms on two), while torch's run on all of
-them (34 ms on two threads, 64 ms on one). ``--cpu-devices N`` asks JAX for N CPU devices
-(``jax_num_cpu_devices``) and runs jaxrobust's ``pgd``, ``resnet`` and ``aa`` programs (and the
-raw-gradient floor) data-parallel over them: ``jax.shard_map`` over the batch, the state
+Every core on a CPU. XLA:CPU runs these networks' convolution input gradients on about one core
+(WRN-10-2, batch 32, one input gradient: 67 ms pinned to one core, 55 ms on two; its forward
+passes use both cores at large batches), while torch's run on all of them (34 ms on two threads,
+64 ms on one). ``--cpu-devices N`` asks JAX for N CPU devices
+(``jax_num_cpu_devices``) and runs jaxrobust's ``pgd``, ``resnet``, ``aa`` and smoothing programs
+(and the raw-gradient floor) data-parallel over them: ``jax.shard_map`` over the batch, the state
 replicated, the key folded with the device index: what ``jr.evaluate(..., mesh=mesh)`` runs per
 device on its ``shard_map`` path; the ``evaluate`` section passes ``jr.evaluate`` that mesh.
 ``--torch-threads`` sets torch's threads. Both default to the
@@ -1081,8 +1083,9 @@ def certify_smoothing_unit(args) -> dict[str, Any]:
                                 n0=args.n0, n=args.n, alpha=alpha,
                                 batch_size=args.smoothing_batch)
 
-  call = (model.state["float32"], x, keys, jnp.float32(args.sigma), jnp.float32(args.alpha))
-  compiled, info = compile_program(program, *call)
+  call = place(model.state["float32"], (x, True), (keys, True), (jnp.float32(args.sigma), False),
+               (jnp.float32(args.alpha), False))
+  compiled, info = compile_program(data_parallel(program, (True, True, False, False)), *call)
   load_before = load_average()
   certificate, times = time_program(compiled, call, args.repeats)
   jax_load = [load_before, load_average()]
@@ -1315,7 +1318,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                       help="torch.set_num_threads on a CPU (default: the core count)")
   parser.add_argument("--cpu-devices", type=int, default=os.cpu_count() or 1,
                       help="on a CPU backend, JAX devices (jax_num_cpu_devices): the pgd, "
-                           "resnet and aa programs of jaxrobust run data-parallel over them "
+                           "resnet, aa and smoothing programs of jaxrobust run data-parallel over them "
                            "(shard_map over the batch), as jr.evaluate(mesh=...) does; ignored "
                            "on an accelerator (default: the core count)")
   parser.add_argument("--section-timeout", type=float,

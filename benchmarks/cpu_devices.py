@@ -1,8 +1,8 @@
 """One JAX CPU device per core, and jaxrobust's programs data-parallel over them (benchmarks).
 
-XLA:CPU runs a convolution on about one core where PyTorch's use every core (``benchmarks/
-RESULTS.md``, "Every core of a CPU"), so a fair CPU comparison splits the batch over one JAX CPU
-device per core, as ``jr.evaluate(..., mesh=mesh)`` does on its ``shard_map`` path and as
+XLA:CPU runs a convolution's input gradient on about one core where PyTorch's use every core
+(``benchmarks/RESULTS.md``, "Every core of a CPU"), so a fair CPU comparison splits the batch over
+one JAX CPU device per core, as ``jr.evaluate(..., mesh=mesh)`` does on its ``shard_map`` path and as
 ``jaxrobust evaluate`` does by default. :func:`use_cpu_devices` asks for the devices (before JAX's
 backend starts), :func:`place` puts the arguments on them and :func:`data_parallel` wraps a
 program ``program(state, *rest)`` in ``jax.shard_map`` over the batch. With one device every
@@ -42,8 +42,9 @@ def data_parallel(program: Callable, batched: tuple[bool, ...], out_axis: int = 
   """``program(state, *rest)`` run per device on its shard of the batch (``jax.shard_map``).
 
   ``batched[i]`` says whether argument ``i`` (after the state) is split over the devices along
-  its first axis; the output's batch axis is ``out_axis``. A key argument (``batched`` False) is
-  folded with the device's index, so the shards draw different randomness. This is what
+  its first axis; the output's batch axis is ``out_axis`` (of every output leaf). A single key
+  (an unbatched key argument) is folded with the device's index, so the shards draw different
+  randomness; batched keys (one per example) are split with their examples and kept. This is what
   ``jr.evaluate(..., mesh=mesh)`` runs per device on its ``shard_map`` path; with one device the
   program is returned unchanged.
   """
@@ -54,7 +55,8 @@ def data_parallel(program: Callable, batched: tuple[bool, ...], out_axis: int = 
 
   def local(state, *rest):
     index = jax.lax.axis_index("batch")
-    rest = tuple(jax.random.fold_in(a, index) if is_key(a) else a for a in rest)
+    rest = tuple(jax.random.fold_in(a, index) if is_key(a) and not b else a
+                 for a, b in zip(rest, batched))
     return program(state, *rest)
 
   out_spec = P(*([None] * out_axis), "batch")

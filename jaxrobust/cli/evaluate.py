@@ -22,8 +22,8 @@ of the model: ``none found``, or one line per finding with its remedy); findings
 ``error`` also warn and make the report unreliable.
 
 Without ``--devices``, a CPU run splits every batch over one JAX CPU device per usable core (at
-most :data:`MAX_AUTO_CPU_DEVICES`): XLA:CPU runs a convolution on about one core, so this puts
-the others to work; the report does not depend on the device count.
+most :data:`MAX_AUTO_CPU_DEVICES`): XLA:CPU runs a convolution's input gradient on about one
+core, so this puts the others to work; the report does not depend on the device count.
 
 With ``--checkpoint FILE`` an interrupted run resumes where it stopped and gives the identical
 report. Mistakes in the user's module, the data's shapes or its value range end the command with
@@ -134,7 +134,8 @@ def add_parser(commands: Any) -> None:
   p.add_argument("--devices", type=int_at_least(1), default=None,
                  help="shard every batch over this many devices (default: on a CPU one JAX "
                  f"CPU device per usable core, at most {MAX_AUTO_CPU_DEVICES}, since XLA:CPU "
-                 "runs a convolution on about one core; on an accelerator one device)")
+                 "runs a convolution's input gradient on about one core; on an accelerator "
+                 "one device)")
   p.add_argument("--max-propagations", type=int_at_least(0), default=None, metavar="N",
                  help="cap every attack's forward plus backward propagations per example and "
                       "per eps at N (AttackBench's budget; default: no cap)")
@@ -316,8 +317,8 @@ def _use_devices(count: int | None) -> Any:
 
   ``count=None`` (no ``--devices``): on a CPU backend, one device per usable core, at most
   :data:`MAX_AUTO_CPU_DEVICES` (and at most the devices JAX has, if its backend is already up).
-  XLA:CPU runs a convolution on about one core, so a batch split over the cores' devices runs up
-  to that many times faster (2 cores: ``benchmarks/RESULTS.md``, "Every core of a CPU"); the
+  XLA:CPU runs a convolution's input gradient on about one core, so an attack's batch split over
+  the cores' devices runs up to that many times faster (2 cores: ``benchmarks/RESULTS.md``, "Every core of a CPU"); the
   report does not depend on the device count. On an accelerator: no mesh (one device).
   """
   if count is None:
