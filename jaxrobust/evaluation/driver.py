@@ -69,10 +69,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     epsilons: ``[K]`` budgets (eps is data: a new grid never recompiles an attack).
     key: a PRNG key (``jax.random.key`` or raw ``uint32[2]``).
     batch_size: the global batch size (all processes together).
-    mesh: an optional :class:`jax.sharding.Mesh` to shard batches over. On a CPU, a mesh over
-      one CPU device per core (``jax.config.update("jax_num_cpu_devices", os.cpu_count())``
-      before any JAX operation) puts every core to work: XLA:CPU runs a convolution's input
-      gradient on about one core (``jaxrobust evaluate`` does this by default).
+    mesh: an optional :class:`jax.sharding.Mesh` to shard batches over; on a CPU, one over a device
+      per core (``jax_num_cpu_devices``) puts every core to work (README, "A note on CPU speed").
     checkpoint: optional path of a checkpoint file to write after every batch and resume from.
     progress: show a progress bar (``tqdm`` if installed, else a text line) with examples/s and the running clean and worst-case robust
       accuracy (at the largest eps); process 0 only.
