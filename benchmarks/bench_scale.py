@@ -75,7 +75,8 @@ Measurements. Compile time is measured apart (``jax.jit(f).lower(...)``, then ``
 each PGD program is run once to warm up, then ``--repeats`` times, best reported; the AutoAttack
 curve (minutes on a CPU) runs ``--aa-repeats`` times after its AOT compile without a separate
 warm-up. Model rows with and without gradient come from separate untimed runs:
-``jr.metrics.count_evaluations`` on the jaxrobust side, a forward hook on the torch model on the
+``jr.metrics.count_evaluations`` on the jaxrobust side (split over the CPU devices as the timed
+program is), a forward hook on the torch model on the
 peers' side (a call counts as "gradient" when autograd records it), as ``bench_peers.py`` counts.
 Where rows cannot depend on which points break (the dense program, the full-cost regime: nothing
 breaks) they are counted on a stand-in trunk (a linear layer under the same head, same shapes)
@@ -387,16 +388,20 @@ def time_program(compiled, args, repeats: int, warmup: bool = True) -> tuple[Any
   return out, times
 
 
-def count_rows(program: Callable, apply: Callable, *args) -> dict[str, int]:
-  """Rows through the model in one run of ``program(logits_fn, *args)`` (a separate program)."""
+def count_rows(program: Callable, apply: Callable, state, x, y, *rest,
+               out_axis: int = 0) -> dict[str, int]:
+  """Rows through the model in one run of ``program(logits_fn, x, y, *rest)`` (a separate
+  program), split over the CPU devices as the timed one is (every device's rows together)."""
   counters = []
 
-  def fn(state, *rest):
+  def fn(state, *args):
     logits_fn, counter = jr.metrics.count_evaluations(functools.partial(apply, state))
     counters.append(counter)
-    return program(logits_fn, *rest)
+    return program(logits_fn, *args)
 
-  jax.block_until_ready(jax.jit(fn)(*args))
+  batched = (True, True) + (False,) * len(rest)
+  placed = place(state, *zip((x, y, *rest), batched))
+  jax.block_until_ready(jax.jit(data_parallel(fn, batched, out_axis))(*placed))
   jax.effects_barrier()
   return {"forward": counters[-1].forward, "gradient": counters[-1].gradient}
 
@@ -595,19 +600,22 @@ def pgd_unit(args, name: str, batch: int, steps: int, dtype: str, norms: list[st
 
 
 def measure_rows(args, program, model: Model, cheap: Model, dtype: str, regime: str,
-                 early_exit: bool, rest: tuple) -> dict[str, int] | None:
+                 early_exit: bool, rest: tuple, out_axis: int = 0) -> dict[str, int] | None:
   """Rows of one run: on the stand-in where they cannot depend on breaks, else on the model."""
   breaks_matter = regime == "random" and early_exit
   if args.rows == "none" or (breaks_matter and args.rows == "cheap"):
     return None
   if breaks_matter:
-    return count_rows(program, model.apply(dtype, regime), model.state[dtype], *rest)
+    return count_rows(program, model.apply(dtype, regime), model.state[dtype], *rest,
+                      out_axis=out_axis)
   x, y = rest[0], rest[1]
   if regime == "random":  # dense: every row runs every step whatever breaks; labels of the stand-in
     y = jnp.argmax(jax.jit(cheap.apply(dtype, regime))(cheap.state[dtype], x), -1).astype(y.dtype)
-  rows = count_rows(program, cheap.apply(dtype, regime), cheap.state[dtype], x, y, *rest[2:])
+  rows = count_rows(program, cheap.apply(dtype, regime), cheap.state[dtype], x, y, *rest[2:],
+                    out_axis=out_axis)
   if args.check_rows:
-    real = count_rows(program, model.apply(dtype, regime), model.state[dtype], *rest)
+    real = count_rows(program, model.apply(dtype, regime), model.state[dtype], *rest,
+                      out_axis=out_axis)
     if real != rows:
       raise AssertionError(f"stand-in rows {rows} differ from the model's {real}")
     print(f"  --check-rows: the stand-in's rows equal the model's ({rows})")
@@ -740,7 +748,8 @@ def aa_jax_unit(args, dtype: str) -> dict[str, Any]:
   if not robust.all():
     raise AssertionError(f"the full-cost regime lost {int((~robust).sum())} point-eps to "
                          "AutoAttack")
-  rows = measure_rows(args, program, model, cheap, dtype, "full", True, (x, y, eps, key))
+  rows = measure_rows(args, program, model, cheap, dtype, "full", True, (x, y, eps, key),
+                      out_axis=1)
   out = {"env": env, "model": args.aa_model, "points": args.points, "epsilons": epsilons,
          "dtype": dtype, "time_s": min(times), "times_s": times, "rows": rows,
          "peak_bytes": jax_peak(), "load_average": [load_before, load_after], **info}
