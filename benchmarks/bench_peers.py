@@ -97,7 +97,7 @@ import optax  # noqa: E402
 
 import jaxrobust as jr  # noqa: E402
 from jaxrobust.demo.model import SmallCNN  # noqa: E402
-from cpu_devices import data_parallel, place, use_cpu_devices  # noqa: E402
+from cpu_devices import split_over_devices, use_cpu_devices  # noqa: E402
 
 PORT_TOLERANCE = 1e-4
 """Largest allowed |torch logits - JAX logits| on the benchmark examples."""
@@ -427,18 +427,20 @@ def jaxrobust_runner(apply_fn, params, problem: Problem, step_size: Optional[flo
                                eps_batch_size=eps_batch_size, unroll=True if unroll else 1
                                ).robust
 
-  # With several CPU devices (--cpu-devices), the batch is split over them (shard_map).
-  args = place(params, (jnp.asarray(problem.x), True), (jnp.asarray(problem.y), True),
-               (jnp.asarray(problem.epsilons, jnp.float32), False))
-  program = data_parallel(curve_fn, (True, True, False, False), out_axis=1)
+  # With several CPU devices (--cpu-devices), the batch is split over them (shard_map); the
+  # key is the last argument, a new one per repeat.
+  data = ((jnp.asarray(problem.x), True), (jnp.asarray(problem.y), True),
+          (jnp.asarray(problem.epsilons, jnp.float32), False),
+          (jax.random.key(problem.seed), False))
+  program, args = split_over_devices(curve_fn, params, *data, out_axis=1)
   start = time.perf_counter()
-  compiled = jax.jit(program).lower(*args, jax.random.key(problem.seed)).compile()
+  compiled = jax.jit(program).lower(*args).compile()
   compile_s = time.perf_counter() - start
-  jax.block_until_ready(compiled(*args, jax.random.key(problem.seed)))  # warm-up
+  jax.block_until_ready(compiled(*args))  # warm-up
 
   def run(repeat: int) -> np.ndarray:
-    return np.asarray(jax.block_until_ready(compiled(*args,
-                                                     jax.random.key(problem.seed + repeat))))
+    key = jax.random.key(problem.seed + repeat)
+    return np.asarray(jax.block_until_ready(compiled(*args[:-1], key)))
 
   def count_rows() -> tuple[int, int]:
     # A second program with a counting logits_fn: its host callbacks would distort the timing.
@@ -451,9 +453,9 @@ def jaxrobust_runner(apply_fn, params, problem: Problem, step_size: Optional[flo
                                  eps_batch_size=eps_batch_size, unroll=True if unroll else 1
                                  ).robust
 
-    # The timed program's split over the devices (its rows are every device's together).
-    counted = data_parallel(counted_curve_fn, (True, True, False, False), out_axis=1)
-    jax.block_until_ready(jax.jit(counted)(*args, jax.random.key(problem.seed)))
+    # Split over the devices as the timed program is (its rows are every device's together).
+    counted, counted_args = split_over_devices(counted_curve_fn, params, *data, out_axis=1)
+    jax.block_until_ready(jax.jit(counted)(*counted_args))
     jax.effects_barrier()
     return counters[-1].forward, counters[-1].gradient
 

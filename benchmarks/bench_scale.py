@@ -170,7 +170,7 @@ from flax import nnx  # noqa: E402
 import jaxrobust as jr  # noqa: E402
 from jaxrobust.model import model_of  # noqa: E402
 import scale_models  # noqa: E402
-from cpu_devices import batch_mesh, data_parallel, place, use_cpu_devices  # noqa: E402
+from cpu_devices import batch_mesh, split_over_devices, use_cpu_devices  # noqa: E402
 from bench_autoattack import import_autoattack  # noqa: E402
 
 SECTIONS = ("pgd", "aa", "compile", "resnet", "evaluate", "certify")
@@ -399,9 +399,9 @@ def count_rows(program: Callable, apply: Callable, state, x, y, *rest,
     counters.append(counter)
     return program(logits_fn, *args)
 
-  batched = (True, True) + (False,) * len(rest)
-  placed = place(state, *zip((x, y, *rest), batched))
-  jax.block_until_ready(jax.jit(data_parallel(fn, batched, out_axis))(*placed))
+  split, placed = split_over_devices(fn, state, (x, True), (y, True), *((a, False) for a in rest),
+                                     out_axis=out_axis)
+  jax.block_until_ready(jax.jit(split)(*placed))
   jax.effects_barrier()
   return {"forward": counters[-1].forward, "gradient": counters[-1].gradient}
 
@@ -550,9 +550,9 @@ def pgd_unit(args, name: str, batch: int, steps: int, dtype: str, norms: list[st
 
   # The floor: K jitted input gradients (full-cost head: also the check that gradients flow).
   x, y = data["full"]
-  args_grad = place(state, (x, True), (y, True))
-  compiled, info = compile_program(data_parallel(input_gradient(model.apply(dtype, "full")),
-                                                 (True, True)), *args_grad)
+  grad_fn, args_grad = split_over_devices(input_gradient(model.apply(dtype, "full")), state,
+                                          (x, True), (y, True))
+  compiled, info = compile_program(grad_fn, *args_grad)
   grad, times = time_program(compiled, args_grad, args.repeats)
   row_norms = np.asarray(jnp.sqrt(jnp.sum(jnp.square(grad.reshape(batch, -1)), -1)))
   if not np.all(row_norms > 0) or not np.all(np.isfinite(row_norms)):
@@ -577,9 +577,9 @@ def pgd_unit(args, name: str, batch: int, steps: int, dtype: str, norms: list[st
       x, y = data[regime]
       program = pgd_program(attack, early_exit)
       apply = model.apply(dtype, regime)
-      placed = place(state, (x, True), (y, True), (eps, False), (key, False))
-      compiled, info = compile_program(data_parallel(with_state(program, apply),
-                                                     (True, True, False, False)), *placed)
+      split, placed = split_over_devices(with_state(program, apply), state, (x, True), (y, True),
+                                         (eps, False), (key, False))
+      compiled, info = compile_program(split, *placed)
       success, times = time_program(compiled, placed, args.repeats)
       peak = jax_peak()
       broken = int(np.sum(np.asarray(success)))
@@ -733,10 +733,9 @@ def aa_jax_unit(args, dtype: str) -> dict[str, Any]:
   attack = jr.attacks.auto_attack("linf")
   program = aa_curve_program(attack)
   state = model.state[dtype]
-  placed = place(state, (x, True), (y, True), (eps, False), (key, False))
-  compiled, info = compile_program(data_parallel(with_state(program, model.apply(dtype, "full")),
-                                                 (True, True, False, False), out_axis=1),
-                                   *placed)
+  split, placed = split_over_devices(with_state(program, model.apply(dtype, "full")), state,
+                                     (x, True), (y, True), (eps, False), (key, False), out_axis=1)
+  compiled, info = compile_program(split, *placed)
   save_partial({"env": env, "model": args.aa_model, "points": args.points,
                 "epsilons": epsilons, "dtype": dtype, **info})
   print(f"  compile: trace+lower {info['trace_lower_s']:.1f} s, XLA {info['compile_s']:.1f} s; "
@@ -1092,9 +1091,10 @@ def certify_smoothing_unit(args) -> dict[str, Any]:
                                 n0=args.n0, n=args.n, alpha=alpha,
                                 batch_size=args.smoothing_batch)
 
-  call = place(model.state["float32"], (x, True), (keys, True), (jnp.float32(args.sigma), False),
-               (jnp.float32(args.alpha), False))
-  compiled, info = compile_program(data_parallel(program, (True, True, False, False)), *call)
+  split, call = split_over_devices(program, model.state["float32"], (x, True), (keys, True),
+                                   (jnp.float32(args.sigma), False),
+                                   (jnp.float32(args.alpha), False))
+  compiled, info = compile_program(split, *call)
   load_before = load_average()
   certificate, times = time_program(compiled, call, args.repeats)
   jax_load = [load_before, load_average()]

@@ -15,12 +15,14 @@ import json
 import pathlib
 import textwrap
 
+import jax
 import numpy as np
 import pytest
 from scipy import stats
 
 import jaxrobust as jr
 from jaxrobust import cli
+from jaxrobust.cli import evaluate as cli_evaluate
 from jaxrobust.evaluation import driver
 from tests.ground_truth import linear_problem
 
@@ -181,9 +183,6 @@ def test_default_devices_are_one_per_usable_cpu_core(workspace, reference):
   # Without --devices, a CPU run splits each batch over one JAX CPU device per usable core (at
   # most 8, at most what the backend has: tests/conftest.py gives it 8), the batch rounded up to
   # a multiple of them; the report is the one of two devices, batch 32.
-  import jax
-  from jaxrobust.cli import evaluate as cli_evaluate
-
   root, truth, n = workspace
   assert evaluate(root, "auto", "--batch-size", "31") == 0
   got = json.loads((root / "auto" / "report.json").read_text())
@@ -354,7 +353,6 @@ def test_torch_mistakes_exit_2_with_one_clear_line(workspace, capsys, case, matc
 
 
 def test_every_attack_name_builds_its_attack_or_names_the_norm():
-  from jaxrobust.cli import evaluate as cli_evaluate  # noqa: PLC0415
   for norm in ("linf", "l2", "l1"):
     for name in cli_evaluate.ATTACKS:
       try:

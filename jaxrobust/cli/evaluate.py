@@ -318,28 +318,23 @@ def _use_devices(count: int | None) -> Any:
   ``count=None`` (no ``--devices``): on a CPU backend, one device per usable core, at most
   :data:`MAX_AUTO_CPU_DEVICES` (and at most the devices JAX has, if its backend is already up).
   XLA:CPU runs a convolution's input gradient on about one core, so an attack's batch split over
-  the cores' devices runs up to that many times faster (2 cores: ``benchmarks/RESULTS.md``, "Every core of a CPU"); the
-  report does not depend on the device count. On an accelerator: no mesh (one device).
+  the cores' devices runs up to that many times faster (2 cores: ``benchmarks/RESULTS.md``,
+  "Every core of a CPU"); the report does not depend on the device count. On an accelerator: no
+  mesh (one device).
   """
-  if count is None:
-    wanted = min(usable_cores(), MAX_AUTO_CPU_DEVICES)
-    try:
-      if wanted > 1:
-        jax.config.update("jax_num_cpu_devices", wanted)
-    except RuntimeError:  # the backend is already up: use the devices it has
-      pass
-    if jax.default_backend() != "cpu":
-      return None
-    devices = jax.devices()
-    count = min(wanted, len(devices))
-    return None if count == 1 else jax.make_mesh((count,), ("batch",), devices=devices[:count])
+  auto = count is None
+  wanted = min(usable_cores(), MAX_AUTO_CPU_DEVICES) if auto else count
   try:
-    if count > 1:
-      jax.config.update("jax_num_cpu_devices", count)
+    if wanted > 1:
+      jax.config.update("jax_num_cpu_devices", wanted)
   except RuntimeError:  # the backend is already up: use the devices it has
     pass
   devices = jax.devices()
-  if count > len(devices):
+  if auto:
+    count = min(wanted, len(devices))
+    if jax.default_backend() != "cpu" or count == 1:
+      return None
+  elif count > len(devices):
     raise UserError(f"--devices {count} but JAX sees {len(devices)} {devices[0].platform} "
                     "device(s)")
   return jax.make_mesh((count,), ("batch",), devices=devices[:count])
