@@ -88,9 +88,9 @@ own subprocess (``--isolate``, the default) and the peak is cumulative within it
 ``torch.cuda.max_memory_allocated`` after a reset. On a CPU there is no device peak ("-").
 
 Every core on a CPU. XLA:CPU runs these networks' convolution input gradients on about one core
-(WRN-10-2, batch 32, one input gradient: 67 ms pinned to one core, 55 ms on two; its forward
+(WRN-10-2, batch 32, one input gradient: 68 ms pinned to one core, 56 ms on two; its forward
 passes use both cores at large batches), while torch's run on all of them (34 ms on two threads,
-64 ms on one). ``--cpu-devices N`` asks JAX for N CPU devices
+65 ms on one; ``bench_cpu_cores.py``). ``--cpu-devices N`` asks JAX for N CPU devices
 (``jax_num_cpu_devices``) and runs jaxrobust's ``pgd``, ``resnet``, ``aa`` and smoothing programs
 (and the raw-gradient floor) data-parallel over them: ``jax.shard_map`` over the batch, the state
 replicated, the key folded with the device index: what ``jr.evaluate(..., mesh=mesh)`` runs per
