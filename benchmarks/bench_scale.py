@@ -1154,7 +1154,7 @@ def unit_list(args) -> list[dict[str, str]]:
       units += [{"section": "evaluate", "dtype": d} for d in args.aa_dtypes]
     elif section == "certify":
       units += [{"section": "certify", "dtype": "float32", "side": side}
-                for side in ("bounds", "smoothing")]
+                for side in args.certify_units]
     elif section == "aa":
       for d in args.aa_dtypes:
         units += [{"section": "aa", "dtype": d, "side": "jaxrobust"},
@@ -1292,6 +1292,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   parser.add_argument("--cert-eps", help="certify section: Linf radius of the box, e.g. 1/255")
   parser.add_argument("--crown-chunks", nargs="+",
                       help="certify section: examples_per_pass values ('all' or ints)")
+  parser.add_argument("--certify-units", nargs="+", choices=("bounds", "smoothing"),
+                      default=["bounds", "smoothing"],
+                      help="certify section: which of its units run (default both)")
   parser.add_argument("--smoothing-model", help="certify section: randomized smoothing's model")
   parser.add_argument("--smoothing-points", type=int, help="certify section: smoothed images")
   parser.add_argument("--sigma", type=float, help="certify section: smoothing noise")

@@ -13,40 +13,69 @@
 # has its own time limit and writes its own file under $OUT, so a step that runs out of time
 # loses only itself; afterwards record the figures in benchmarks/RESULTS.md with the device's name.
 #
-# Steps and limits (seconds), 575 in all:
+# Steps, in the order of issue #26's goals, each with its own limit (seconds); the script stops
+# starting steps at 570 s (TOTAL), so the call ends inside its 600 s:
 #   env          10   the GPU, the driver, jax and torch versions
-#   partition    35   early exit's row partition against two argsorts (bench_partition.py)
-#   early exit   90   digits PGD-20 curves: early exit and cross-eps skipping against dense
+#   scale       380   bench_scale.py --device-preset --sections pgd aa compile: WRN-28-10 PGD-10
+#                     float32 and bfloat16 against torchattacks and raw gradients, AutoAttack on
+#                     WRN-16-4 against the reference, the compile of the WRN-28-10 AutoAttack
+#                     curve; float32 units first, each killed after 150 s
+#   smoothing   100   bench_scale.py --device-preset --sections certify --certify-units smoothing:
+#                     jr.certify.smoothing against the PyTorch port of CERTIFY
+#   early_exit   60   digits PGD-20 curves: early exit and cross-eps skipping against dense
 #                     (the issue's "costs more than it saves on tiny GPU problems")
-#   scale       440   bench_scale.py --device-preset: WRN-28-10 PGD-10 float32/bfloat16 against
-#                     torchattacks, AutoAttack on WRN-16-4 against the reference, the compile of
-#                     the WRN-28-10 AutoAttack curve, ResNet-50; float32 units first, each killed
-#                     after 150 s, none started with under 30 s of its 420 s budget left
+# and, only while time is left: partition (early exit's row partition against two argsorts),
+# resnet (ResNet-50 PGD-10), certify bounds (CROWN-IBP on WRN-16-4, IBP on WRN-28-10).
+# SCALE_EXTRA (default empty) is appended to every bench_scale command: a CPU dry run of this
+# script passes small sizes there.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxrobust_device}
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD:$PWD/.peers${PYTHONPATH:+:$PYTHONPATH}"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
+TOTAL=${TOTAL:-570}
+EXTRA=${SCALE_EXTRA:-}
+BEGIN=$SECONDS
 
 step() {  # step NAME SECONDS COMMAND...: run with a limit, output to $OUT/NAME.txt
   local name=$1 limit=$2
   shift 2
+  local left=$((TOTAL - (SECONDS - BEGIN)))
+  if (( left < 20 )); then echo "$name: skipped, ${left} s left"; return; fi
+  (( limit > left )) && limit=$left
   echo "[$(date +%T)] $name (limit ${limit} s)"
   timeout "$limit" "$@" > "$OUT/$name.txt" 2>&1
   local status=$?  # 124: the step ran out of time
   echo "[$(date +%T)] $name: exit $status"
 }
 
+optional() {  # optional NAME SECONDS COMMAND...: only when its whole limit is left
+  local left=$((TOTAL - (SECONDS - BEGIN)))
+  if (( left < $2 )); then echo "$1: skipped, ${left} s left"; return; fi
+  step "$@"
+}
+
 step env 10 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; \
-  $PY -c 'import jax, torch; print(\"jax\", jax.__version__, jax.devices()); \
-print(\"torch\", torch.__version__, torch.cuda.get_device_name(0))'; \
+  $PY -c 'import jax, flax, torch; print(\"jax\", jax.__version__, jax.devices(), \"flax\", \
+flax.__version__); print(\"torch\", torch.__version__, torch.cuda.get_device_name(0))'; \
   $PY -c 'import torchattacks; print(\"torchattacks\", torchattacks.__version__)'; \
   ls .aa/autoattack/autoattack.py"
-step partition 35 "$PY" benchmarks/bench_partition.py --batch 540 4096 65536 --iterations 200
-step early_exit 90 "$PY" benchmarks/bench_early_exit.py --attacks pgd --schedules dense,default \
-  --repeats 5
-step scale 440 "$PY" benchmarks/bench_scale.py --device-preset --autoattack-path .aa --budget 420 \
-  --out "$OUT/scale.json"
-tail -n 40 "$OUT/scale.txt"
+step scale 380 "$PY" benchmarks/bench_scale.py --device-preset --sections pgd aa compile \
+  --autoattack-path .aa --budget 370 --out "$OUT/scale.json" $EXTRA
+step smoothing 100 "$PY" benchmarks/bench_scale.py --device-preset --sections certify \
+  --certify-units smoothing --budget 95 --section-timeout 95 --out "$OUT/smoothing.json" $EXTRA
+step early_exit 60 "$PY" benchmarks/bench_early_exit.py --attacks pgd --schedules dense,default \
+  --repeats 3
+optional partition 30 "$PY" benchmarks/bench_partition.py --batch 540 4096 65536 --iterations 100
+optional resnet 150 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
+  --dtypes float32 --resnet-dtypes float32 --budget 145 --out "$OUT/resnet.json" $EXTRA
+optional bounds 150 "$PY" benchmarks/bench_scale.py --device-preset --sections certify \
+  --certify-units bounds --budget 145 --out "$OUT/bounds.json" $EXTRA
+for f in scale smoothing; do tail -n 25 "$OUT/$f.txt" 2>/dev/null; done
+tail -n 15 "$OUT/early_exit.txt" 2>/dev/null
+echo "total $((SECONDS - BEGIN)) s"
+# At most 8 files come back from $OUT: everything in one archive, the step logs beside it.
+tar czf /tmp/device_run.tgz -C "$OUT" . && mv /tmp/device_run.tgz "$OUT/device_run.tgz" \
+  && find "$OUT" -name '*.json' -delete
