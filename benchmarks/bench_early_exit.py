@@ -11,7 +11,13 @@ schedule, with the attack's defaults otherwise:
   left are re-compacted every few steps) and cross-eps skipping;
 * ``unrolled`` -- ``eps_batch_size=0, unroll=True``: the former CPU fast path for convolutional
   models (no loop around the model, so no early exit); PGD only (unrolling AutoAttack is out of
-  the question).
+  the question);
+* ``whole`` -- early exit with one chunk of the whole batch (``chunk_size`` = the batch): broken
+  rows are frozen and the loop ends when none is left, but no row is moved (no compaction);
+  ``whole-u4`` the same with ``unroll=4`` (four steps per iteration of the loop, so a quarter of
+  its done checks);
+* ``dense-eps0`` -- ``early_exit=False, eps_batch_size=0``: the dense run with every eps
+  vectorised into one loop.
 
 Printed per (model, attack, schedule): compile seconds, run milliseconds (best of ``--repeats``,
 compiled program only), the model rows of one run counted by ``jr.metrics.count_evaluations`` in a
@@ -53,6 +59,9 @@ def main() -> None:
                       default=[0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.3])
   parser.add_argument("--aa-eps", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.3])
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--tile", type=int, default=1,
+                      help="repeat the --n examples this many times (a larger batch of the same "
+                           "points, each with its own key)")
   parser.add_argument("--schedules", default="dense,default,unrolled")
   parser.add_argument("--regime", choices=("trained", "full"), default="trained",
                       help="full: logits 1e-3 * model(x) + 10 * onehot(0), every label 0, so "
@@ -69,12 +78,15 @@ def main() -> None:
   from bench_peers import ARCHS, get_params, load_examples
 
   x_np, y_np = load_examples(args.n)
-  x, y = jnp.asarray(x_np), jnp.asarray(y_np)
+  x, y = jnp.asarray(np.tile(x_np, (args.tile, 1, 1, 1))), jnp.asarray(np.tile(y_np, args.tile))
+  rows = x.shape[0]
   attacks = {"pgd": (jr.attacks.pgd("linf", steps=20), np.asarray(args.pgd_eps, np.float32)),
              "auto_attack": (jr.attacks.auto_attack("linf"), np.asarray(args.aa_eps, np.float32))}
   schedules = {"dense": dict(early_exit=False), "default": {},
-               "unrolled": dict(eps_batch_size=0, unroll=True)}
-  print(f"jax {jax.__version__}, backend {jax.default_backend()}, n={args.n}, "
+               "unrolled": dict(eps_batch_size=0, unroll=True), "whole": dict(chunk_size=rows),
+               "whole-u4": dict(chunk_size=rows, unroll=4),
+               "dense-eps0": dict(early_exit=False, eps_batch_size=0)}
+  print(f"jax {jax.__version__}, backend {jax.default_backend()}, n={args.n} x {args.tile}, "
         f"load average {os.getloadavg()[0]:.2f}", flush=True)
   for model_name in args.models.split(","):
     arch, _, kind = model_name.partition("-")
@@ -91,7 +103,7 @@ def main() -> None:
       attack, eps = attacks[attack_name]
       dense_flags = None
       for schedule in args.schedules.split(","):
-        if schedule == "unrolled" and attack_name != "pgd":
+        if schedule in ("unrolled", "dense-eps0") and attack_name != "pgd":
           continue
         options = schedules[schedule]
 
@@ -123,7 +135,7 @@ def main() -> None:
         if schedule == "dense":
           dense_flags = flags
         same = "-" if dense_flags is None else str(bool(np.array_equal(flags, dense_flags)))
-        print(f"{model_name:16s} {attack_name:11s} {schedule:8s} compile {compile_s:6.1f} s  "
+        print(f"{model_name:16s} {attack_name:11s} {schedule:10s} compile {compile_s:6.1f} s  "
               f"run {min(times) * 1e3:9.1f} ms  rows grad {counter.gradient:9d} "
               f"fwd {counter.forward:9d}"
               f"  robust {flags.sum(1).tolist()}  equal to dense: {same}  "
