@@ -12,11 +12,12 @@ per option.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
 
+from jaxrobust._cost import model_flops
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_bool
 
@@ -33,6 +34,13 @@ def default_chunk_size() -> int:
   saturated by large batches, so their chunks are large (a smaller chunk would save no time).
   """
   return 64 if jax.default_backend() == "cpu" else 512
+
+
+LATENCY_BOUND_FLOPS = 8e9
+"""Below this many floating-point operations for one model evaluation of a curve's whole work at
+once (the batch at every eps: :func:`jaxrobust._cost.model_flops` times the eps), a curve
+on a GPU is latency-bound (see :meth:`RunOptions.for_curve`). Measured on an H200: the digits
+CNN at 540 rows x 8 eps (1.0 GFLOP) is latency-bound; WRN-28-10 at 512 rows (2.7 TFLOP) is not."""
 
 
 def _optional_int(value: Any, low: int, message: str) -> int | None:
@@ -110,7 +118,8 @@ class RunOptions:
       steeply with the unrolled steps (``benchmarks/RESULTS.md``, "PGD overhead"). Results agree
       up to float rounding. Ensemble members run their own loops with ``unroll=1``.
     eps_batch_size: how a curve runs a fixed-budget attack over its eps grid (curves and
-      ``jr.evaluate`` only): ``None`` one eps after another (least memory), ``0`` all eps
+      ``jr.evaluate`` only; on a GPU a small curve at the defaults runs with ``0`` and no early
+      exit, :meth:`for_curve`): ``None`` one eps after another (least memory), ``0`` all eps
       vectorised at once, ``b`` chunks of ``b`` vectorised eps. Each eps folds its index into the
       example's key, so every setting draws the same random starts (XLA may round a vectorised
       model evaluation differently, so a borderline example can still flip between settings).
@@ -203,6 +212,58 @@ class RunOptions:
       return self.chunk_size
     limit = max(1, min(self.chunk_size or default_chunk_size(), batch))
     return -(-batch // -(-batch // limit))
+
+  def for_curve(self, attack: Attack, logits_fn: Callable[[jax.Array], jax.Array],
+                x: jax.Array, eps_count: int, *, capped: bool,
+                backend: str | None = None) -> RunOptions:
+    r"""The options a curve of a fixed-budget ``attack`` over ``eps_count`` eps runs with: these,
+    except on a GPU for a latency-bound curve at the default schedule, which runs dense with every
+    eps vectorised (``early_exit=False, eps_batch_size=0``). The flags, and so every curve and
+    report, are the same either way (see ``early_exit``); only the time, and the propagations
+    ``info`` reports as spent, differ.
+
+    A GPU runs each iteration of a loop at a fixed cost of tens of microseconds, whatever its
+    rows, until its rows fill it. Where a model evaluation of the whole curve's rows at once
+    (``x`` at every eps) costs under :data:`LATENCY_BOUND_FLOPS`, the loop iterations are the
+    time, not the rows: early exit and cross-eps skipping add iterations (a loop per segment and
+    per eps) and save rows that cost nothing, and vectorising the eps runs every eps in the
+    iterations of one. Measured on an H200 (``benchmarks/RESULTS.md``, "An NVIDIA H200"), PGD-20
+    curves of 540 digits at 8 eps: the early-exit defaults took 2.4-5x the dense run's time, the
+    dense run with every eps vectorised 0.26-0.37x. Above the threshold (WRN-28-10 at 512 rows:
+    early exit 0.63x dense where points break, 1.006x where none does) nothing changes, nor on a
+    CPU or TPU (whose loops run without a host round trip), nor for an option given other than
+    its default, a suite (AutoAttack: its members' compaction saves whole attacks), an attack
+    that drives its own loop, a randomized model (``attack.samples``) or a capped run
+    (``capped``: ``max_propagations``).
+
+    Args:
+      attack: the curve's attack (fixed budget).
+      logits_fn, x: the model and the batch (traced once more at this shape, on a GPU only).
+      eps_count: the eps of the curve.
+      capped: whether the run has a ``max_propagations`` cap.
+      backend: the platform (default :func:`jax.default_backend`).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> import jaxrobust as jr
+      >>> x, w = jnp.ones((540, 64)), jnp.ones((64, 10))
+      >>> gpu = RunOptions().for_curve(jr.attacks.pgd(), lambda v: v @ w, x, 8, capped=False,
+      ...                              backend="gpu")
+      >>> gpu.early_exit, gpu.eps_batch_size
+      (False, 0)
+      >>> RunOptions().for_curve(jr.attacks.pgd(), lambda v: v @ w, x, 8, capped=False,
+      ...                        backend="cpu") == RunOptions()
+      True
+    """
+    default = (self.early_exit and self.chunk_size is None and self.eps_batch_size is None
+               and type(self.unroll) is int and self.unroll == 1)
+    plain = (attack.suite is None and attack.drive is None and not attack.samples
+             and not attack.minimum_norm and not capped)
+    if not (default and plain and (backend or jax.default_backend()) == "gpu"):
+      return self
+    if model_flops(logits_fn, x) * eps_count >= LATENCY_BOUND_FLOPS:
+      return self
+    return self.replace(early_exit=False, eps_batch_size=0)
 
   @property
   def skips_across_eps(self) -> bool:

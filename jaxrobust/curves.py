@@ -72,9 +72,11 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   index; a minimum-norm attack runs once and every eps follows from its norms
   (:func:`curve_from_norms`).
 
-  By default the work falls with every point broken, on every backend: early exit within each
-  run, and cross-eps skipping across the grid (the eps in increasing order, each attacking only
-  the points still robust at the smaller ones). The curve is the same as the dense
+  By default the work falls with every point broken: early exit within each run, and cross-eps
+  skipping across the grid (the eps in increasing order, each attacking only the points still
+  robust at the smaller ones). On a GPU a small curve (a plain attack, the model's evaluation of
+  the batch at every eps under 8 GFLOP) runs dense with every eps vectorised instead, which is
+  faster there (:meth:`jaxrobust._options.RunOptions.for_curve`). The curve is the same as the dense
   computation's; this is what makes an expensive attack such as
   :func:`jaxrobust.attacks.auto_attack` affordable over a whole curve. The options
   ``eps_batch_size``, ``unroll``, ``chunk_size`` and ``early_exit`` are explained once, in

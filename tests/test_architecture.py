@@ -21,7 +21,7 @@ ROOT = pathlib.Path(jaxrobust.__file__).parent
 LAYERS = (
     ("base", ("jaxrobust._types", "jaxrobust._batch", "jaxrobust._validation",
               "jaxrobust._options", "jaxrobust._checkpoint", "jaxrobust._jaxpr_walk",
-              "jaxrobust.model", "jaxrobust._findings", "jaxrobust.diagnosis",
+              "jaxrobust._cost", "jaxrobust.model", "jaxrobust._findings", "jaxrobust.diagnosis",
               "jaxrobust.projections", "jaxrobust.losses",
               "jaxrobust.metrics")),
     ("engine", ("jaxrobust.engine",)),
