@@ -8,7 +8,8 @@
 * End to end, with ``jax.default_backend`` answering "gpu" while the curve is traced (this
   machine has no GPU; the choice is made while tracing, so the program is the GPU's): the flags
   are the ground truth's and the default CPU curve's, and the rows through the model are exactly
-  the dense vectorised curve's.
+  the dense vectorised curve's; ``jr.evaluate`` (one device, an 8-device mesh) chooses it inside
+  its step and counts exactly.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.sharding import AxisType
 
 import jaxrobust as jr
 from jaxrobust import _options
 from jaxrobust._options import RunOptions
 from jaxrobust._cost import model_flops
-from tests.models import linear_logits, random_linear
+from tests.models import linear_logits, linear_points, random_linear
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -118,3 +120,39 @@ def test_a_latency_bound_curve_on_a_gpu_has_the_dense_flags_and_rows(monkeypatch
   assert gpu_rows == dense_rows
   # Early exit spared rows on the CPU (every point breaks at the last eps at its first update).
   assert cpu_rows[0] < dense_rows[0] == batch * (1 + 3 * steps)
+
+
+@pytest.mark.parametrize("shard_map", [None, False, True])
+def test_evaluate_with_the_gpu_schedule_gives_the_closed_form_counts(monkeypatch, shard_map):
+  """``jr.evaluate`` (one device; an Explicit 8-device mesh with and without its ``shard_map``
+  path) traced as on a GPU: the schedule is chosen inside its step and the counts are exact."""
+  if shard_map is not None and len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices (tests/conftest.py sets jax_num_cpu_devices=8)")
+  model = random_linear(5, 12, 2)
+  x, y, dist = linear_points(model, 6, 40, (3, 4), "linf")
+  # Budgets halfway between the widest-spaced consecutive distances: no point lies near an eps.
+  d = np.sort(dist[(dist > 0.005) & (dist < 0.15)])
+  widest = np.sort(np.argsort(np.diff(d))[-3:])
+  eps = ((d[widest] + d[widest + 1]) / 2).astype(np.float32)
+  assert np.min(np.abs(dist[None, :] - eps[:, None])) > 1e-4  # no point sits on an eps
+  chosen = []
+  for_curve = RunOptions.for_curve
+
+  def spy(self, *args, **kwargs):
+    chosen.append(for_curve(self, *args, **kwargs))
+    return chosen[-1]
+
+  monkeypatch.setattr(RunOptions, "for_curve", spy)
+  monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+  mesh = None if shard_map is None else jax.make_mesh((8,), ("data",),
+                                                      axis_types=(AxisType.Explicit,))
+  # A new function: jr.evaluate compiles a new step, under the patch.
+  report = jr.evaluate(lambda v: model.logits_fn(v), (x, y),
+                       attacks={"fgsm": jr.attacks.fgsm("linf")}, epsilons=eps,
+                       key=jax.random.key(0), batch_size=16, progress=False, mesh=mesh,
+                       **({} if shard_map is None else {"use_shard_map": shard_map}))
+  assert chosen and all((o.early_exit, o.eps_batch_size) == (False, 0) for o in chosen)
+  # Two classes, Linf: FGSM reaches the optimal corner, so it breaks exactly the points within eps.
+  expected = (dist[None, :] > eps[:, None]).sum(axis=1)
+  assert 0 < expected[-1] < expected[0] < len(x)  # the grid is informative
+  np.testing.assert_array_equal(report.attacks["fgsm"].robust_count, expected)
