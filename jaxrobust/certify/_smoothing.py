@@ -135,6 +135,10 @@ def smoothing(logits_fn: Callable[[Array], Array], x: Array, key: Array, *, sigm
     n: draws to estimate its probability (static).
     alpha: the certificate fails with probability at most ``alpha`` (data).
     batch_size: draws evaluated per example at a time (memory; results do not depend on it).
+      Each model call evaluates ``B * batch_size`` rows: on an accelerator, size it for the
+      batch as a whole (32 CIFAR images at 1000 draws each put 32,000 images through WRN-16-4
+      per call: 23.5 GiB of XLA buffers, and the first call compiled for 71 s on an H200, most
+      of it XLA tuning convolutions at that size; ``benchmarks/RESULTS.md``).
 
   Returns:
     A :class:`jaxrobust.Certificate`: class or ``-1`` (abstain), and the certified L2 radius.
