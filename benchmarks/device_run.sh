@@ -13,19 +13,20 @@
 # has its own time limit and writes its own file under $OUT, so a step that runs out of time
 # loses only itself; afterwards record the figures in benchmarks/RESULTS.md with the device's name.
 #
-# Steps, in the order of issue #26's goals, each with its own limit (seconds); the script stops
-# starting steps at 570 s (TOTAL), so the call ends inside its 600 s:
-#   env          10   the GPU, the driver, jax and torch versions
-#   scale       380   bench_scale.py --device-preset --sections pgd aa compile: WRN-28-10 PGD-10
-#                     float32 and bfloat16 against torchattacks and raw gradients, AutoAttack on
-#                     WRN-16-4 against the reference, the compile of the WRN-28-10 AutoAttack
-#                     curve; float32 units first, each killed after 150 s
-#   smoothing   100   bench_scale.py --device-preset --sections certify --certify-units smoothing:
-#                     jr.certify.smoothing against the PyTorch port of CERTIFY
-#   early_exit   60   digits PGD-20 curves: early exit and cross-eps skipping against dense
-#                     (the issue's "costs more than it saves on tiny GPU problems")
-# and, only while time is left: partition (early exit's row partition against two argsorts),
-# resnet (ResNet-50 PGD-10), certify bounds (CROWN-IBP on WRN-16-4, IBP on WRN-28-10).
+# Steps, in the order of what issue #26 still lacks on a GPU (the 2026-11-28 lease measured
+# PGD-10 on WRN-28-10, AutoAttack on WRN-16-4, the WRN-28-10 compile and smoothing: RESULTS.md,
+# "An NVIDIA H200"), each with its own limit (seconds); the script stops starting steps at 570 s
+# (TOTAL), so the call ends inside its 600 s:
+#   env          30   the GPU, the driver, jax and torch versions
+#   early_exit   45   digits PGD-20 curves: the default (on a GPU now the dense run with every
+#                     eps vectorised, RunOptions.for_curve) against dense and dense-eps0
+#   resnet      150   bench_scale.py --device-preset --sections resnet (float32): ResNet-50 PGD-10
+#   bounds      150   bench_scale.py --device-preset --sections certify --certify-units bounds:
+#                     CROWN-IBP on WRN-16-4 in chunks, IBP on WRN-28-10
+#   evaluate    150   bench_scale.py --device-preset --sections evaluate: jr.evaluate streaming
+#                     WRN-16-4 through AutoAttack fast, resumed from a checkpoint
+# and, only while time is left: scale (PGD-10 on WRN-28-10 in float32 again, peak memory),
+# resnet in bfloat16.
 # SCALE_EXTRA (default empty) is appended to every bench_scale command: a CPU dry run of this
 # script passes small sizes there.
 set -uo pipefail
@@ -57,23 +58,24 @@ optional() {  # optional NAME SECONDS COMMAND...: only when its whole limit is l
   step "$@"
 }
 
-step env 10 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; \
+step env 30 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; \
   $PY -c 'import jax, flax, torch; print(\"jax\", jax.__version__, jax.devices(), \"flax\", \
 flax.__version__); print(\"torch\", torch.__version__, torch.cuda.get_device_name(0))'; \
   $PY -c 'import torchattacks; print(\"torchattacks\", torchattacks.__version__)'; \
   ls .aa/autoattack/autoattack.py"
-step scale 380 "$PY" benchmarks/bench_scale.py --device-preset --sections pgd aa compile \
-  --autoattack-path .aa --budget 370 --out "$OUT/scale.json" $EXTRA
-step smoothing 100 "$PY" benchmarks/bench_scale.py --device-preset --sections certify \
-  --certify-units smoothing --budget 95 --section-timeout 95 --out "$OUT/smoothing.json" $EXTRA
-step early_exit 60 "$PY" benchmarks/bench_early_exit.py --attacks pgd --schedules dense,default \
-  --repeats 3
-optional partition 30 "$PY" benchmarks/bench_partition.py --batch 540 4096 65536 --iterations 100
-optional resnet 150 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
-  --dtypes float32 --resnet-dtypes float32 --budget 145 --out "$OUT/resnet.json" $EXTRA
-optional bounds 150 "$PY" benchmarks/bench_scale.py --device-preset --sections certify \
+step early_exit 45 "$PY" benchmarks/bench_early_exit.py --attacks pgd \
+  --schedules dense,default,dense-eps0 --repeats 5
+step resnet 150 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
+  --resnet-dtypes float32 --budget 145 --out "$OUT/resnet.json" $EXTRA
+step bounds 150 "$PY" benchmarks/bench_scale.py --device-preset --sections certify \
   --certify-units bounds --budget 145 --out "$OUT/bounds.json" $EXTRA
-for f in scale smoothing; do tail -n 25 "$OUT/$f.txt" 2>/dev/null; done
+step evaluate 150 "$PY" benchmarks/bench_scale.py --device-preset --sections evaluate \
+  --budget 145 --out "$OUT/evaluate.json" $EXTRA
+optional scale 100 "$PY" benchmarks/bench_scale.py --device-preset --sections pgd \
+  --dtypes float32 --budget 95 --out "$OUT/scale.json" $EXTRA
+optional resnet_bf16 100 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
+  --resnet-dtypes bfloat16 --budget 95 --out "$OUT/resnet_bf16.json" $EXTRA
+for f in resnet bounds evaluate scale; do tail -n 12 "$OUT/$f.txt" 2>/dev/null; done
 tail -n 15 "$OUT/early_exit.txt" 2>/dev/null
 echo "total $((SECONDS - BEGIN)) s"
 # At most 8 files come back from $OUT: everything in one archive, the step logs beside it.
