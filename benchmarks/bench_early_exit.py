@@ -59,6 +59,10 @@ def main() -> None:
                       default=[0.025, 0.05, 0.075, 0.1, 0.125, 0.15, 0.2, 0.3])
   parser.add_argument("--aa-eps", type=float, nargs="+", default=[0.05, 0.1, 0.2, 0.3])
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--interleave", type=int, default=0, metavar="ROUNDS",
+                      help="then time the compiled schedules of each (model, attack) in turn for "
+                           "ROUNDS rounds (the first two dropped): min and median ms and their "
+                           "ratios to dense, less exposed to a machine's drift than best-of runs")
   parser.add_argument("--tile", type=int, default=1,
                       help="repeat the --n examples this many times (a larger batch of the same "
                            "points, each with its own key)")
@@ -102,6 +106,7 @@ def main() -> None:
     for attack_name in args.attacks.split(","):
       attack, eps = attacks[attack_name]
       dense_flags = None
+      programs = {}
       for schedule in args.schedules.split(","):
         if schedule in ("unrolled", "dense-eps0") and attack_name != "pgd":
           continue
@@ -121,6 +126,7 @@ def main() -> None:
         start = time.perf_counter()
         compiled = jax.jit(curve).lower(*operands).compile()
         compile_s = time.perf_counter() - start
+        programs[schedule] = compiled
         times = []
         for _ in range(args.repeats):
           start = time.perf_counter()
@@ -140,6 +146,28 @@ def main() -> None:
               f"fwd {counter.forward:9d}"
               f"  robust {flags.sum(1).tolist()}  equal to dense: {same}  "
               f"load {os.getloadavg()[0]:.2f}", flush=True)
+      if args.interleave:
+        interleaved(programs, (params, x, labels, jnp.asarray(eps)), args.interleave,
+                    f"{model_name:16s} {attack_name:11s}")
+
+
+def interleaved(programs: dict, operands: tuple, rounds: int, label: str) -> None:
+  """Each compiled program once per round, in turn; min and median of rounds 3.. in ms."""
+  import jax
+  import numpy as np
+
+  times = {name: [] for name in programs}
+  for _ in range(rounds):
+    for name, compiled in programs.items():
+      start = time.perf_counter()
+      jax.block_until_ready(compiled(*operands))
+      times[name].append(time.perf_counter() - start)
+  stats = {name: (1e3 * np.min(t[2:]), 1e3 * np.median(t[2:])) for name, t in times.items()}
+  base = stats.get("dense")
+  for name, (low, mid) in stats.items():
+    ratio = f"  x dense {low / base[0]:.3f} / {mid / base[1]:.3f}" if base else ""
+    print(f"{label} {name:10s} interleaved x{rounds - 2}: min {low:9.1f} ms  median {mid:9.1f} "
+          f"ms{ratio}  load {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":

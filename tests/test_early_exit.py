@@ -428,3 +428,35 @@ def test_an_undeclared_leaf_not_led_by_the_batch_is_refused():
   with pytest.raises(ValueError, match=r"\.schedule of shape \(5,\).*shared_fields"):
     run(x, jnp.zeros(8, jnp.int32), jr.Budget(*(jnp.float32(v) for v in (10.0, -10.0, 10.0))),
         jax.random.key(0))
+
+
+def test_map_rows_runs_the_whole_batch_when_crowded_with_the_same_outputs():
+  """``compaction.map_rows(..., whole_when_crowded=True)``: where chunks would skip fewer than a
+  chunk's rows, one call on the whole batch; elsewhere the chunks. Per-row outputs (zeros on
+  inactive rows) and shared leaves are those of the chunked run either way."""
+  from jaxrobust.engine import compaction
+
+  batch, chunk = 32, 8
+  counted, counter = jr.metrics.count_evaluations(lambda v: v * 10.0 + 1.0)
+  x = jnp.arange(batch, dtype=jnp.float32)[:, None] * jnp.ones((1, 3), jnp.float32)
+
+  @functools.partial(jax.jit, static_argnums=2)
+  def mapped(active, x, whole):
+    fn = lambda state, v: (counted(v), jnp.int32(7))
+    return compaction.map_rows(fn, active, chunk, (x,), whole_when_crowded=whole)
+
+  rng = np.random.default_rng(2)
+  for n in (0, 3, 24, 25, 32):  # crowded from 25 active rows on (more than 32 - 8)
+    active = np.zeros(batch, bool)
+    active[rng.permutation(batch)[:n]] = True
+    rows = {}
+    for whole in (False, True):
+      counter.reset()
+      out, shared = mapped(jnp.asarray(active), x, whole)
+      jax.effects_barrier()
+      np.testing.assert_array_equal(np.asarray(out), np.where(active[:, None],
+                                                              10.0 * np.asarray(x) + 1.0, 0.0))
+      assert int(shared) == (7 if n else 0)
+      rows[whole] = counter.forward
+    assert rows[False] == chunk * -(-n // chunk)
+    assert rows[True] == (batch if n > batch - chunk else rows[False]), (n, rows)

@@ -187,8 +187,9 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
   if options.early_exit and not options.score_skipped_rows and not attack.samples:
     chunk = options.chunk_rows(batch)
     if early_exit_lib.compactable(todo, chunk):
+      whole = early_exit_lib.whole_when_crowded(options, batch, chunk)
       logits_of_todo = lambda x_adv: compaction.map_rows(
-          lambda _, rows: logits_fn(rows), todo, chunk, (x_adv,))
+          lambda _, rows: logits_fn(rows), todo, chunk, (x_adv,), whole_when_crowded=whole)
     else:  # no row moves; still no model evaluation when no row was attacked
       logits_of_todo = lambda x_adv: jax.lax.cond(jnp.any(todo), logits_fn,
                                                   functools.partial(_zero_logits, logits_fn),

@@ -230,13 +230,16 @@ def shared_marks(tree: Any) -> Any:
 
 
 def map_rows(fn: Callable[..., Any], active: Array, chunk: int, rows: tuple,
-             state: Any = None) -> Any:
+             state: Any = None, *, whole_when_crowded: bool = False) -> Any:
   """``fn(state, *rows)`` computed only for the ``active`` rows, ``chunk`` rows at a time.
 
   ``fn`` treats rows independently; the per-row leaves of ``state`` and of the output
   (:class:`Layout`: all but scalars and declared ``shared_fields``) move with their rows (inactive
   rows of the output are zeros), the other leaves are shared (the same for every chunk; in the
-  output, those of the first chunk that ran, zeros if none ran).
+  output, those of the first chunk that ran, zeros if none ran). With ``whole_when_crowded``,
+  where the chunks would skip fewer than ``chunk`` rows, ``fn`` runs once on the whole batch
+  instead (the same per-row outputs; the shared leaves are then the whole batch's, which for
+  ``fn`` treating rows independently are those of any chunk).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -256,9 +259,16 @@ def map_rows(fn: Callable[..., Any], active: Array, chunk: int, rows: tuple,
     out = fn(state_layout.join(state_rows, state_shared), *rows)
     return (*out_layout.split(out), jnp.ones((), jnp.int32))
 
-  outputs, shared = chunk_loop(
-      one_chunk, active, chunk, (state_rows,) + tuple(rows),
-      *map(zeros, out_layout.split(shapes)))
+  def chunked():
+    return chunk_loop(one_chunk, active, chunk, (state_rows,) + tuple(rows),
+                      *map(zeros, out_layout.split(shapes)))
+
+  if whole_when_crowded:
+    whole = lambda: out_layout.split(fn(state, *rows))
+    crowded = jnp.sum(active, dtype=jnp.int32) > batch - chunk
+    outputs, shared = jax.lax.cond(crowded, whole, chunked)
+  else:
+    outputs, shared = chunked()
   outputs = [jnp.where(expand(active, o.ndim), o, jnp.zeros((), o.dtype)) for o in outputs]
   return out_layout.join(outputs, shared)
 

@@ -132,9 +132,7 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   # where the run dominates, a batch of at least four chunks (see remainder_rows).
   many = x.shape[0] >= 4 * chunk
   small = remainder_rows(chunk) if many else chunk
-  # Whole-batch segments where chunks would skip less than a chunk's rows: with the backend's
-  # chunks only (an explicit chunk_size is a promise of rows per model call).
-  whole = many and options.chunk_size is None
+  whole = whole_when_crowded(options, x.shape[0], chunk)
   rows = (x, y, eps, keys, target, frozen, limit)
   kernel = propagations.metered_kernel(attack, freeze) if meter else attack
 
@@ -165,14 +163,16 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
     return jax.lax.cond(crowded, lambda state: run(state, *rows)[0], compacted, state)
 
   def run_all():
-    # init and finalize may evaluate the model: on the rows to attack only.
-    state = compaction.map_rows(init, ~frozen, chunk, rows) if compact else init(None, *rows)
+    # init and finalize may evaluate the model: on the rows to attack only (on the whole batch at
+    # once where chunks would skip less than a chunk's rows, as the segments do).
+    state = (compaction.map_rows(init, ~frozen, chunk, rows, whole_when_crowded=whole) if compact
+             else init(None, *rows))
     cond = lambda carry: (carry[0] < total) & left(carry[1])
     body = lambda carry: (carry[0] + length,
                           segment(carry[1], jnp.minimum(length, total - carry[0])))
     _, state = jax.lax.while_loop(cond, body, (jnp.zeros((), jnp.int32), state))
-    return (compaction.map_rows(finalize, ~frozen, chunk, rows, state) if compact
-            else finalize(state, *rows))
+    return (compaction.map_rows(finalize, ~frozen, chunk, rows, state, whole_when_crowded=whole)
+            if compact else finalize(state, *rows))
 
   if compact:
     return run_all()
@@ -180,6 +180,21 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   nothing = lambda: ((jnp.zeros_like(x), propagations.no_tally(attack, frozen)) if meter
                      else jnp.zeros_like(x))
   return jax.lax.cond(jnp.any(~frozen), run_all, nothing)
+
+
+def whole_when_crowded(options: RunOptions, batch: int, chunk: int) -> bool:
+  """Whether the batch runs as one where chunks would skip fewer than ``chunk`` rows (the
+  segments, ``init`` and ``finalize``, the scoring of the attacked rows): with the backend's chunks
+  only (an explicit ``chunk_size`` is a promise of rows per model call), in a batch of at least
+  four of them (see :func:`remainder_rows`).
+
+  Examples:
+    >>> whole_when_crowded(RunOptions(), 540, 60), whole_when_crowded(RunOptions(), 100, 50)
+    (True, False)
+    >>> whole_when_crowded(RunOptions(chunk_size=60), 540, 60)
+    False
+  """
+  return options.chunk_size is None and batch >= 4 * chunk
 
 
 def compactable(rows: Array, chunk: int) -> bool:
