@@ -18,8 +18,10 @@ follows, instead of one fixed-length ``lax.scan`` over the whole batch:
   backend's chunks (``chunk_size=None``) in a batch of at least four of them, a segment that
   would skip fewer than :math:`c` rows (nothing broken yet: a robust model, the first steps) runs
   the whole batch as one instead, in one loop rather than one per chunk (a third traced shape of
-  the step). Where nothing breaks, early exit's worst case, the digits models' PGD-20 curves on
-  540 points went from 1.11-1.34x the dense run's time to 0.97-1.07x
+  the step); so do ``init``, ``finalize`` and the scoring of the attacked rows
+  (:func:`whole_when_crowded`). Where nothing breaks, early exit's worst case, the digits models'
+  PGD-20 curves on 540 points went from 1.11-1.34x the dense run's time to 0.97-1.07x with the
+  segments, and the MLP's from 1.09x to 1.03-1.05x with the rest
   (``benchmarks/bench_early_exit.py --regime full``).
 
 Exactness. A row that is never done runs exactly the steps of the dense run, so its final point
