@@ -228,12 +228,12 @@ class RunOptions:
     time, not the rows: early exit and cross-eps skipping add iterations (a loop per segment and
     per eps) and save rows that cost nothing, and vectorising the eps runs every eps in the
     iterations of one. Measured on an H200 (``benchmarks/RESULTS.md``, "An NVIDIA H200"), PGD-20
-    curves of 540 digits at 8 eps: the early-exit defaults took 2.4-5x the dense run's time, the
-    dense run with every eps vectorised 0.26-0.37x. Above the threshold (WRN-28-10 at 512 rows:
-    early exit 0.63x dense where points break, 1.006x where none does) nothing changes, nor on a
-    CPU or TPU (whose loops run without a host round trip), nor for an option given other than
-    its default, a suite (AutoAttack: its members' compaction saves whole attacks), an attack
-    that drives its own loop, a randomized model (``attack.samples``) or a capped run
+    curves of 540 digits at 8 eps: the early-exit defaults took 1.9-5x the dense run's time, the
+    dense run with every eps vectorised 0.26-0.37x. Nothing changes above the threshold
+    (WRN-28-10 at 512 rows: early exit 0.63x dense where points break, 1.006x where none does),
+    on a CPU (where early exit pays at these sizes) or a TPU (not measured), for an option given
+    other than its default, a suite (AutoAttack: its members' compaction saves whole attacks),
+    an attack that drives its own loop, a randomized model (``attack.samples``) or a capped run
     (``capped``: ``max_propagations``).
 
     Args:
