@@ -67,10 +67,12 @@ def test_an_option_given_other_than_its_default_is_kept(options):
                            backend="gpu") == options
 
 
-def test_suites_capped_runs_and_large_curves_are_kept():
+def test_suites_capped_runs_randomized_models_minimum_norm_and_large_curves_are_kept():
   logits_fn, x = _small()
   for attack, capped in ((jr.attacks.auto_attack("linf", version="fast"), False),
-                         (jr.attacks.pgd(), True)):
+                         (jr.attacks.pgd(), True),
+                         (jr.attacks.pgd()._replace(samples=4), False),
+                         (jr.attacks.fmn("linf"), False)):
     assert RunOptions().for_curve(attack, logits_fn, x, 8, capped=capped,
                                   backend="gpu") == RunOptions()
   # 2 * 540 * 4096 * 4096 per eps: 18 GFLOP, over the threshold at one eps already.
