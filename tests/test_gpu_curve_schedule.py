@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -148,8 +150,12 @@ def test_evaluate_with_the_gpu_schedule_gives_the_closed_form_counts(monkeypatch
   monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
   mesh = None if shard_map is None else jax.make_mesh((8,), ("data",),
                                                       axis_types=(AxisType.Explicit,))
-  # A new function: jr.evaluate compiles a new step, under the patch.
-  report = jr.evaluate(lambda v: model.logits_fn(v), (x, y),
+  # The weights are arguments of jr.evaluate's step (a partial); a new function, so that it
+  # compiles a new step, under the patch.
+  def logits(wb, v):
+    return linear_logits(wb, v)
+
+  report = jr.evaluate(functools.partial(logits, model.weights()), (x, y),
                        attacks={"fgsm": jr.attacks.fgsm("linf")}, epsilons=eps,
                        key=jax.random.key(0), batch_size=16, progress=False, mesh=mesh,
                        **({} if shard_map is None else {"use_shard_map": shard_map}))

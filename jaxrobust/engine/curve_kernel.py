@@ -96,6 +96,9 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
   """
   epsilons = jnp.asarray(epsilons, jnp.float32)
   active = jnp.ones_like(correct) if active is None else active
+  # On a GPU a latency-bound curve runs dense with its eps vectorised (same flags; see there).
+  options = options.for_curve(attack, logits_fn, x, epsilons.shape[0],
+                              capped=max_propagations is not None)
   runs = options.replace(score_skipped_rows=False)
   if attack.minimum_norm:
     budget = Budget(rows_like(x, jnp.inf, jnp.float32), lower, upper)
@@ -107,11 +110,6 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
     robust = correct[None, :] & (eps_star[None, :] > epsilons[:, None])
     return CurveFlags(robust, eps_star, _with_gradient_count(
         _checks(result.info), correct, bad_gradient, active))
-
-  # On a GPU a latency-bound curve runs dense with its eps vectorised (same flags; see there).
-  options = options.for_curve(attack, logits_fn, x, epsilons.shape[0],
-                              capped=max_propagations is not None)
-  runs = options.replace(score_skipped_rows=False)
 
   def run_at(index, eps, rows):
     budget = Budget(rows_like(x, 0.0, jnp.float32) + eps, lower, upper)

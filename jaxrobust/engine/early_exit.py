@@ -132,8 +132,7 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   compact = compactable(frozen, chunk)
   # Smaller chunks for the rows left over cost a second traced shape of the step: worth it only
   # where the run dominates, a batch of at least four chunks (see remainder_rows).
-  many = x.shape[0] >= 4 * chunk
-  small = remainder_rows(chunk) if many else chunk
+  small = remainder_rows(chunk) if many_chunks(x.shape[0], chunk) else chunk
   whole = whole_when_crowded(options, x.shape[0], chunk)
   rows = (x, y, eps, keys, target, frozen, limit)
   kernel = propagations.metered_kernel(attack, freeze) if meter else attack
@@ -196,7 +195,14 @@ def whole_when_crowded(options: RunOptions, batch: int, chunk: int) -> bool:
     >>> whole_when_crowded(RunOptions(chunk_size=60), 540, 60)
     False
   """
-  return options.chunk_size is None and batch >= 4 * chunk
+  return options.chunk_size is None and many_chunks(batch, chunk)
+
+
+def many_chunks(batch: int, chunk: int) -> bool:
+  """Whether a batch holds at least four chunks: where the run dominates enough to be worth a
+  second traced shape (:func:`remainder_rows`) or a whole-batch branch
+  (:func:`whole_when_crowded`)."""
+  return batch >= 4 * chunk
 
 
 def compactable(rows: Array, chunk: int) -> bool:
