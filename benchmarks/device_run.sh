@@ -25,8 +25,16 @@
 #                     CROWN-IBP on WRN-16-4 in chunks, IBP on WRN-28-10
 #   evaluate    150   bench_scale.py --device-preset --sections evaluate: jr.evaluate streaming
 #                     WRN-16-4 through AutoAttack fast, resumed from a checkpoint
-# and, only while time is left: scale (PGD-10 on WRN-28-10 in float32 again, peak memory),
-# resnet in bfloat16.
+# and, only while time is left:
+#   memory      100   PGD-10 on WRN-28-10, float32, full cost, with XLA's convolution autotuning
+#                     off (XLA_FLAGS=--xla_gpu_autotune_level=0): the allocator's peak without
+#                     compile-time scratch, beside torch's (its times are not the figures: no
+#                     autotuning), and XLA's own peak estimate
+#   smoothing   100   jr.certify.smoothing on WRN-16-4 at 125 draws per image and call (4,000
+#                     rows per model call instead of the 32,000 whose first call compiled for 71 s
+#                     in the first lease): compile time against throughput, beside the port
+#   scale       100   PGD-10 on WRN-28-10 in float32 again, at the defaults
+#   resnet_bf16 100   ResNet-50 in bfloat16.
 # SCALE_EXTRA (default empty) is appended to every bench_scale command: a CPU dry run of this
 # script passes small sizes there.
 set -uo pipefail
@@ -71,11 +79,16 @@ step bounds 150 "$PY" benchmarks/bench_scale.py --device-preset --sections certi
   --certify-units bounds --budget 145 --out "$OUT/bounds.json" $EXTRA
 step evaluate 150 "$PY" benchmarks/bench_scale.py --device-preset --sections evaluate \
   --budget 145 --out "$OUT/evaluate.json" $EXTRA
+optional memory 100 env XLA_FLAGS=--xla_gpu_autotune_level=0 "$PY" benchmarks/bench_scale.py \
+  --device-preset --sections pgd --dtypes float32 --programs full-cost --repeats 1 --rows none \
+  --budget 95 --out "$OUT/memory.json" $EXTRA
+optional smoothing 100 "$PY" benchmarks/bench_scale.py --device-preset --sections certify \
+  --certify-units smoothing --smoothing-batch 125 --budget 95 --out "$OUT/smoothing.json" $EXTRA
 optional scale 100 "$PY" benchmarks/bench_scale.py --device-preset --sections pgd \
   --dtypes float32 --budget 95 --out "$OUT/scale.json" $EXTRA
 optional resnet_bf16 100 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
   --resnet-dtypes bfloat16 --budget 95 --out "$OUT/resnet_bf16.json" $EXTRA
-for f in resnet bounds evaluate scale; do tail -n 12 "$OUT/$f.txt" 2>/dev/null; done
+for f in resnet bounds evaluate memory smoothing scale; do tail -n 12 "$OUT/$f.txt" 2>/dev/null; done
 tail -n 15 "$OUT/early_exit.txt" 2>/dev/null
 echo "total $((SECONDS - BEGIN)) s"
 # At most 8 files come back from $OUT: everything in one archive, the step logs beside it.
