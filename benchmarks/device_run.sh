@@ -36,7 +36,9 @@
 #   scale       100   PGD-10 on WRN-28-10 in float32 again, at the defaults
 #   resnet_bf16 100   ResNet-50 in bfloat16.
 # SCALE_EXTRA (default empty) is appended to every bench_scale command: a CPU dry run of this
-# script passes small sizes there.
+# script passes small sizes there. STEPS (default empty: all of them) names the steps to run, e.g.
+# STEPS="env memory smoothing scale" for a second call with what the first one had no time left
+# for (a lease allows 10 minutes per call and 15 in all).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxrobust_device}
@@ -51,6 +53,7 @@ BEGIN=$SECONDS
 step() {  # step NAME SECONDS COMMAND...: run with a limit, output to $OUT/NAME.txt
   local name=$1 limit=$2
   shift 2
+  if [[ -n "${STEPS:-}" && " $STEPS " != *" $name "* ]]; then return; fi
   local left=$((TOTAL - (SECONDS - BEGIN)))
   if (( left < 20 )); then echo "$name: skipped, ${left} s left"; return; fi
   (( limit > left )) && limit=$left
@@ -61,6 +64,7 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, output to $OUT/NAME.
 }
 
 optional() {  # optional NAME SECONDS COMMAND...: only when its whole limit is left
+  if [[ -n "${STEPS:-}" && " $STEPS " != *" $1 "* ]]; then return; fi
   local left=$((TOTAL - (SECONDS - BEGIN)))
   if (( left < $2 )); then echo "$1: skipped, ${left} s left"; return; fi
   step "$@"
