@@ -1,7 +1,8 @@
 """A curve's schedule on a GPU (``RunOptions.for_curve``) and the model cost it reads
 (``jaxrobust._cost.model_flops``).
 
-* ``model_flops`` against closed forms: a convolution, a batched matrix product, a nested call.
+* ``model_flops`` against closed forms: a convolution, a batched matrix product, a nested call,
+  a scan over layers, a cond, a while loop.
 * ``for_curve``: a latency-bound curve at the default schedule on a GPU runs dense with every
   eps vectorised; a CPU or TPU, a non-default option, a suite, a capped run and a curve above
   the threshold keep their options.
@@ -46,6 +47,30 @@ def test_model_flops_counts_batched_products_and_nested_calls_once():
   x = jnp.ones((6, 2, 3))
   # Output 6 x 2 x 7, contracted over 3; then one operation per element of the tanh.
   assert model_flops(lambda v: jnp.tanh(inner(v)), x) == 2 * (6 * 2 * 7) * 3 + 6 * 2 * 7
+
+
+def test_model_flops_prices_a_scan_per_iteration_a_cond_by_its_costliest_branch():
+  """A model that loops over its layers with ``lax.scan`` costs its body times the length (the
+  count taken before it, once per loop, was 4x too low here); a ``cond`` costs its costlier
+  branch; a ``while`` loop, whose trip count is data, its body once."""
+  layers = jnp.ones((4, 3, 3))
+  x = jnp.ones((5, 3))
+  layer = 2 * 5 * 3 * 3 + 5 * 3  # the product, then the tanh
+
+  def scanned(v):
+    return jax.lax.scan(lambda h, w: (jnp.tanh(h @ w), None), v, layers)[0]
+
+  assert model_flops(scanned, x) == 4 * layer
+  w = layers[0]
+  branches = lambda v: jax.lax.cond(v[0, 0] > 0, lambda h: jnp.tanh(h @ w), lambda h: -h, v)
+  # The predicate (cond takes it as an int32 index), then the costlier branch.
+  predicate = model_flops(lambda v: (v[0, 0] > 0).astype(jnp.int32), x)
+  assert model_flops(branches, x) == predicate + layer
+  looped = lambda v: jax.lax.while_loop(lambda h: h[0, 0] < 10.0,
+                                        lambda h: jnp.tanh(h @ w) + 1.0, v)
+  body = layer + 5 * 3  # the product, the tanh and the + 1
+  condition = model_flops(lambda v: v[0, 0] < 10.0, x)
+  assert model_flops(looped, x) == condition + body
 
 
 def _small():
