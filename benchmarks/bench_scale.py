@@ -36,8 +36,8 @@ Sections (``--sections``):
   ratios are taken per point and eps (said so in the output).
 * ``evaluate``: ``jr.evaluate`` (with a mesh over the ``--cpu-devices`` on a CPU) streaming
   ``--eval-images`` random images (a generator that draws
-  them batch by batch, labels from the clean prediction) through AutoAttack ``fast`` on
-  ``--eval-model`` at ``--eval-batch``, one run per image count: XLA compilations (counted from
+  them batch by batch, labels from the clean prediction) through AutoAttack ``fast`` (or
+  ``--eval-version standard``) on ``--eval-model`` at ``--eval-batch``, one run per image count: XLA compilations (counted from
   JAX's compile events), the process's peak resident memory before and after each run (flat in
   N when the evaluation streams), throughput, and a checkpointed run of the first count stopped
   halfway, then resumed, whose report must equal the uninterrupted one. Not in the presets' default
@@ -898,15 +898,16 @@ def image_stream(model: Model, n: int, batch: int, seed: int, labels: Callable):
 
 
 def evaluate_unit(args, dtype: str) -> dict[str, Any]:
-  """``jr.evaluate`` streaming ``--eval-images`` images through AutoAttack ``fast`` (random
-  regime): compilations, host memory per image count, throughput, and a checkpointed run stopped
+  """``jr.evaluate`` streaming ``--eval-images`` images through AutoAttack ``--eval-version``
+  (random regime): compilations, host memory per image count, throughput, and a checkpointed run stopped
   after its first batches and resumed to the same report."""
   import resource
   import shutil
 
   env = environment()
   epsilons = parse_eps(args.eps)
-  print(f"\n=== jr.evaluate, AutoAttack fast, {args.eval_model}, batches of {args.eval_batch}, "
+  name = f"aa-{args.eval_version}"
+  print(f"\n=== jr.evaluate, AutoAttack {args.eval_version}, {args.eval_model}, batches of {args.eval_batch}, "
         f"eps {[round(e * 255, 3) for e in epsilons]}/255, {dtype} ===\n{header(env)}", flush=True)
   model = build_model(args.eval_model, args.wrn_bn, args.seed)
   apply, state = model.apply(dtype, "random"), model.state[dtype]
@@ -920,11 +921,11 @@ def evaluate_unit(args, dtype: str) -> dict[str, Any]:
   jax.monitoring.register_event_duration_secs_listener(
       lambda name, secs, **kw: compiles.append(secs)
       if name == "/jax/core/compile/backend_compile_duration" else None)
-  options = dict(attacks={"aa-fast": jr.attacks.auto_attack("linf", version="fast")},
+  options = dict(attacks={name: jr.attacks.auto_attack("linf", version=args.eval_version)},
                  epsilons=np.asarray(epsilons, np.float32), key=jax.random.key(args.seed),
                  batch_size=args.eval_batch, progress=True, mesh=batch_mesh())
   out: dict[str, Any] = {"env": env, "model": args.eval_model, "dtype": dtype,
-                         "batch": args.eval_batch, "epsilons": epsilons, "runs": []}
+                         "version": args.eval_version, "batch": args.eval_batch, "epsilons": epsilons, "runs": []}
   reports = {}
   for n in args.eval_images:
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
@@ -938,7 +939,7 @@ def evaluate_unit(args, dtype: str) -> dict[str, Any]:
            "compiles": len(compiles) - before,
            "compile_s": float(sum(compiles[before:])), "max_rss_gib_before": rss_before,
            "max_rss_gib_after": rss_after,
-           "robust_accuracy": [float(a) for a in report.attacks["aa-fast"].robust_accuracy]}
+           "robust_accuracy": [float(a) for a in report.attacks[name].robust_accuracy]}
     out["runs"].append(run)
     save_partial(out)
     print(f"  {n} images: {wall:.1f} s ({n / wall:.1f} images/s), {run['compiles']} XLA "
@@ -964,8 +965,8 @@ def evaluate_unit(args, dtype: str) -> dict[str, Any]:
   before, start = len(compiles), time.perf_counter()
   resumed = jr.evaluate(logits_fn, image_stream(model, n, args.eval_batch, args.seed, labels),
                         checkpoint=path, **options)
-  same = (resumed.attacks["aa-fast"].robust_count.tolist()
-          == reports[n].attacks["aa-fast"].robust_count.tolist()
+  same = (resumed.attacks[name].robust_count.tolist()
+          == reports[n].attacks[name].robust_count.tolist()
           and resumed.clean_correct == reports[n].clean_correct)
   out["resume"] = {"images": n, "stopped_after_batches": stop, "equal_report": bool(same),
                    "compiles": len(compiles) - before, "wall_s": time.perf_counter() - start}
@@ -1296,6 +1297,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
   parser.add_argument("--eval-images", type=int, nargs="+",
                       help="evaluate section: image counts, one jr.evaluate run each")
   parser.add_argument("--eval-batch", type=int, help="evaluate section: batch size")
+  parser.add_argument("--eval-version", choices=("fast", "standard"), default="fast",
+                      help="evaluate section: the AutoAttack version")
   parser.add_argument("--points", type=int, help="AutoAttack (and compile) points")
   parser.add_argument("--ibp-model", help="certify section: the model IBP bounds")
   parser.add_argument("--crown-model", help="certify section: the model CROWN-IBP bounds")
