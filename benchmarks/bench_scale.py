@@ -35,9 +35,9 @@ Sections (``--sections``):
   largest ones); in the full-cost regime every point and eps costs the same, so the time and row
   ratios are taken per point and eps (said so in the output).
 * ``evaluate``: ``jr.evaluate`` (with a mesh over the ``--cpu-devices`` on a CPU) streaming
-  ``--eval-images`` random images (a generator that draws
-  them batch by batch, labels from the clean prediction) through AutoAttack ``fast`` (or
-  ``--eval-version standard``) on ``--eval-model`` at ``--eval-batch``, one run per image count: XLA compilations (counted from
+  ``--eval-images`` random images (a generator that draws them batch by batch, labels from the
+  clean prediction) through AutoAttack ``fast`` (or ``--eval-version standard``) on
+  ``--eval-model`` at ``--eval-batch``, one run per image count: XLA compilations (counted from
   JAX's compile events), the process's peak resident memory before and after each run (flat in
   N when the evaluation streams), throughput, and a checkpointed run of the first count stopped
   halfway, then resumed, whose report must equal the uninterrupted one. Not in the presets' default
@@ -899,16 +899,17 @@ def image_stream(model: Model, n: int, batch: int, seed: int, labels: Callable):
 
 def evaluate_unit(args, dtype: str) -> dict[str, Any]:
   """``jr.evaluate`` streaming ``--eval-images`` images through AutoAttack ``--eval-version``
-  (random regime): compilations, host memory per image count, throughput, and a checkpointed run stopped
-  after its first batches and resumed to the same report."""
+  (random regime): compilations, host memory per image count, throughput, and a checkpointed
+  run of the first count stopped after its first batches and resumed to the same report."""
   import resource
   import shutil
 
   env = environment()
   epsilons = parse_eps(args.eps)
   name = f"aa-{args.eval_version}"
-  print(f"\n=== jr.evaluate, AutoAttack {args.eval_version}, {args.eval_model}, batches of {args.eval_batch}, "
-        f"eps {[round(e * 255, 3) for e in epsilons]}/255, {dtype} ===\n{header(env)}", flush=True)
+  print(f"\n=== jr.evaluate, AutoAttack {args.eval_version}, {args.eval_model}, batches of "
+        f"{args.eval_batch}, eps {[round(e * 255, 3) for e in epsilons]}/255, {dtype} ===\n"
+        f"{header(env)}", flush=True)
   model = build_model(args.eval_model, args.wrn_bn, args.seed)
   apply, state = model.apply(dtype, "random"), model.state[dtype]
   graphdef = nnx.split(model.module)[0]
@@ -919,15 +920,17 @@ def evaluate_unit(args, dtype: str) -> dict[str, Any]:
   labels = lambda x: predict(state, jnp.asarray(x))
   compiles: list[float] = []
   jax.monitoring.register_event_duration_secs_listener(
-      lambda name, secs, **kw: compiles.append(secs)
-      if name == "/jax/core/compile/backend_compile_duration" else None)
+      lambda event, secs, **kw: compiles.append(secs)
+      if event == "/jax/core/compile/backend_compile_duration" else None)
   options = dict(attacks={name: jr.attacks.auto_attack("linf", version=args.eval_version)},
                  epsilons=np.asarray(epsilons, np.float32), key=jax.random.key(args.seed),
                  batch_size=args.eval_batch, progress=True, mesh=batch_mesh())
   out: dict[str, Any] = {"env": env, "model": args.eval_model, "dtype": dtype,
-                         "version": args.eval_version, "batch": args.eval_batch, "epsilons": epsilons, "runs": []}
+                         "version": args.eval_version, "batch": args.eval_batch,
+                         "epsilons": epsilons, "runs": []}
   reports = {}
-  for n in args.eval_images:
+
+  def measure(n: int) -> None:
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
     before, start = len(compiles), time.perf_counter()
     report = jr.evaluate(logits_fn, image_stream(model, n, args.eval_batch, args.seed, labels),
@@ -945,9 +948,12 @@ def evaluate_unit(args, dtype: str) -> dict[str, Any]:
     print(f"  {n} images: {wall:.1f} s ({n / wall:.1f} images/s), {run['compiles']} XLA "
           f"compilations ({run['compile_s']:.1f} s), process max RSS {rss_before:.2f} -> "
           f"{rss_after:.2f} GiB, robust accuracy {run['robust_accuracy']}", flush=True)
-  # Checkpoint and resume: stop halfway (the stream raises after half the batches), resume,
-  # compare with the uninterrupted report.
+
+  # The first count, then checkpoint and resume on it (the stream raises after half the
+  # batches; the resumed report must equal the uninterrupted one), then the larger counts: a
+  # unit cut off by its time limit during the longest run keeps the resume check.
   n = args.eval_images[0]
+  measure(n)
   stop = max(1, -(-n // args.eval_batch) // 2)
   workdir = pathlib.Path(tempfile.mkdtemp(prefix="bench_scale_ckpt_"))
   path = workdir / "eval.ckpt"
@@ -970,11 +976,15 @@ def evaluate_unit(args, dtype: str) -> dict[str, Any]:
           and resumed.clean_correct == reports[n].clean_correct)
   out["resume"] = {"images": n, "stopped_after_batches": stop, "equal_report": bool(same),
                    "compiles": len(compiles) - before, "wall_s": time.perf_counter() - start}
+  save_partial(out)
   shutil.rmtree(workdir, ignore_errors=True)
-  print(f"  stopped after {stop} of {-(-n // args.eval_batch)} batches and resumed: report equal to the uninterrupted one: {same} "
-        f"({out['resume']['compiles']} compilations, {out['resume']['wall_s']:.1f} s)", flush=True)
+  print(f"  stopped after {stop} of {-(-n // args.eval_batch)} batches and resumed: report "
+        f"equal to the uninterrupted one: {same} ({out['resume']['compiles']} compilations, "
+        f"{out['resume']['wall_s']:.1f} s)", flush=True)
   if not same:
     raise AssertionError("the resumed report differs from the uninterrupted one")
+  for n in args.eval_images[1:]:
+    measure(n)
   return out
 
 

@@ -92,7 +92,9 @@ optional scale 100 "$PY" benchmarks/bench_scale.py --device-preset --sections pg
   --dtypes float32 --budget 95 --out "$OUT/scale.json" $EXTRA
 optional resnet_bf16 100 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
   --resnet-dtypes bfloat16 --budget 95 --out "$OUT/resnet_bf16.json" $EXTRA
-for f in resnet bounds evaluate memory smoothing scale; do tail -n 12 "$OUT/$f.txt" 2>/dev/null; done
+for f in resnet bounds evaluate memory smoothing scale; do
+  tail -n 12 "$OUT/$f.txt" 2>/dev/null
+done
 tail -n 15 "$OUT/early_exit.txt" 2>/dev/null
 echo "total $((SECONDS - BEGIN)) s"
 # At most 8 files come back from $OUT: everything in one archive, the step logs beside it.
