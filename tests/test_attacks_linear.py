@@ -2,8 +2,11 @@
 
 For logits ``z = x @ w + b`` the smallest perturbation that makes class ``j`` beat ``y`` has size
 ``(z_y - z_j) / ||w_y - w_j||_q`` in the Lp norm (q the dual norm); the box only makes it larger.
-So no fixed-budget attack may succeed below it, and on a two-class model the steepest-ascent step
-is exactly optimal, so the attacks must succeed just above it.
+So no fixed-budget attack may succeed below it: checked here on ten classes, untargeted (the
+nearest class is any of nine). Success just above it on two classes, where the steepest-ascent
+step is exactly optimal, is checked for every attack, norm and input shape at 1.02 d* by
+tests/test_ground_truth.py. The rest: targeted semantics, the best iterate, restarts,
+misclassified points, non-finite logits.
 """
 
 from __future__ import annotations
@@ -25,11 +28,10 @@ N = 48
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(attack_name: str, norm: str, targeted: bool = False):
+def _jitted(attack_name: str, norm: str):
   attack = {
-      "fgsm": lambda: jr.attacks.fgsm(norm, targeted=targeted),
-      "pgd": lambda: jr.attacks.pgd(norm, steps=20, targeted=targeted, loss="ce"),
-      "pgd-no-random-start": lambda: jr.attacks.pgd(norm, steps=20, random_start=False),
+      "fgsm": lambda: jr.attacks.fgsm(norm),
+      "pgd": lambda: jr.attacks.pgd(norm, steps=20, loss="ce"),
   }[attack_name]()
 
   @jax.jit
@@ -38,22 +40,6 @@ def _jitted(attack_name: str, norm: str, targeted: bool = False):
     return jr.run(attack, model.logits_fn, x, y, jr.Budget(eps), key)
 
   return run
-
-
-def _fits_in_box(model: Linear, x, y, d, norm, scale=1.05):
-  """Two-class points whose optimal perturbation of size ``scale * d`` stays inside [0, 1]."""
-  dw = model.w[:, 1 - y].T - model.w[:, y].T  # ascent direction of z_other - z_y, [N, D]
-  flat = x.reshape(len(x), -1).astype(np.float64)
-  if norm == "linf":
-    step = np.sign(dw) * (scale * d)[:, None]
-  elif norm == "l2":
-    step = dw / np.linalg.norm(dw, axis=1, keepdims=True) * (scale * d)[:, None]
-  else:
-    step = np.zeros_like(dw)
-    i = np.argmax(np.abs(dw), axis=1)
-    step[np.arange(len(x)), i] = np.sign(dw[np.arange(len(x)), i]) * scale * d
-  moved = flat + step
-  return np.all((moved >= 0) & (moved <= 1), axis=1)
 
 
 @pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
@@ -66,42 +52,6 @@ def test_no_success_below_the_minimal_distance(attack_name, norm):
   result = run(model.w, model.b, jnp.asarray(x), jnp.asarray(y), jnp.asarray(0.97 * d, jnp.float32),
                jax.random.key(0))
   assert not np.asarray(result.success).any()
-
-
-@pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
-@pytest.mark.parametrize("attack_name", ["fgsm", "pgd-no-random-start"])
-def test_success_just_above_the_minimal_distance_on_two_classes(attack_name, norm):
-  model = random_linear(2, DIM, 2)
-  model = Linear(model.w, -0.5 * model.w.sum(0))  # boundary through the centre of the box
-  x, y, d = linear_points(model, 3, 4 * N, (DIM,), norm)
-  keep = _fits_in_box(model, x, y, d, norm) & (d > 1e-3)
-  assert keep.sum() >= N, keep.sum()
-  x, y, d = x[keep][:N], y[keep][:N], d[keep][:N]
-  run = _jitted(attack_name, norm)
-  above = run(model.w, model.b, jnp.asarray(x), jnp.asarray(y),
-              jnp.asarray(1.03 * d, jnp.float32), jax.random.key(0))
-  assert np.asarray(above.success).all(), np.flatnonzero(~np.asarray(above.success))
-  below = run(model.w, model.b, jnp.asarray(x), jnp.asarray(y),
-              jnp.asarray(0.97 * d, jnp.float32), jax.random.key(0))
-  assert not np.asarray(below.success).any()
-
-
-@pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
-def test_random_start_pgd_always_succeeds_just_above(norm):
-  """From a random start, PGD-20 must still turn towards the optimum for every point.
-
-  (L2 from a start on the far side of the ball was the slow case with the former constant step
-  ``2.5 / steps``: the projection rotated the iterate only gradually. The default schedule's
-  first steps of about 2 eps turn it within a few steps.)
-  """
-  model = random_linear(2, DIM, 2)
-  model = Linear(model.w, -0.5 * model.w.sum(0))
-  x, y, d = linear_points(model, 3, 4 * N, (DIM,), norm)
-  keep = _fits_in_box(model, x, y, d, norm) & (d > 1e-3)
-  x, y, d = x[keep][:N], y[keep][:N], d[keep][:N]
-  result = _jitted("pgd", norm)(model.w, model.b, jnp.asarray(x), jnp.asarray(y),
-                                jnp.asarray(1.03 * d, jnp.float32), jax.random.key(0))
-  assert np.asarray(result.success).all(), np.flatnonzero(~np.asarray(result.success))
 
 
 def test_targeted_success_means_argmax_equals_target():
