@@ -229,6 +229,20 @@ def shared_marks(tree: Any) -> Any:
   return jax.tree.map(mark, tree, is_leaf=declares)
 
 
+def crowded(active: Array, chunk: int) -> Array:
+  """``[]`` bool: chunks of ``chunk`` rows would skip fewer than ``chunk`` of the ``[B]`` rows
+  (more than ``B - chunk`` are ``active``), so one call on the whole batch evaluates no more rows
+  than the chunks and runs one loop instead of several. Where early exit and :func:`map_rows`
+  take the whole batch (``whole_when_crowded``).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> bool(crowded(jnp.array([True] * 7 + [False]), 2)), bool(crowded(jnp.arange(8) < 6, 2))
+    (True, False)
+  """
+  return jnp.sum(active, dtype=jnp.int32) > active.shape[0] - chunk
+
+
 def map_rows(fn: Callable[..., Any], active: Array, chunk: int, rows: tuple,
              state: Any = None, *, whole_when_crowded: bool = False) -> Any:
   """``fn(state, *rows)`` computed only for the ``active`` rows, ``chunk`` rows at a time.
@@ -265,8 +279,7 @@ def map_rows(fn: Callable[..., Any], active: Array, chunk: int, rows: tuple,
 
   if whole_when_crowded:
     whole = lambda: out_layout.split(fn(state, *rows))
-    crowded = jnp.sum(active, dtype=jnp.int32) > batch - chunk
-    outputs, shared = jax.lax.cond(crowded, whole, chunked)
+    outputs, shared = jax.lax.cond(crowded(active, chunk), whole, chunked)
   else:
     outputs, shared = chunked()
   outputs = [jnp.where(expand(active, o.ndim), o, jnp.zeros((), o.dtype)) for o in outputs]

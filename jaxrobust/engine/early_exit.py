@@ -160,8 +160,8 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
       return compacted(state)
     # Where compaction would skip less than a chunk's rows (nothing broken yet, as on a robust
     # model), the whole batch runs as one: the same rows, one loop instead of one per chunk.
-    crowded = jnp.sum(~done, dtype=jnp.int32) > done.shape[0] - chunk
-    return jax.lax.cond(crowded, lambda state: run(state, *rows)[0], compacted, state)
+    return jax.lax.cond(compaction.crowded(~done, chunk), lambda state: run(state, *rows)[0],
+                        compacted, state)
 
   def run_all():
     # init and finalize may evaluate the model: on the rows to attack only (on the whole batch at
