@@ -106,7 +106,7 @@ from jaxrobust.attacks._ddn import ddn
 from jaxrobust.attacks._fab import fab
 from jaxrobust.attacks._fmn import fmn
 from jaxrobust.attacks._min_norm_search import min_norm_search
-from jaxrobust.attacks._common import (MinNormBest, loss_grad_logits, score_last_iterate,
+from jaxrobust.attacks._common import (MinNormBest, loss_grad_logits, smallest_inside,
                                        unpack_budget)
 from jaxrobust.engine import attack_loop, propagations
 
@@ -276,10 +276,7 @@ def _spent(state: BBState) -> tuple[Array, Array] | None:
 def _finalize(config: _Config, logits_fn, state: BBState, x, y, budget: Budget,
               target=None) -> Array:
   x, eps, _, _ = unpack_budget(x, budget)
-  best = score_last_iterate(state.best, logits_fn, state.x_adv, y, target,
-                            lambda _: projections.norm(state.x_adv - x, config.norm))
-  inside = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
-  return jnp.where(expand(inside, x.ndim), best.x, x)
+  return smallest_inside(state.best, logits_fn, state.x_adv, x, y, target, eps, config.norm)
 
 
 def _done(state: BBState) -> Array:

@@ -136,6 +136,22 @@ def score_last_iterate(best: Best | MinNormBest, logits_fn: Callable[[Array], Ar
   return best.update(x_last, value(logits), is_success(logits, y, target))
 
 
+def smallest_inside(best: MinNormBest, logits_fn: Callable[[Array], Array], x_last: Array,
+                    x: Array, y: Array, target: Array | None, eps: Array, norm: str) -> Array:
+  r"""A minimum-norm attack's ``finalize``: the smallest successful point of every iterate, the
+  last one (unscored by the steps) included, where it lies inside the ball, else ``x``.
+
+  :math:`x^\star_i = \arg\min \{\|x' - x_i\|_p : x' \text{ an iterate}, x' \text{ adversarial}\}`,
+  returned where :math:`\|x^\star_i - x_i\|_p \le \epsilon_i` (at :math:`\epsilon = \infty`:
+  wherever one was found). ``x`` and ``eps`` are the work-dtype ``x`` and ``[B]`` eps of
+  :func:`unpack_budget`; ``norm`` is ``"linf"``, ``"l2"`` or ``"l1"``.
+  """
+  best = score_last_iterate(best, logits_fn, x_last, y, target,
+                            lambda _: projections.norm(x_last - x, norm))
+  inside = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
+  return jnp.where(expand(inside, x.ndim), best.x, x)
+
+
 class Runs(NamedTuple):
   r"""``count`` runs of ``steps`` updates each, laid end to end in one fixed-length scan.
 

@@ -71,7 +71,7 @@ from jaxrobust._batch import (expand, finite_or_zero, fold_in, is_success, like_
                               work_dtype)
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_bool, check_number, check_positive_int
-from jaxrobust.attacks._common import (MinNormBest, annealed, loss_grad_logits, score_last_iterate,
+from jaxrobust.attacks._common import (MinNormBest, annealed, loss_grad_logits, smallest_inside,
                                        unpack_budget)
 
 Array = jax.Array
@@ -182,10 +182,7 @@ def _finalize(config: _Config, logits_fn, state: DDNState, x, y, budget: Budget,
               target=None) -> Array:
   del config
   x, eps, _, _ = unpack_budget(x, budget)
-  best = score_last_iterate(state.best, logits_fn, state.x_adv, y, target,
-                            lambda _: projections.norm(state.x_adv - x, "l2"))
-  inside = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
-  return jnp.where(expand(inside, x.ndim), best.x, x)
+  return smallest_inside(state.best, logits_fn, state.x_adv, x, y, target, eps, "l2")
 
 
 def _done(state: DDNState) -> Array:

@@ -89,7 +89,7 @@ from jaxrobust import projections
 from jaxrobust._batch import expand, finite_or_zero, is_success, like_batch
 from jaxrobust._types import NORMS, Attack, Budget
 from jaxrobust._validation import check_bool, check_number, check_positive_int
-from jaxrobust.attacks._common import (MinNormBest, annealed, loss_grad_logits, score_last_iterate,
+from jaxrobust.attacks._common import (MinNormBest, annealed, loss_grad_logits, smallest_inside,
                                        unpack_budget)
 
 Array = jax.Array
@@ -184,10 +184,7 @@ def _step(config: _Config, logits_fn, state: FMNState, x, y, budget: Budget,
 def _finalize(config: _Config, logits_fn, state: FMNState, x, y, budget: Budget,
               target=None) -> Array:
   x, eps, _, _ = unpack_budget(x, budget)
-  best = score_last_iterate(state.best, logits_fn, state.x_adv, y, target,
-                            lambda _: projections.norm(state.x_adv - x, config.norm))
-  inside = jnp.isfinite(best.norm) & (best.norm <= eps)  # a success, inside the ball
-  return jnp.where(expand(inside, x.ndim), best.x, x)
+  return smallest_inside(state.best, logits_fn, state.x_adv, x, y, target, eps, config.norm)
 
 
 def _done(state: FMNState) -> Array:
