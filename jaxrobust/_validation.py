@@ -101,6 +101,33 @@ def logits_shape(logits_fn: Callable[..., jax.Array], x: jax.Array,
   return trace_logits(logits_fn, x, samples)[0]
 
 
+def looks_channels_first(example_shape: tuple[int, ...]) -> bool:
+  """Whether one example of shape ``example_shape`` looks like a channels-first image ``(C, H, W)``
+  (PyTorch's NCHW): at most 4 entries before two axes of at least 8 each. jaxrobust reads 4-D
+  inputs as channels-last ``[B, H, W, C]`` (NHWC, as Flax) where it looks at the layout.
+
+  Examples:
+    >>> looks_channels_first((3, 32, 32)), looks_channels_first((32, 32, 3))
+    (True, False)
+  """
+  return len(example_shape) == 3 and example_shape[0] <= 4 and min(example_shape[1:]) >= 8
+
+
+def _traced(logits_fn: Callable[..., jax.Array], x: jax.ShapeDtypeStruct, *rest: Any):
+  """``jax.make_jaxpr(logits_fn, return_shape=True)(x, *rest)``; an error the model raises on a
+  channels-first ``x`` gets a note that says so (a Flax convolution's shape error does not)."""
+  try:
+    return jax.make_jaxpr(logits_fn, return_shape=True)(x, *rest)
+  except Exception as error:
+    if looks_channels_first(tuple(x.shape[1:])):
+      error.add_note(
+          f"jaxrobust: x has shape [B, {', '.join(map(str, x.shape[1:]))}], which looks "
+          "channels-first (NCHW), and the model failed on it. jaxrobust passes x to the model as "
+          "given: a model built for channels-last images (NHWC, as Flax's convolutions) needs "
+          "x.transpose(0, 2, 3, 1).")
+    raise
+
+
 def trace_logits(logits_fn: Callable[..., jax.Array], x: jax.Array,
                  samples: int = 0) -> tuple[tuple[int, ...], list]:
   """The shape of ``logits_fn(x)`` (``logits_fn(x, keys)`` if ``samples``) and the arrays the
@@ -109,7 +136,7 @@ def trace_logits(logits_fn: Callable[..., jax.Array], x: jax.Array,
   if samples:
     keys = jax.ShapeDtypeStruct((x.shape[0],), jax.random.key(0).dtype)
     try:
-      closed, out = jax.make_jaxpr(logits_fn, return_shape=True)(spec, keys)
+      closed, out = _traced(logits_fn, spec, keys)
     except TypeError as error:
       if _takes_arguments(logits_fn, 2):
         raise
@@ -120,7 +147,7 @@ def trace_logits(logits_fn: Callable[..., jax.Array], x: jax.Array,
           "the attack without eot() (or auto_attack(version='standard')).") from error
   else:
     try:
-      closed, out = jax.make_jaxpr(logits_fn, return_shape=True)(spec)
+      closed, out = _traced(logits_fn, spec)
     except TypeError as error:
       if _takes_arguments(logits_fn, 1) or not _takes_arguments(logits_fn, 2):
         raise
@@ -262,8 +289,8 @@ def check_eps(eps: Any, batch: int, norm: str, *, lower: Any, upper: Any, input_
   largest = {"linf": width, "l2": width * np.sqrt(input_size), "l1": width * input_size}[norm]
   biggest = float(values.max())
   if biggest >= largest:
-    hint = (" It looks like 0-255 units: use e.g. 8/255, not 8." if norm == "linf" and
-            biggest >= 1 and width <= 1 else "")
+    hint = (f" It looks like 0-255 units: use e.g. {biggest:g}/255, not {biggest:g}."
+            if norm == "linf" and biggest >= 2 and width <= 1 else "")
     raise ValueError(
         f"{name} = {biggest:g} covers the whole box [{float(lower)}, {float(upper)}] in {norm} "
         f"(the largest meaningful budget is < {largest:g}).{hint} Pass allow_large_eps=True if "

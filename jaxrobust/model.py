@@ -268,7 +268,23 @@ def _size(num_bytes: int) -> str:
   return (f"{num_bytes / 2**20:.1f} MiB" if num_bytes >= 2**20 else f"{num_bytes / 2**10:.1f} KiB")
 
 
-def warn_if_captured(constants: Any, data: Any = (), *, where: str, stacklevel: int = 3) -> None:
+JIT_REMEDY = (
+    "Pass them as arguments of the jitted function instead, e.g. jax.jit(lambda params, x, y, eps, "
+    "key: jr.robustness_curve(attack, lambda v: model.apply(params, v), x, y, eps, key)); for Flax "
+    "NNX, graphdef, state = nnx.split(model) and nnx.merge(graphdef, state) inside.")
+"""What :func:`warn_if_captured` tells a caller of ``jr.run`` or ``jr.robustness_curve`` inside
+their own ``jax.jit``."""
+
+EVALUATE_REMEDY = (
+    "jr.evaluate passes a model's parameters to its compiled step as arguments when it can see "
+    "them: give it functools.partial(model.apply, params) or the nnx.Module itself, not a lambda "
+    "or function that reads the weights from outside.")
+"""What :func:`warn_if_captured` tells a caller of ``jr.evaluate``, which compiles its own step
+(see :func:`model_of`)."""
+
+
+def warn_if_captured(constants: Any, data: Any = (), *, where: str, stacklevel: int = 3,
+                     remedy: str = JIT_REMEDY) -> None:
   """Warns (:class:`CapturedConstantsWarning`) when the concrete arrays among ``constants`` (a
   model's captured arrays, :func:`captured_constants`) or ``data`` (inputs that are concrete while
   the program around them is being traced) hold more than :data:`CONSTANT_WARNING_BYTES`: they
@@ -295,8 +311,5 @@ def warn_if_captured(constants: Any, data: Any = (), *, where: str, stacklevel: 
                  "(data closed over)")
   warnings.warn(
       f"{where}: {' and '.join(parts)}; they are compiled into the program as constants, which "
-      "XLA folds at compile time (slow compiles, large programs). Pass them as arguments of the "
-      "jitted function instead, e.g. jax.jit(lambda params, x, y, eps, key: jr.robustness_curve("
-      "attack, lambda v: model.apply(params, v), x, y, eps, key)); for Flax NNX, "
-      "graphdef, state = nnx.split(model) and nnx.merge(graphdef, state) inside.",
+      f"XLA folds at compile time (slow compiles, large programs). {remedy}",
       CapturedConstantsWarning, stacklevel=stacklevel)

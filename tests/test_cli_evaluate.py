@@ -86,6 +86,9 @@ def workspace(tmp_path_factory):
   np.savez(root / "data.npz", x=x.astype(np.float64), y=y)  # float64, as NumPy saves by default
   np.savez(root / "no_y.npz", x=x)
   np.savez(root / "bytes.npz", x=np.round(x * 255).astype(np.float32), y=y)
+  np.savez(root / "normalised.npz", x=(x - 0.5) / 0.25, y=y)
+  np.savez(root / "float_labels.npz", x=x, y=y.astype(np.float32))
+  np.save(root / "x.npy", x)
   return root, robust.sum(axis=0), len(y)
 
 
@@ -155,7 +158,7 @@ def test_outputs_png_per_example_and_markdown(workspace, reference):
 
 def test_interrupted_run_resumes_to_the_identical_report(workspace, reference, monkeypatch):
   root, *_ = workspace
-  checkpoint = root / "run.ckpt"
+  checkpoint = root / "not" / "yet" / "run.ckpt"  # jr.evaluate creates the folders
   calls = []
   original = driver._evaluate_batch
 
@@ -230,10 +233,20 @@ def test_max_propagations_caps_every_attack(workspace, reference):
     ("0-255 data", "outside the box [0, 1] given by --lower/--upper (8-bit pixel values?"),
     ("no such function", "has no attribute 'nope'"),
     ("norm the attack lacks", "Carlini-Wagner is an L2 attack"),
+    ("normalised data", "(normalised by a mean and std? save the images in [0, 1] and normalise "
+     "inside the model"),
+    ("float labels", "y must hold integer labels, got dtype float32; save y.astype('int64')"),
+    (".npy data", "x.npy is a single .npy array; save x and y together with np.savez("),
+    ("out is a file", "--out " + "{root}" + "/data.npz is a file; give a folder"),
+    ("eps over the box", "epsilons = 1 covers the whole box [0.0, 1.0] in linf (the largest "
+     "meaningful budget is < 1). Pass --allow-large-eps if this is intended."),
 ])
-def test_user_mistakes_exit_2_with_one_clear_line(workspace, capsys, case, match):
+def test_user_mistakes_exit_2_with_one_clear_line(workspace, capsys, monkeypatch, case, match):
+  """Every mistake is caught before anything runs (the eps check: before any compilation) and
+  leaves no output folder."""
   root, *_ = workspace
-  model, data, extra = f"{root / 'mymodel.py'}:make_model", root / "data.npz", []
+  model, data, extra, out = f"{root / 'mymodel.py'}:make_model", root / "data.npz", [], "never"
+  eps, compiles = "0.1", []
   if case == "module raises":
     model = f"{root / 'mymodel.py'}:broken"
   elif case == "missing y":
@@ -242,15 +255,27 @@ def test_user_mistakes_exit_2_with_one_clear_line(workspace, capsys, case, match
     data = root / "bytes.npz"
   elif case == "no such function":
     model = f"{root / 'mymodel.py'}:nope"
+  elif case == "normalised data":
+    data = root / "normalised.npz"
+  elif case == "float labels":
+    data = root / "float_labels.npz"
+  elif case == ".npy data":
+    data = root / "x.npy"
+  elif case == "out is a file":
+    out = "data.npz"
+  elif case == "eps over the box":
+    eps, original = "1", driver._compile
+    monkeypatch.setattr(driver, "_compile",
+                        lambda *args, **kwargs: compiles.append(1) or original(*args, **kwargs))
   else:
     extra = ["--attack", "cw"]
-  code = cli.main(["evaluate", model, "--data", str(data), "--eps", "0.1", "--quiet",
-                   "--out", str(root / "never"), *extra])
+  code = cli.main(["evaluate", model, "--data", str(data), "--eps", eps, "--quiet",
+                   "--out", str(root / out), *extra])
   err = capsys.readouterr().err
   assert code == 2
   assert err.count("\n") == 1 and err.startswith("jaxrobust evaluate: error: "), err
-  assert match in err
-  assert "Traceback" not in err and not (root / "never").exists()
+  assert match.format(root=root) in err
+  assert "Traceback" not in err and not (root / "never").exists() and not compiles
 
 
 def test_compare_overlays_saved_reports(workspace, reference, nnx_report, capsys):
@@ -332,10 +357,23 @@ def test_torch_module_gives_the_same_report(workspace, reference):
 @pytest.mark.parametrize("case, match", [
     ("training mode", "--torch: ValueError: the module is in training mode"),
     ("no model", "give the model either as MODULE:FUNCTION"),
+    ("torch without --torch", "make_torch_model() returned a PyTorch module (Sequential): give it "
+     "as --torch "),
+    ("NCHW data", "--torch: x has shape (4, 3, 8, 8), which looks channels-first (NCHW), but the "
+     ".npz holds channels-last images [N, H, W, C] with --torch too"),
 ])
 def test_torch_mistakes_exit_2_with_one_clear_line(workspace, capsys, case, match):
   root, *_ = workspace
-  if case == "training mode":
+  data = root / "data.npz"
+  if case in ("torch without --torch", "NCHW data"):
+    pytest.importorskip("torch")
+    (root / "mytorch.py").write_text(TORCH_MODULE)
+    model = [f"{root / 'mytorch.py'}:make_torch_model"]
+    if case == "NCHW data":
+      data = root / "nchw.npz"
+      np.savez(data, x=np.full((4, 3, 8, 8), 0.5, np.float32), y=np.zeros(4, np.int64))
+      model = ["--torch", *model]
+  elif case == "training mode":
     pytest.importorskip("torch")
     import importlib.util  # noqa: PLC0415
 
@@ -345,11 +383,11 @@ def test_torch_mistakes_exit_2_with_one_clear_line(workspace, capsys, case, matc
     model = ["--torch", f"{root / 'mytorch.py'}:make_training_model"]
   else:
     model = []
-  code = cli.main(["evaluate", *model, "--data", str(root / "data.npz"), "--eps", "0.1",
+  code = cli.main(["evaluate", *model, "--data", str(data), "--eps", "0.1",
                    "--quiet", "--out", str(root / "never")])
   err = capsys.readouterr().err
   assert code == 2 and err.count("\n") == 1 and match in err, err
-  assert "module.eval()" in err or case == "no model"
+  assert "module.eval()" in err or case != "training mode"
 
 
 def test_every_attack_name_builds_its_attack_or_names_the_norm():

@@ -60,6 +60,33 @@ def test_bad_inputs_raise_value_error(kwargs, message):
     run(**kwargs)
 
 
+def _nhwc_conv(x):
+  """A channels-last model (as Flax's convolutions): 3 input channels, a 3x3 kernel."""
+  kernel = jnp.ones((3, 3, 3, 2), x.dtype) / 27
+  h = jax.lax.conv_general_dilated(x, kernel, (1, 1), "SAME",
+                                   dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  return jnp.stack([h.mean((1, 2, 3)), -h.mean((1, 2, 3)), h[..., 0].mean((1, 2))], axis=-1)
+
+
+def test_a_model_failing_on_channels_first_images_says_so():
+  nhwc = jnp.full((2, 8, 8, 3), 0.5, jnp.float32)
+  y = jnp.array([0, 1], jnp.int32)
+  run(x=nhwc, y=y, fn=_nhwc_conv)  # channels-last: runs
+  data = (np.asarray(nhwc.transpose(0, 3, 1, 2)), np.asarray(y))
+  for call in (lambda: run(x=jnp.asarray(data[0]), y=y, fn=_nhwc_conv),
+               lambda: jr.evaluate(_nhwc_conv, data, attacks={"pgd": PGD}, epsilons=[0.1],
+                                   key=KEY, batch_size=2, progress=False)):
+    with pytest.raises(Exception) as caught:  # the model's own error (here XLA's shape check)
+      call()
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert "looks channels-first (NCHW)" in notes and "x.transpose(0, 2, 3, 1)" in notes
+  # A model failing on an input that is not an image: its error, and no layout note.
+  failing = lambda v: v.reshape(v.shape[0], 5) @ W
+  with pytest.raises(TypeError) as caught:
+    run(fn=failing)
+  assert "channels-first" not in " ".join(getattr(caught.value, "__notes__", []))
+
+
 def test_integer_x_is_a_type_error():
   with pytest.raises(TypeError, match=r"float array.*astype"):
     run(x=jnp.full((4, 2, 3), 128, jnp.int32))

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+from jaxrobust._validation import looks_channels_first
+
 LAYOUTS = ("auto", "image", "sequence", "features")
 """The values of :func:`~jaxrobust.attacks._square.square`'s ``layout`` option (see the module
 docstring)."""
@@ -85,7 +87,7 @@ def grid(shape: tuple[int, ...], layout: str = "auto") -> Grid:
     raise ValueError(f"square: unknown layout {layout!r}; supported: "
                      f"{', '.join(map(repr, LAYOUTS))}.")
   if layout == "auto":
-    if len(shape) == 3 and shape[0] <= MAX_CHANNELS and min(shape[1:]) >= 8:
+    if looks_channels_first(shape):
       raise ValueError(
           f"square: x of shape {_describe(shape)} looks channels-first (NCHW, {shape[0]} "
           f"channel(s) of {shape[1]}x{shape[2]} pixels), but jaxrobust reads 4-D inputs as "

@@ -42,6 +42,7 @@ import os
 import pathlib
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Sequence
 from fractions import Fraction
 from typing import Any
@@ -50,6 +51,7 @@ import jax
 import numpy as np
 
 import jaxrobust as jr
+from jaxrobust._validation import looks_channels_first
 from jaxrobust.cli._args import add_traceback_option, int_at_least
 from jaxrobust.cli._errors import UserError, main_command, one_line
 
@@ -120,6 +122,9 @@ def add_parser(commands: Any) -> None:
                  help="the threat model's norm (default: linf)")
   p.add_argument("--steps", type=int_at_least(1), default=None,
                  help="iterations of every attack that has steps (default: each attack's own)")
+  p.add_argument("--allow-large-eps", action="store_true",
+                 help="accept budgets that cover the whole box (refused by default: usually a "
+                 "unit mistake, e.g. 8 for 8/255)")
   p.add_argument("--lower", type=float, default=0.0, help="smallest valid input (default: 0)")
   p.add_argument("--upper", type=float, default=1.0, help="largest valid input (default: 1)")
   p.add_argument("--batch-size", type=int_at_least(1), default=256,
@@ -130,7 +135,8 @@ def add_parser(commands: Any) -> None:
   p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("jaxrobust-report"),
                  help="output directory (default: ./jaxrobust-report)")
   p.add_argument("--checkpoint", type=pathlib.Path, default=None,
-                 help="checkpoint file: written after every batch, resumed from if present")
+                 help="checkpoint file: written after every batch, resumed from if present (its "
+                 "folder is created)")
   p.add_argument("--devices", type=int_at_least(1), default=None,
                  help="shard every batch over this many devices (default: on a CPU one JAX "
                  f"CPU device per usable core, at most {MAX_AUTO_CPU_DEVICES}, since XLA:CPU "
@@ -144,8 +150,10 @@ def add_parser(commands: Any) -> None:
   add_traceback_option(p)
 
 
-def load_model(spec: str) -> tuple[Any, Any]:
-  """``MODULE:FUNCTION`` -> ``(FUNCTION(), FUNCTION)``; every failure is a :class:`UserError`."""
+def load_model(spec: str, *, torch: bool = False) -> tuple[Any, Any]:
+  """``MODULE:FUNCTION`` -> ``(FUNCTION(), FUNCTION)``; every failure is a :class:`UserError`.
+  ``torch``: ``FUNCTION`` was given with ``--torch`` (it must return a PyTorch ``nn.Module``);
+  otherwise a PyTorch module it returns is refused with a pointer to ``--torch``."""
   module_name, sep, function_name = spec.rpartition(":")
   if not sep or not module_name or not function_name:
     raise UserError(f"expected MODULE:FUNCTION (e.g. mymodel.py:make_model), got {spec!r}")
@@ -176,10 +184,36 @@ def load_model(spec: str) -> tuple[Any, Any]:
     model = function()
   except Exception as error:  # noqa: BLE001 - the user's code
     raise UserError(f"{function_name}() raised {one_line(error)}") from error
+  if torch and not _is_torch_module(model):
+    raise UserError(f"--torch {spec}: {function_name}() must return a PyTorch nn.Module in eval "
+                    f"mode, got {type(model).__name__}")
+  if not torch and _is_torch_module(model):
+    raise UserError(f"{function_name}() returned a PyTorch module ({type(model).__name__}): give "
+                    f"it as --torch {spec} (converted with jr.interop.from_torch)")
   if not callable(model):
     raise UserError(f"{function_name}() must return a logits function or an nnx.Module, got "
                     f"{type(model).__name__}")
   return model, function
+
+
+def _is_torch_module(model: Any) -> bool:
+  """Whether ``model`` is a ``torch.nn.Module`` (without importing torch if nothing did)."""
+  torch = sys.modules.get("torch")
+  return torch is not None and isinstance(model, torch.nn.Module)
+
+
+def _channels_first_hint(x: Any, torch: bool) -> str:
+  """A sentence for data that looks NCHW, or ``""``. With ``--torch`` the command line reads 4-D
+  ``x`` as NHWC and hands the module NCHW; a JAX model gets ``x`` as saved."""
+  if not looks_channels_first(tuple(x.shape[1:])):
+    return ""
+  if torch:
+    return (f" x has shape {tuple(x.shape)}, which looks channels-first (NCHW), but the .npz "
+            "holds channels-last images [N, H, W, C] with --torch too (they reach the module as "
+            "NCHW): save x.transpose(0, 2, 3, 1).")
+  return (f" x has shape {tuple(x.shape)}, which looks channels-first (NCHW): a model built for "
+          "channels-last images (NHWC, as Flax's convolutions) needs x.transpose(0, 2, 3, 1) "
+          "saved instead.")
 
 
 def load_data(path: pathlib.Path, *, lower: float, upper: float,
@@ -188,11 +222,13 @@ def load_data(path: pathlib.Path, *, lower: float, upper: float,
   if not path.is_file():
     raise UserError(f"no such data file: {path}")
   digest = hashlib.sha256(path.read_bytes()).hexdigest()
+  if not zipfile.is_zipfile(path):
+    with open(path, "rb") as f:
+      kind = "a single .npy array" if f.read(6) == b"\x93NUMPY" else "not an .npz archive"
+    raise UserError(f"{path} is {kind}; save x and y together with np.savez(file, x=x, y=y)")
   try:
     with np.load(path, allow_pickle=False) as f:
-      files = list(f.files) if hasattr(f, "files") else None
-      if files is None:
-        raise UserError(f"{path} is a single array, not an .npz archive with x and y")
+      files = list(f.files)
       missing = [k for k in ("x", "y") if k not in files]
       if missing:
         raise UserError(f"{path} has no array {' or '.join(map(repr, missing))} (it has: "
@@ -214,7 +250,10 @@ def load_data(path: pathlib.Path, *, lower: float, upper: float,
   if x.shape[0] == 0:
     raise UserError("the data set is empty")
   if not np.issubdtype(y.dtype, np.integer):
-    raise UserError(f"y must hold integer labels, got dtype {y.dtype}")
+    whole = (np.issubdtype(y.dtype, np.floating) and np.all(np.isfinite(y))
+             and np.all(y == np.round(y)))
+    hint = "; save y.astype('int64')" if whole else ""
+    raise UserError(f"y must hold integer labels, got dtype {y.dtype}{hint}")
   if not np.issubdtype(x.dtype, np.floating):
     raise UserError(f"x must be floating point, got {x.dtype}; e.g. for 8-bit images save "
                     "x.astype('float32') / 255 (values in [0, 1])")
@@ -226,7 +265,9 @@ def load_data(path: pathlib.Path, *, lower: float, upper: float,
   low, high = float(x.min()), float(x.max())
   if low < lower or high > upper:
     hint = (" (8-bit pixel values? save x / 255, or pass --upper 255)"
-            if high > 1.5 and high <= 255 and upper <= 1 else "")
+            if high > 1.5 and high <= 255 and upper <= 1 and low >= lower else
+            " (normalised by a mean and std? save the images in [0, 1] and normalise inside the "
+            "model, so that eps is in the images' units)" if low < 0 <= lower else "")
     raise UserError(f"x has values in [{low:g}, {high:g}], outside the box [{lower:g}, "
                     f"{upper:g}] given by --lower/--upper{hint}")
   return x, y.astype(np.int32), digest
@@ -280,7 +321,9 @@ def _check_model(model: Any, x: Any) -> None:
     out = jax.eval_shape(lambda inputs: model(inputs), spec)
   except Exception as error:  # noqa: BLE001 - the user's model
     raise UserError(f"the model failed on inputs of shape {tuple(spec.shape)} and dtype "
-                    f"{spec.dtype}: {one_line(error)}") from error
+                    f"{spec.dtype}: {one_line(error)}"
+                    + (";" + _channels_first_hint(x, False) if looks_channels_first(x.shape[1:])
+                       else "")) from error
   if getattr(out, "ndim", None) != 2 or out.shape[0] != spec.shape[0]:
     raise UserError(f"the model must return logits [B, C]; on inputs of shape "
                     f"{tuple(spec.shape)} it returned {getattr(out, 'shape', type(out).__name__)}")
@@ -290,6 +333,8 @@ def convert_torch(module: Any, x: Any) -> Any:
   """``--torch``: the user's ``nn.Module`` as a jaxrobust model
   (:func:`jaxrobust.interop.from_torch`), checked on the first (up to 8) examples of ``x``
   (NHWC images are given to the module as NCHW); every failure is a :class:`UserError`."""
+  if _channels_first_hint(x, True):
+    raise UserError("--torch:" + _channels_first_hint(x, True))
   example = x[:8]
   if example.ndim == 4:
     example = example.transpose(0, 3, 1, 2)  # the module's own layout
@@ -354,6 +399,7 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
   :class:`jaxrobust.Report`. Raises :class:`UserError` for the user's mistakes."""
   if not args.lower < args.upper:
     raise UserError(f"--lower {args.lower} must be below --upper {args.upper}")
+  _check_out_folder(args.out)  # before the run, which a bad --out would otherwise waste
   mesh = _use_devices(args.devices)
   epsilons, eps_text = args.eps
   attacks = build_attacks(args.attack, args.norm, args.steps)
@@ -361,7 +407,7 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     raise UserError("give the model either as MODULE:FUNCTION (a JAX model) or as --torch "
                     "MODULE:FUNCTION (a PyTorch module), not " + ("both" if args.model else
                                                                   "neither"))
-  model, _ = load_model(args.model or args.torch)
+  model, _ = load_model(args.model or args.torch, torch=args.torch is not None)
   x, y, digest = load_data(args.data, lower=args.lower, upper=args.upper, limit=args.limit)
   if args.torch is not None:
     model = convert_torch(model, x)
@@ -371,9 +417,12 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
                          key=jax.random.key(args.seed), batch_size=_batch_size(args, len(x), mesh),
                          mesh=mesh, checkpoint=args.checkpoint, progress=not args.quiet,
                          lower=args.lower, upper=args.upper, keep_per_example=True,
-                         max_propagations=args.max_propagations)
+                         max_propagations=args.max_propagations,
+                         allow_large_eps=args.allow_large_eps)
   except ValueError as error:  # bad eps, labels out of range, a checkpoint of another run
-    raise UserError(one_line(error).removeprefix("ValueError: ")) from error
+    message = one_line(error).removeprefix("ValueError: ")
+    raise UserError(message.replace("Pass allow_large_eps=True", "Pass --allow-large-eps")) \
+        from error
   provenance = dict(report.provenance, command=["jaxrobust", *argv],
                     model=args.model or f"--torch {args.torch}",
                     seed=args.seed, eps_text=eps_text,
@@ -382,6 +431,20 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
   report = dataclasses.replace(report, provenance=provenance)
   write_outputs(report, args.out)
   return report
+
+
+def _check_out_folder(path: pathlib.Path) -> None:
+  """Raises :class:`UserError` when ``--out`` could not be written after the run: a file, or a
+  folder whose nearest existing ancestor is not a writable folder. Creates nothing (a run that
+  fails creates no folder)."""
+  if path.exists() and not path.is_dir():
+    raise UserError(f"--out {path} is a file; give a folder (it will hold report.json, "
+                    "per_example.npz, summary.md and curves.png)")
+  ancestor = path.absolute()
+  while not ancestor.exists():
+    ancestor = ancestor.parent
+  if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
+    raise UserError(f"--out {path} cannot be created: {ancestor} is not a writable folder")
 
 
 def write_outputs(report: Any, out: pathlib.Path) -> list[pathlib.Path]:

@@ -202,6 +202,8 @@ class Checkpoint:
     self.fingerprint, self.model = run_fingerprint, None
     self.resume_at, self.resume_hash, self.stored_model, previous = 0, None, None, None
     self._arrays: dict[str, np.ndarray] = {}
+    # Its folder now, not at the first save: a mistyped folder must not cost the first batch.
+    os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
     loaded = _checkpoint.load(self.path)
     if loaded is not None:
       header, self._arrays = loaded

@@ -26,7 +26,7 @@ from jaxrobust.evaluation.checkpointing import (Checkpoint, EvalState, fingerpri
 from jaxrobust.diagnosis import diagnose_traced
 from jaxrobust.engine.propagations import check_cap
 from jaxrobust.evaluation.device_step import _jitted_step, _trace_model
-from jaxrobust.model import model_of, warn_if_captured
+from jaxrobust.model import EVALUATE_REMEDY, model_of, warn_if_captured
 from jaxrobust.report import Report, provenance
 
 Array = jax.Array
@@ -71,7 +71,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     batch_size: the global batch size (all processes together).
     mesh: an optional :class:`jax.sharding.Mesh` to shard batches over; on a CPU, one over a device
       per core (``jax_num_cpu_devices``) puts every core to work (README, "A note on CPU speed").
-    checkpoint: optional path of a checkpoint file to write after every batch and resume from.
+    checkpoint: optional path of a checkpoint file to write after every batch and resume from
+      (its folder is created if missing).
     progress: show a progress bar (``tqdm`` if installed, else a text line) with examples/s and the running clean and worst-case robust
       accuracy (at the largest eps); process 0 only.
     lower, upper: the box.
@@ -155,7 +156,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       x_spec = (x.shape[1:], x.dtype)
       if ckpt is not None:  # the data fingerprint is only needed to resume
         host.hash_batch(hasher, x, y, index)
-      if step_fn is None:  # the first batch: the model as it is now, at the step's shapes
+      if step_fn is None:  # first batch: budgets checked, then the model compiled as it is now
+        constants = _constants(plan, x, allow_large_eps, max_propagations)
         step_fn, num_classes, diagnosis = _compile(model, logits_fn, plan, x, keep_per_example,
                                                    ckpt, certifiers, diagnose)
       position += 1
@@ -164,8 +166,6 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
         if bar is not None:
           bar.update(x.shape[0] * plan.num_processes)
         continue
-      if constants is None:
-        constants = _constants(plan, x, allow_large_eps, max_propagations)
       check_x_in_box(x, plan.lower, plan.upper)
       check_labels("y", y, num_classes)
       if index is None:
@@ -243,7 +243,8 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, keep_per_example:
       if samples else None)
   # A model that reads arrays it does not show (a closure, a global) has them compiled into the
   # step; a partial or an NNX module passes them as arguments (jaxrobust.model).
-  warn_if_captured(trace.constants, where="jr.evaluate", stacklevel=4)
+  warn_if_captured(trace.constants, where="jr.evaluate", stacklevel=4,
+                   remedy=EVALUATE_REMEDY)
   diagnosis = _diagnose(trace.jaxpr, 2 if samples else 1) if diagnose else None
   if ckpt is not None:
     ckpt.check_model(model_fingerprint(model, trace))
