@@ -441,6 +441,20 @@ def test_textattack_summary_by_hand():
     text.textattack_summary(text.Result(None, result.success, result.swaps, None, result.queries))
 
 
+def test_the_padding_id_is_never_swapped_in():
+  """A candidate equal to ``pad_id`` would delete its word (padding is no word) and count as a
+  success: it is skipped. Words 1-3 push towards class 0; only padding (0) or word 4 can replace
+  them, and word 4 pushes towards class 0 too, so nothing breaks the text."""
+  weight = jnp.zeros((5, 2)).at[1:5, 0].set(1.0)
+  logits_fn = lambda t: jnp.sum(jax.nn.one_hot(t, 5) @ weight, axis=1) + jnp.array([[0.0, 2.5]])
+  tokens, y = jnp.array([[1, 2, 3, 0]]), jnp.array([0])
+  candidates = jnp.array([[-1, -1], [0, 4], [0, 4], [0, 4], [-1, -1]])
+  for importance in ("unk", "delete"):
+    attack = text.textfooler(importance=importance, unk_id=4, pad_id=0)
+    result = text.run_textfooler(attack, logits_fn, tokens, y, KEY, candidates=candidates)
+    assert 0 not in result.tokens_adv[0, :3].tolist() and not bool(result.success[0])
+
+
 def test_config_is_static_recorded_and_validated():
   attack_config = text.textfooler(importance="delete", pad_id=0, flip_bonus=False)
   assert hash(attack_config) == hash(text.textfooler(importance="delete", pad_id=0,
@@ -469,9 +483,12 @@ def _call(**changes):
 
 
 @pytest.mark.parametrize("changes, error, message", [
-    (dict(tokens=jnp.array([[0, 1, 5], [0, 0, 0]])), ValueError, r"tokens .*\[0, 5\).*max 5"),
+    (dict(tokens=jnp.array([[0, 1, 5], [0, 0, 0]])), ValueError,
+     r"tokens .*\[0, 5\) \(rows of candidates, one per token id\).*max 5"),
     (dict(tokens=jnp.zeros((2, 3))), TypeError, "tokens must be an int array"),
     (dict(candidates=jnp.array([[1], [2], [-2], [4], [0]])), ValueError, r"candidates.*min -2"),
+    (dict(logits_fn=lambda t: one_hot(t).sum(1)[:, :2] * jnp.ones((2, 1))), ValueError,
+     r"logits_fn runs on the 2 rows of tokens but fails on 8 rows: TextFooler scores"),
     (dict(candidates=jnp.zeros((5, 1))), TypeError, "candidates must be an int array"),
     (dict(attack=text.textfooler(unk_id=7)), ValueError, "unk_id=7 is not a token id"),
     (dict(max_swaps=-1), ValueError, "max_swaps must be >= 0"),

@@ -340,6 +340,9 @@ def _call(**changes):
     (dict(embedding=jnp.zeros(5)), ValueError, r"embedding must be a 2-D table"),
     (dict(embedding=jnp.zeros((5, 2), jnp.int32)), TypeError, "embedding must be a float"),
     (dict(logits_fn=lambda e: jnp.sum(e, axis=(1, 2))), ValueError, r"logits of shape \[B, C\]"),
+    # A per-example [B, L] mask closed over cannot follow the [B * W] rows the search scores.
+    (dict(logits_fn=lambda e: jnp.sum(e * jnp.ones((2, 3, 1)), axis=1)), ValueError,
+     r"logits_fn runs on the 2 rows of tokens but fails on 6 rows: the word swap scores"),
     (dict(attack=object()), TypeError, "word_swap"),
     (dict(key=jnp.zeros(3)), ValueError, "key must be"),
 ])
@@ -373,6 +376,10 @@ def test_swap_curve_refuses_budgets_the_run_never_searched():
   with pytest.raises(ValueError, match=r"y must be the \[B\] = \[2\]"):
     text.swap_curve(result, jnp.array([0, 0, 0]), jnp.array([0]))
   assert text.swap_curve(result, y, jnp.array([0, 2])).robust_accuracy.tolist() == [1.0, 0.5]
+  # Traced, nothing can raise: a budget above the smallest max_swaps is NaN, never "robust".
+  traced = jax.jit(text.swap_curve)(result, y, jnp.array([0, 2, 3]))
+  np.testing.assert_array_equal(np.asarray(traced.robust_accuracy), [1.0, 0.5, np.nan])
+  assert np.isnan(float(traced.auc))
 
 
 def test_inputs_captured_by_a_jitted_closure_are_checked_not_concretized():

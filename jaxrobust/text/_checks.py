@@ -9,12 +9,13 @@ expected. Labels are class indices as for images: :mod:`jaxrobust._validation` c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._validation import is_concrete
+from jaxrobust._validation import is_concrete, logits_shape
 
 
 def _describe(value: Any) -> str:
@@ -34,9 +35,10 @@ def check_embedding(embedding: Any) -> tuple[int, int]:
 
 
 def check_token_ids(name: str, ids: Any, vocab_size: int, *, ndim: int = 2,
-                    allow_padding: bool = False) -> None:
+                    allow_padding: bool = False, vocabulary: str = "rows of the embedding") -> None:
   """``ids``: an int array with ``ndim`` axes (none empty) whose values lie in ``[0, V)``, or in
-  ``[-1, V)`` with ``allow_padding`` (``-1`` marks an unused slot).
+  ``[-1, V)`` with ``allow_padding`` (``-1`` marks an unused slot); ``vocabulary`` says in the
+  message where ``V`` comes from.
 
   Raises:
     TypeError: a float or non-array ``ids``.
@@ -63,8 +65,33 @@ def check_token_ids(name: str, ids: Any, vocab_size: int, *, ndim: int = 2,
   lo, hi = int(values.min()), int(values.max())
   if lo < lowest or hi >= vocab_size:
     raise ValueError(
-        f"{name} must hold token ids in [{lowest}, {vocab_size}) (rows of the embedding"
+        f"{name} must hold token ids in [{lowest}, {vocab_size}) ({vocabulary}"
         f"{'; -1 pads unused slots' if allow_padding else ''}); got min {lo}, max {hi}.")
+
+
+def check_any_row_count(logits_fn: Callable[[Any], Any], spec: jax.ShapeDtypeStruct, rows: int,
+                        attack: str) -> None:
+  """``logits_fn`` also runs on ``rows`` rows shaped as ``spec``'s (by tracing only): the attacks
+  score every example's candidate texts in one batch, so a model must take any number of
+  independent rows. A model that closes over a per-example input (a ``[B, L]`` padding mask)
+  works on the ``B`` rows of ``tokens`` and fails here, with this message instead of a shape
+  error from inside the model."""
+  if rows == spec.shape[0]:
+    return
+  other = jax.ShapeDtypeStruct((rows,) + tuple(spec.shape[1:]), spec.dtype)
+  try:
+    shape = logits_shape(logits_fn, other)
+  except Exception as error:  # noqa: BLE001 - the user's model, re-raised with its cause
+    raise ValueError(
+        f"logits_fn runs on the {spec.shape[0]} rows of tokens but fails on {rows} rows: {attack} "
+        "scores the candidate texts of every example in one batch, so the model must treat its "
+        "rows independently and take any number of them. A per-example input the model closes "
+        "over (e.g. a [B, L] padding mask) cannot follow the rows: derive it from the inputs "
+        "instead (e.g. an extra embedding channel that is 1 for real tokens and 0 for the pad "
+        f"id). The model's error: {type(error).__name__}: {error}") from error
+  if tuple(shape[:1]) != (rows,):
+    raise ValueError(f"logits_fn must return [N, C] logits for N rows; on {rows} rows it returned "
+                     f"shape {tuple(shape)}.")
 
 
 def check_editable(editable: Any, shape: tuple[int, ...]) -> None:

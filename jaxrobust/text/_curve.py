@@ -33,7 +33,9 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
   a run at ``max_swaps = steps`` is broken by a run at any budget :math:`k \ge s` and by none at
   :math:`k < s`. The curve therefore equals separate runs at each budget, provided every budget
   is at most the run's ``max_swaps`` (a larger one raises: the run never searched there, and its
-  robust accuracy would be overestimated).
+  robust accuracy would be overestimated). Inside ``jit``, where the budgets or ``max_swaps`` are
+  traced and nothing can raise, the robust accuracy at such a budget is NaN (and so the AUC);
+  ``robust`` there holds only what the run saw.
 
   Args:
     result: from :func:`jaxrobust.text.run` or :func:`jaxrobust.text.run_textfooler`.
@@ -43,7 +45,8 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
   Returns:
     A :class:`jaxrobust.Curve` with ``epsilons`` the budgets as float32, ``robust [K, B]`` and
     ``auc`` the area under robust accuracy over ``[0, max budget]`` normalised by the largest
-    budget (see :func:`jaxrobust.metrics.curve_auc`).
+    budget (see :func:`jaxrobust.metrics.curve_auc`); NaN at budgets above the smallest
+    ``max_swaps`` of the run (traced inputs only: concrete ones raise).
 
   Raises:
     ValueError: ``budgets`` not a 1-D int array, negative, or (concrete) larger than the smallest
@@ -72,6 +75,8 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
   robust = correct[None, :] & ~(broken[None, :] & within)
   clean = jnp.mean(correct.astype(jnp.float32))
   accuracy = jnp.mean(robust.astype(jnp.float32), axis=1)
+  if result.max_swaps is not None:  # traced: a budget the run never searched is unknown, not robust
+    accuracy = jnp.where(budgets <= jnp.min(result.max_swaps), accuracy, jnp.nan)
   epsilons = budgets.astype(jnp.float32)
   return Curve(epsilons=epsilons, clean_accuracy=clean, robust_accuracy=accuracy, robust=robust,
                auc=curve_auc(epsilons, accuracy, clean))

@@ -87,7 +87,8 @@ def textfooler(*, importance: str = "unk", unk_id: Optional[int] = None,
       ``pad_id``).
     unk_id: the unknown token's id (required for ``"unk"``).
     pad_id: the padding token's id: sequences are padded at the end with it, padding is never
-      changed nor counted as a word. ``None``: every position is a word.
+      changed nor counted as a word, and never swapped in (a candidate equal to ``pad_id`` is
+      skipped, as ``-1``). ``None``: every position is a word.
     flip_bonus: add TextFooler's bonus to the importance of a word whose removal flips the
       prediction.
     min_cos_sim: in ``[-1, 1]``, the word-vector constraint's threshold (used when
@@ -242,6 +243,8 @@ def run_textfooler(attack: TextFooler, logits_fn: Callable[[Array], Array], toke
   if stop_words is not None:
     eligible = eligible & ~lookup(jnp.asarray(stop_words), tokens)
   values, valid = substitutes(tokens, jnp.asarray(candidates), eligible)
+  if attack.pad_id is not None:  # padding is never a word: swapping it in would delete the word
+    valid = valid & (values != attack.pad_id)
   # The clean texts and the texts without one word, in one model call ([B * (1 + L)] rows).
   texts = _leave_one_out(attack, tokens, with_clean=True)  # [B, 1 + L, L]
   all_logits = logits_fn(texts.reshape(batch * (1 + length), length)).reshape(
@@ -289,7 +292,7 @@ def check_textfooler_inputs(attack: TextFooler, logits_fn: Callable[[Array], Arr
     ValueError: an attack without the id its importance needs, ids outside ``[0, V)``
       (``[-1, V)`` for candidates), tables without one entry per token id, tags outside
       ``[0, T)``, labels outside ``[0, C)``, ``max_swaps < 0``, ``max_queries < 1``, an empty
-      editable mask, outputs of the wrong shape.
+      editable mask, outputs of the wrong shape, a model that fails on another number of rows.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -299,7 +302,7 @@ def check_textfooler_inputs(attack: TextFooler, logits_fn: Callable[[Array], Arr
     ...     jnp.array([0]), candidates=jnp.array([[1], [2], [-1]]))
     Traceback (most recent call last):
     ...
-    ValueError: tokens must hold token ids in [0, 3) (rows of the embedding); got min 0, max 3.
+    ValueError: tokens must hold token ids in [0, 3) (rows of candidates, one per token id); got min 0, max 3.
   """
   if not isinstance(attack, TextFooler):
     raise TypeError(f"attack must come from jr.text.textfooler(...), got {type(attack).__name__}.")
@@ -308,8 +311,10 @@ def check_textfooler_inputs(attack: TextFooler, logits_fn: Callable[[Array], Arr
     raise ValueError(f"importance={attack.importance!r} needs {needed}: build the attack with "
                      f"jr.text.textfooler(importance={attack.importance!r}, {needed}=...).")
   vocab_size = int(candidates.shape[0]) if getattr(candidates, "ndim", 0) == 2 else 1
-  _checks.check_token_ids("candidates", candidates, vocab_size, allow_padding=True)
-  _checks.check_token_ids("tokens", tokens, vocab_size)
+  vocabulary = "rows of candidates, one per token id"
+  _checks.check_token_ids("candidates", candidates, vocab_size, allow_padding=True,
+                          vocabulary=vocabulary)
+  _checks.check_token_ids("tokens", tokens, vocab_size, vocabulary=vocabulary)
   for name in ("unk_id", "pad_id"):
     if getattr(attack, name) is not None and getattr(attack, name) >= vocab_size:
       raise ValueError(f"{name}={getattr(attack, name)} is not a token id of the vocabulary "
@@ -317,6 +322,7 @@ def check_textfooler_inputs(attack: TextFooler, logits_fn: Callable[[Array], Arr
   batch, length = tokens.shape
   spec = jax.ShapeDtypeStruct((batch, length), jnp.int32)
   num_classes = check_logits(logits_shape(logits_fn, spec), batch)
+  _checks.check_any_row_count(logits_fn, spec, batch * (1 + length), "TextFooler")
   check_label_shape("y", y, batch, f"tokens has {batch} rows")
   check_labels("y", y, num_classes)
   if max_swaps is not None:

@@ -151,8 +151,10 @@ def run(attack: WordSwap, logits_fn: Callable[[Array], Array], embedding: Array,
     TypeError: float tokens or candidates, a non-bool ``editable``, a float ``max_swaps``.
     ValueError: token ids outside ``[0, V)``, candidate ids outside ``[-1, V)``, candidates not
       ``[V, K]``, labels outside ``[0, C)``, ``max_swaps`` outside ``[0, steps]``, an empty
-      editable mask, mismatched shapes. Values are checked only on concrete inputs (not inside a
-      user's ``jit``): call :func:`check_inputs` once on the host if they may be wrong.
+      editable mask, mismatched shapes, a ``logits_fn`` that fails on the ``[B * W]`` rows the
+      search scores (a closed-over per-example mask). Values are checked only on concrete inputs
+      (not inside a user's ``jit``): call :func:`check_inputs` once on the host if they may be
+      wrong.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -225,6 +227,8 @@ def check_inputs(attack: WordSwap, logits_fn: Callable[[Array], Array], embeddin
   batch, length = tokens.shape
   spec = jax.ShapeDtypeStruct((batch, length, dim), embedding.dtype)
   num_classes = check_logits(logits_shape(logits_fn, spec), batch)
+  width = min(attack.search_width, length * int(candidates.shape[1]))
+  _checks.check_any_row_count(logits_fn, spec, batch * width, "the word swap")
   if isinstance(attack.loss, str) and num_classes < losses.MIN_CLASSES[attack.loss]:
     raise ValueError(f"loss={attack.loss!r} needs at least {losses.MIN_CLASSES[attack.loss]} "
                      f"classes; the model has {num_classes}.")
