@@ -94,13 +94,20 @@ def check_keys(key: Array, batch: int) -> Array:
 
 
 def like_batch(a: Array, x: Array) -> Array:
-  """``a`` (``[B, ...]``) resharded like ``x``'s batch axis when ``x``'s type shows one.
+  """``a`` (``[B, ...]``) typed like ``x``'s batch: resharded like its batch axis when ``x``'s type
+  shows one, and varying over the manual axes ``x`` varies over.
 
   Under an Explicit mesh axis, per-example arrays built without reference to ``x`` (keys from
   ``fold_in`` of an index, eps broadcast from a scalar) are replicated; ``vmap``-ing them together
-  with batch-sharded ones fails, so they are sliced like ``x`` (a local operation). Under Auto axes
-  or without a mesh this returns ``a`` unchanged.
+  with batch-sharded ones fails, so they are sliced like ``x`` (a local operation). Inside a
+  ``jax.shard_map`` they are invariant across its axes while ``x`` varies, and a loop whose carry
+  mixes them with ``x`` would change their type: they are cast to varying (``jax.lax.pcast``, no
+  communication). Under Auto axes, outside ``shard_map`` or without a mesh this returns ``a``
+  unchanged.
   """
+  varying = _varying_axes(x) - _varying_axes(a)
+  if varying:
+    a = jax.lax.pcast(a, tuple(sorted(varying)), to="varying")
   sharding = getattr(jax.typeof(x), "sharding", None)
   spec = getattr(sharding, "spec", None)
   if not spec or spec[0] is None:
@@ -109,6 +116,11 @@ def like_batch(a: Array, x: Array) -> Array:
   # ``jax.set_mesh``: arrays carry their mesh.
   return jax.reshard(a, jax.sharding.NamedSharding(sharding.mesh,
                                                    jax.sharding.PartitionSpec(spec[0])))
+
+
+def _varying_axes(a: Array) -> frozenset:
+  """The ``shard_map`` axes over which ``a`` varies (empty outside ``shard_map``)."""
+  return getattr(getattr(jax.typeof(a), "manual_axis_type", None), "varying", frozenset())
 
 
 def fold_in(keys: Array, data: Array | int) -> Array:

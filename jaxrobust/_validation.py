@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust._types import Budget
-from jaxrobust.model import captured_constants, tracing, warn_if_captured
+from jaxrobust.model import captured_constants, explain_model_error, tracing, warn_if_captured
 from jaxrobust.projections import check_norm
 
 
@@ -119,6 +119,7 @@ def _traced(logits_fn: Callable[..., jax.Array], x: jax.ShapeDtypeStruct, *rest:
   try:
     return jax.make_jaxpr(logits_fn, return_shape=True)(x, *rest)
   except Exception as error:
+    explain_model_error(error)
     if looks_channels_first(tuple(x.shape[1:])):
       error.add_note(
           f"jaxrobust: x has shape [B, {', '.join(map(str, x.shape[1:]))}], which looks "

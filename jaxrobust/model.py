@@ -245,6 +245,32 @@ def captured_constants(closed_jaxpr: Any) -> list:
   return _jaxpr_walk.all_consts(closed_jaxpr)
 
 
+TRAIN_MODE_NOTE = (
+    "jaxrobust: the model changes its own state when called (Flax's TraceContextError: e.g. "
+    "BatchNorm in train mode, updating its batch statistics, or Dropout drawing from its Rngs). "
+    "Attacks, bounds and evaluations trace the model as a pure function of x: put it in eval "
+    "mode first (nnx: model.eval(); linen: use_running_average=True, deterministic=True).")
+"""The note :func:`explain_model_error` adds to an error raised by a model that mutates its
+state while traced."""
+
+
+def explain_model_error(error: BaseException) -> None:
+  """Adds :data:`TRAIN_MODE_NOTE` to ``error`` when a model raised it because it changes its own
+  state while traced (Flax's ``TraceContextError``, whose text names neither train mode nor eval
+  mode); otherwise leaves ``error`` alone. Callers re-raise it.
+
+  Examples:
+    >>> class TraceContextError(Exception): ...
+    >>> error = TraceContextError("Cannot mutate BatchStat from a different trace level")
+    >>> explain_model_error(error)
+    >>> error.__notes__[0].startswith("jaxrobust: the model changes its own state")
+    True
+  """
+  if type(error).__name__ == "TraceContextError" and TRAIN_MODE_NOTE not in getattr(
+      error, "__notes__", ()):
+    error.add_note(TRAIN_MODE_NOTE)
+
+
 def tracing() -> bool:
   """Whether a program is being traced here (a ``jax.jit`` or a loop body): a new array would be
   a tracer, so any concrete array used now becomes a constant of that program.

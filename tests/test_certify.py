@@ -183,9 +183,16 @@ def test_smoothed_predict_and_bad_options(points):
       nan_model, x, keys, sigma=sigma, n0=10, n=50))(x[:2], keys[:2], jnp.float32(SIGMA))
   assert dead.prediction.tolist() == [-1, -1] and dead.radius.tolist() == [0.0, 0.0]
   for bad, match in [({"sigma": 0.0}, "sigma"), ({"sigma": 0.1, "alpha": 1.0}, "alpha"),
-                     ({"sigma": 0.1, "n0": 0}, "n0")]:
+                     ({"sigma": 0.1, "n0": 0}, "n0"),
+                     # 0.001^(1/9) = 0.464 <= 1/2: nothing can be certified (n = 10 can).
+                     ({"sigma": 0.1, "n": 9}, r"n = 9 draws cannot certify anything at alpha = "
+                      r"0.001.*alpha\^\(1/n\) = 0.464 <= 1/2.*n > log2\(1/alpha\) = 9.97"),
+                     ({"sigma": 0.1, "n": 3, "alpha": 0.125}, r"n = 3 draws cannot")]:
     with pytest.raises(ValueError, match=match):
       jr.certify.smoothing(linear, x[:2], keys[:2], **bad)
+  for sigma in (0.0, -0.5):  # the deterministic model (or worse): eot refuses it, so must this
+    with pytest.raises(ValueError, match="sigma"):
+      jr.certify.gaussian_noise(linear, sigma)
 
 
 @pytest.fixture(scope="module")

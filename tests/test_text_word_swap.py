@@ -376,10 +376,16 @@ def test_swap_curve_refuses_budgets_the_run_never_searched():
   with pytest.raises(ValueError, match=r"y must be the \[B\] = \[2\]"):
     text.swap_curve(result, jnp.array([0, 0, 0]), jnp.array([0]))
   assert text.swap_curve(result, y, jnp.array([0, 2])).robust_accuracy.tolist() == [1.0, 0.5]
-  # Traced, nothing can raise: a budget above the smallest max_swaps is NaN, never "robust".
+  # Traced, nothing can raise: at a budget above the max_swaps of a point the run did not break
+  # (point 0, searched up to 2) the accuracy is unknown, NaN, never "robust". A broken point is
+  # known at every budget: with point 0 searched up to 3 and point 1 (broken with 1 swap) up to
+  # 1, every budget up to 3 is known.
   traced = jax.jit(text.swap_curve)(result, y, jnp.array([0, 2, 3]))
   np.testing.assert_array_equal(np.asarray(traced.robust_accuracy), [1.0, 0.5, np.nan])
   assert np.isnan(float(traced.auc))
+  searched = result._replace(max_swaps=jnp.array([3, 1], jnp.int32))
+  traced = jax.jit(text.swap_curve)(searched, y, jnp.array([0, 2, 3]))
+  np.testing.assert_array_equal(np.asarray(traced.robust_accuracy), [1.0, 0.5, 0.5])
 
 
 def test_inputs_captured_by_a_jitted_closure_are_checked_not_concretized():

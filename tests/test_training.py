@@ -549,6 +549,18 @@ def test_robust_counts_merge_across_steps_and_devices(core, problem):
     total = per_device(*(jax.device_put(a, rows) for a in (x, y, keys)))
     for name in ("n", "clean_correct", "robust", "success"):
       assert int(getattr(total, name)) == int(getattr(everything, name)), name
+    # One key inside shard_map (the README's eval step): it stands for fold_in(key, local row) on
+    # every device. Early exit's loop carries those keys beside the device's rows (this crashed:
+    # replicated keys in a carry that varies over the manual axis).
+    one_key = jax.jit(jax.shard_map(
+        lambda x, y, key: training.robust_counts(functools.partial(mlp_apply, params), x, y,
+                                                 jr.Budget(EPS), key).psum("batch"),
+        mesh=mesh, in_specs=(P("batch"), P("batch"), P()), out_specs=P()), compiler_options=FAST)
+    local_keys = keys[jnp.arange(B) % (B // 8)]
+    single = one_key(*(jax.device_put(a, rows) for a in (x, y)), jax.random.key(7))
+    want = per_device(*(jax.device_put(a, rows) for a in (x, y, local_keys)))
+    for name in ("n", "clean_correct", "robust", "success"):
+      assert int(getattr(single, name)) == int(getattr(want, name)), name
 
 
 def test_bad_hyperparameters_and_attacks_are_refused(problem):

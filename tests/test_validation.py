@@ -87,6 +87,33 @@ def test_a_model_failing_on_channels_first_images_says_so():
   assert "channels-first" not in " ".join(getattr(caught.value, "__notes__", []))
 
 
+def test_a_model_in_train_mode_is_told_to_use_eval_mode():
+  """An nnx BatchNorm in train mode updates its statistics when called: Flax's TraceContextError
+  names neither mode; every front door that traces the model adds the note."""
+  nnx = pytest.importorskip("flax.nnx")
+
+  class Net(nnx.Module):
+    def __init__(self, rngs):
+      self.hidden, self.norm = nnx.Linear(6, 8, rngs=rngs), nnx.BatchNorm(8, rngs=rngs)
+      self.head = nnx.Linear(8, 3, rngs=rngs)
+
+    def __call__(self, x):
+      return self.head(jax.nn.relu(self.norm(self.hidden(x.reshape(x.shape[0], -1)))))
+
+  net, x = Net(nnx.Rngs(0)), X.reshape(4, 6)
+  calls = {"jr.run": lambda: run(x=x, fn=net),
+           "certify_bounds": lambda: jr.certify.certify_bounds(net, x, Y, jr.Budget(0.05))}
+  for name, call in calls.items():
+    with pytest.raises(Exception) as caught:
+      call()
+    notes = " ".join(getattr(caught.value, "__notes__", []))
+    assert "put it in eval mode first (nnx: model.eval()" in notes, name
+  net.eval()
+  run(x=x, fn=net)  # eval mode: runs
+  with pytest.raises(NotImplementedError, match="BatchNorm in train mode"):  # IBP of a product
+    jr.certify.interval_bounds(lambda v: v * v, x, x + 0.1)
+
+
 def test_integer_x_is_a_type_error():
   with pytest.raises(TypeError, match=r"float array.*astype"):
     run(x=jnp.full((4, 2, 3), 128, jnp.int32))

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust import _jaxpr_walk
+from jaxrobust.model import explain_model_error
 
 Array = jax.Array
 
@@ -106,7 +107,11 @@ def trace(fn: Callable[[Array], Array], like: Array) -> Graph:
       depend on the input.
   """
   check_deterministic(fn)
-  closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(like.shape, like.dtype))
+  try:
+    closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(like.shape, like.dtype))
+  except Exception as error:
+    explain_model_error(error)  # a model in train mode says so
+    raise
   if len(closed.jaxpr.outvars) != 1:
     raise TypeError(f"fn must return a single array, got {len(closed.jaxpr.outvars)} outputs")
   builder = _Builder([jax.ShapeDtypeStruct(like.shape, like.dtype)])

@@ -90,8 +90,9 @@ def margin_bounds(logits_fn: Callable[[Array], Array], y: Array, lower: Array, u
   lower, upper = check_box(lower, upper)
   y = jnp.asarray(y)
   _validation.check_batch(lower, y)
-  out_shape = jax.eval_shape(logits_fn, jax.ShapeDtypeStruct(lower.shape, lower.dtype)).shape
-  num_classes = _validation.check_logits(tuple(out_shape), lower.shape[0])
+  # The validator's trace: a model in train mode or on channels-first images says so.
+  out_shape = _validation.logits_shape(logits_fn, jax.ShapeDtypeStruct(lower.shape, lower.dtype))
+  num_classes = _validation.check_logits(out_shape, lower.shape[0])
   _validation.check_labels("y", y, num_classes)
   graph = per_example_graph(logits_fn, lower, out_shape)
   dtype = compute_dtype(lower.dtype)

@@ -39,6 +39,7 @@ References:
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import jax
@@ -143,6 +144,12 @@ def smoothing(logits_fn: Callable[[Array], Array], x: Array, key: Array, *, sigm
   Returns:
     A :class:`jaxrobust.Certificate`: class or ``-1`` (abstain), and the certified L2 radius.
 
+  Raises:
+    ValueError: ``sigma <= 0``, ``alpha`` outside ``(0, 1)``, counts below 1, or (concrete
+      ``alpha``) ``n <= log2(1/alpha)``: then even ``n`` draws on one class give
+      :math:`\underline{p_A} = \alpha^{1/n} \le 1/2` and every example abstains (at the
+      default ``alpha = 0.001``, ``n >= 10``).
+
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> import jaxrobust as jr
@@ -157,6 +164,13 @@ def smoothing(logits_fn: Callable[[Array], Array], x: Array, key: Array, *, sigm
     Cohen, Rosenfeld & Kolter, ICML 2019, Algorithm CERTIFY.
   """
   _check(sigma, alpha, n0=n0, n=n, batch_size=batch_size)
+  if is_concrete(alpha) and n <= math.log2(1.0 / float(alpha)):
+    # All n draws on one class give the lower bound alpha^(1/n), certifying only above 1/2.
+    raise ValueError(
+        f"n = {n} draws cannot certify anything at alpha = {float(alpha):g}: even with every "
+        f"draw on one class the lower confidence bound is alpha^(1/n) = "
+        f"{float(alpha) ** (1 / n):.3f} <= 1/2, so every example would abstain. Use n > "
+        f"log2(1/alpha) = {math.log2(1.0 / float(alpha)):.2f} (Cohen et al.: n = 100000).")
   keys = like_batch(as_keys(key, x.shape[0]), x)
   select = class_counts(logits_fn, x, fold_in(keys, SELECT), sigma, n0, min(batch_size, n0))
   top = jnp.argmax(select, axis=-1).astype(jnp.int32)
@@ -250,6 +264,9 @@ def gaussian_noise(logits_fn: Callable[[Array], Array], sigma: float) -> Callabl
     Salman et al., "Provably Robust Deep Learning via Adversarially Trained Smoothed
     Classifiers", NeurIPS 2019.
   """
+  if is_concrete(sigma):  # sigma = 0 would be the deterministic model, which eot refuses
+    check_number("sigma", float(sigma), low=0.0, low_open=True)
+
   def noisy(x: Array, keys: Array) -> Array:
     noise = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:], jnp.float32))(keys)
     return logits_fn((x.astype(jnp.float32) + jnp.asarray(sigma, jnp.float32) * noise)

@@ -34,8 +34,9 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
   :math:`k < s`. The curve therefore equals separate runs at each budget, provided every budget
   is at most the run's ``max_swaps`` (a larger one raises: the run never searched there, and its
   robust accuracy would be overestimated). Inside ``jit``, where the budgets or ``max_swaps`` are
-  traced and nothing can raise, the robust accuracy at such a budget is NaN (and so the AUC);
-  ``robust`` there holds only what the run saw.
+  traced and nothing can raise, the robust accuracy at a budget is NaN (and so the AUC) when some
+  point the run did not break has a ``max_swaps`` below it: its verdict there is unknown
+  (``robust`` holds only what the run saw).
 
   Args:
     result: from :func:`jaxrobust.text.run` or :func:`jaxrobust.text.run_textfooler`.
@@ -45,8 +46,8 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
   Returns:
     A :class:`jaxrobust.Curve` with ``epsilons`` the budgets as float32, ``robust [K, B]`` and
     ``auc`` the area under robust accuracy over ``[0, max budget]`` normalised by the largest
-    budget (see :func:`jaxrobust.metrics.curve_auc`); NaN at budgets above the smallest
-    ``max_swaps`` of the run (traced inputs only: concrete ones raise).
+    budget (see :func:`jaxrobust.metrics.curve_auc`); NaN at a budget above the ``max_swaps`` of
+    a point the run did not break (traced inputs only: concrete ones raise).
 
   Raises:
     ValueError: ``budgets`` not a 1-D int array, negative, or (concrete) larger than the smallest
@@ -75,8 +76,9 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
   robust = correct[None, :] & ~(broken[None, :] & within)
   clean = jnp.mean(correct.astype(jnp.float32))
   accuracy = jnp.mean(robust.astype(jnp.float32), axis=1)
-  if result.max_swaps is not None:  # traced: a budget the run never searched is unknown, not robust
-    accuracy = jnp.where(budgets <= jnp.min(result.max_swaps), accuracy, jnp.nan)
+  if result.max_swaps is not None:  # traced: a row the run never searched that far is unknown
+    unknown = robust & (result.max_swaps[None, :] < budgets[:, None])
+    accuracy = jnp.where(jnp.any(unknown, axis=1), jnp.nan, accuracy)
   epsilons = budgets.astype(jnp.float32)
   return Curve(epsilons=epsilons, clean_accuracy=clean, robust_accuracy=accuracy, robust=robust,
                auc=curve_auc(epsilons, accuracy, clean))
