@@ -39,6 +39,10 @@ def curve_from_norms(norms: Array, correct: Array, epsilons: Array) -> Curve:
   Returns:
     A :class:`jaxrobust.Curve`.
 
+  Raises:
+    ValueError: ``norms`` and ``correct`` not both ``[B]`` (one entry per example), or
+      ``epsilons`` not ``[K]``.
+
   Examples:
     >>> import jax.numpy as jnp
     >>> c = curve_from_norms(jnp.array([0.1, 0.3, jnp.inf, 0.0]),
@@ -46,7 +50,12 @@ def curve_from_norms(norms: Array, correct: Array, epsilons: Array) -> Curve:
     >>> c.robust_accuracy
     Array([0.75, 0.5 , 0.25], dtype=float32)
   """
+  norms, correct = jnp.asarray(norms), jnp.asarray(correct)
   epsilons = jnp.asarray(epsilons, jnp.float32)
+  if norms.ndim != 1 or correct.shape != norms.shape or epsilons.ndim != 1:
+    raise ValueError(f"curve_from_norms takes norms [B] and correct [B] (one entry per example) "
+                     f"and epsilons [K]; got norms {norms.shape}, correct {correct.shape}, "
+                     f"epsilons {epsilons.shape}.")
   robust = correct[None, :] & (norms.astype(jnp.float32)[None, :] > epsilons[:, None])
   return _curve(epsilons, correct, robust)
 

@@ -154,3 +154,5 @@ def test_curve_from_norms_equals_brute_force():
     robust = [bool(c and n > e) for c, n in zip(correct, norms)]
     np.testing.assert_array_equal(np.asarray(curve.robust[k]), robust)
     assert float(curve.robust_accuracy[k]) == pytest.approx(np.mean(robust))
+  with pytest.raises(ValueError, match=r"norms \(3,\), correct \(4,\)"):
+    jr.curve_from_norms(jnp.asarray(norms[:3]), jnp.asarray(correct[:4]), jnp.asarray(eps))

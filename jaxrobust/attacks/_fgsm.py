@@ -28,9 +28,12 @@ def fgsm(norm: str = "linf", *, loss: str | Callable[..., jax.Array] = "ce",
 
   found greedily: the coordinates in decreasing :math:`|g_i|` each take their whole room in the
   box in the direction of :math:`\operatorname{sign}(g_i)` until eps is spent (a single
-  coordinate when the box leaves it room for eps). On a linear model this is the optimal
-  perturbation in every norm, so FGM succeeds just above the minimal distance whenever the box
-  allows it. The clean point and the stepped point are both scored and the better returned.
+  coordinate when the box leaves it room for eps). On a linear model the Linf and L1 steps are
+  the optimal perturbation within the box, so they succeed just above the minimal distance; the
+  L2 step is only while the box does not clip it (where it does, the box-constrained optimum is
+  not the clipped gradient step: on a two-class linear model with 16 inputs in [0, 1], 5 of 28
+  points missed at 1.02 times the minimal distance). The clean point and the stepped point are
+  both scored and the better returned.
 
   Args:
     norm: ``"linf"``, ``"l2"`` or ``"l1"``.
