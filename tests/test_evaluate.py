@@ -147,6 +147,12 @@ def test_eight_devices_explicit_mesh_bitwise_equal_one(setup, reference, shard_m
   mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
   report = run(setup, batch_size=16, mesh=mesh, use_shard_map=shard_map)  # 16 + 16 + padded 5
   assert report == reference
+  if shard_map:  # data already sharded over the mesh's devices (slicing it crashed)
+    _logits_fn, x, y, *_ = setup
+    rows = NamedSharding(mesh, P("data"))
+    placed = (jax.device_put(jnp.asarray(x[:32]), rows), jax.device_put(jnp.asarray(y[:32]), rows))
+    assert run(setup, data=placed, batch_size=16, mesh=mesh) == run(
+        setup, data=(x[:32], y[:32]), batch_size=16)
 
 
 def test_eight_devices_auto_2d_mesh_named_batch_axis_bitwise_equal_one(setup, reference):
@@ -747,6 +753,11 @@ def test_bad_inputs_raise_clear_errors(setup):
     run(setup, data=(x * 2, y))
   with pytest.raises(ValueError, match=r"\[0, 4\)"):
     run(setup, data=(x, y + 4))
+  # A bad value in a later batch names that batch (the earlier ones are done and checkpointed).
+  with pytest.raises(ValueError, match=r"^batch 2 of the data: y must lie in \[0, 4\)"):
+    run(setup, data=[(x[:8], y[:8]), (x[8:16], y[8:16] + 4)], batch_size=8)
+  with pytest.raises(ValueError, match=r"^batch 2 of the data: Batch sizes differ"):
+    run(setup, data=[(x[:8], y[:8]), (x[8:16], y[8:15])], batch_size=8)
   with pytest.raises(ValueError, match="batch_size"):
     run(setup, batch_size=0)
   with pytest.raises(ValueError, match="single PRNG key"):

@@ -289,7 +289,8 @@ def _check_same_model(path: str, stored: Mapping[str, str] | None,
                 "differ")
   if stored.get("program") != current.get("program"):
     what.append("its traced program differs (another architecture, a changed Python constant "
-                "in the model, or another JAX version)")
+                "in the model, another JAX version, or the step traced for another mesh: with and "
+                "without a mesh, or use_shard_map changed)")
   raise ValueError(f"Checkpoint {path} was written for a different model: {'; '.join(what)}. "
                    "Resuming would mix two models' results. Delete it or pass another "
                    "checkpoint path.")

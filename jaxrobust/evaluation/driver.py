@@ -151,7 +151,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     if bar is not None:
       stack.callback(bar.close)
     for batch in stream:
-      x, y, index = host.read_batch(batch, plan, x_spec)
+      x, y, index = _read_batch(batch, plan, x_spec, position + 1)
       del batch
       x_spec = (x.shape[1:], x.dtype)
       if ckpt is not None:  # the data fingerprint is only needed to resume
@@ -166,8 +166,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
         if bar is not None:
           bar.update(x.shape[0] * plan.num_processes)
         continue
-      check_x_in_box(x, plan.lower, plan.upper)
-      check_labels("y", y, num_classes)
+      _check_batch(x, y, plan, num_classes, position)
       if index is None:
         index = host.default_index(plan, position - 1, state.seen)
       padded = host.pad_batch(x, y, index, plan.local_batch)
@@ -182,6 +181,30 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
                        clock["step"], clock["evaluated"], clock["first_n"])
   run = _run_provenance(plan, batch_size, keep_per_example, use_shard_map, mesh, max_propagations)
   return _report(plan, state, timing, run, certifiers, diagnosis)
+
+
+@contextlib.contextmanager
+def _in_batch(number: int):
+  """A ``ValueError`` about one batch's data names the batch (1-based, in the data's order); the
+  batches before it stay in the checkpoint."""
+  try:
+    yield
+  except ValueError as error:
+    raise ValueError(f"batch {number} of the data: {error}") from error
+
+
+def _read_batch(batch: Any, plan: host.Plan, x_spec: Any, number: int) -> tuple:
+  """:func:`host.read_batch`, its errors naming batch ``number``."""
+  with _in_batch(number):
+    return host.read_batch(batch, plan, x_spec)
+
+
+def _check_batch(x: np.ndarray, y: np.ndarray, plan: host.Plan, num_classes: int,
+                 number: int) -> None:
+  """The values of batch ``number``: inside the box, labels in range (errors name the batch)."""
+  with _in_batch(number):
+    check_x_in_box(x, plan.lower, plan.upper)
+    check_labels("y", y, num_classes)
 
 
 def _check_batches_seen(position: int, resume_at: int, ckpt: Checkpoint | None) -> None:

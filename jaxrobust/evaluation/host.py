@@ -256,9 +256,14 @@ def batches(data: Any, local_batch: int) -> tuple[Iterator[tuple], int | None]:
       if len(a) != n:
         raise ValueError(f"Batch sizes differ: x has {n} examples, {name} has {len(a)}.")
 
+    # Arrays sharded over several devices are read back once (this driver places every batch
+    # itself; slicing a sharded array would need its sharding spelled out).
+    arrays = tuple(np.asarray(a) if isinstance(a, jax.Array) and a.is_fully_addressable
+                   and len(a.sharding.device_set) > 1 else a for a in data)
+
     def sliced():
       for start in range(0, n, local_batch):
-        yield tuple(a[start:start + local_batch] for a in data)
+        yield tuple(a[start:start + local_batch] for a in arrays)
 
     return sliced(), n
   if not isinstance(data, Iterable):
