@@ -152,7 +152,7 @@ def test_eight_devices_explicit_mesh_bitwise_equal_one(setup, reference, shard_m
     rows = NamedSharding(mesh, P("data"))
     placed = (jax.device_put(jnp.asarray(x[:32]), rows), jax.device_put(jnp.asarray(y[:32]), rows))
     assert run(setup, data=placed, batch_size=16, mesh=mesh) == run(
-        setup, data=(x[:32], y[:32]), batch_size=16)
+        setup, data=(x[:32], y[:32]), batch_size=16, mesh=mesh)
 
 
 def test_eight_devices_auto_2d_mesh_named_batch_axis_bitwise_equal_one(setup, reference):
