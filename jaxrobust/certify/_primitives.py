@@ -61,8 +61,8 @@ def why_unsupported(eqn: Equation) -> str | None:
   if name not in SUPPORTED:
     return ""
   if name in ("mul", "dot_general", "conv_general_dilated") and len(positions) != 1:
-    return ("a product of two input-dependent values is not affine; a BatchNorm in train mode, "
-            "which normalises by the batch's own statistics, makes one: use eval mode")
+    return ("a product of two input-dependent values is not affine: a gated activation (GELU, "
+            "SiLU) or a BatchNorm in train mode (use eval mode)")
   if name == "select_n" and 0 in positions:
     return "a choice whose predicate depends on the input"
   if name == "div" and positions != [0]:
