@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust._types import Budget
-from jaxrobust.model import captured_constants, explain_model_error, tracing, warn_if_captured
+from jaxrobust.model import captured_constants, trace_model, tracing, warn_if_captured
 from jaxrobust.projections import check_norm
 
 
@@ -113,19 +113,26 @@ def looks_channels_first(example_shape: tuple[int, ...]) -> bool:
   return len(example_shape) == 3 and example_shape[0] <= 4 and min(example_shape[1:]) >= 8
 
 
+def channels_first_note(example_shape: tuple[int, ...]) -> str:
+  """What to tell a user whose model failed on examples of ``example_shape``, when they look
+  channels-first (:func:`looks_channels_first`); ``""`` otherwise."""
+  if not looks_channels_first(example_shape):
+    return ""
+  return (f"x has shape [B, {', '.join(map(str, example_shape))}], which looks channels-first "
+          "(NCHW), and the model failed on it. jaxrobust passes x to the model as given: a model "
+          "built for channels-last images (NHWC, as Flax's convolutions) needs "
+          "x.transpose(0, 2, 3, 1).")
+
+
 def _traced(logits_fn: Callable[..., jax.Array], x: jax.ShapeDtypeStruct, *rest: Any):
-  """``jax.make_jaxpr(logits_fn, return_shape=True)(x, *rest)``; an error the model raises on a
+  """:func:`jaxrobust.model.trace_model` with the shape; an error the model raises on a
   channels-first ``x`` gets a note that says so (a Flax convolution's shape error does not)."""
   try:
-    return jax.make_jaxpr(logits_fn, return_shape=True)(x, *rest)
+    return trace_model(logits_fn, x, *rest, return_shape=True)
   except Exception as error:
-    explain_model_error(error)
-    if looks_channels_first(tuple(x.shape[1:])):
-      error.add_note(
-          f"jaxrobust: x has shape [B, {', '.join(map(str, x.shape[1:]))}], which looks "
-          "channels-first (NCHW), and the model failed on it. jaxrobust passes x to the model as "
-          "given: a model built for channels-last images (NHWC, as Flax's convolutions) needs "
-          "x.transpose(0, 2, 3, 1).")
+    note = channels_first_note(tuple(x.shape[1:]))
+    if note:
+      error.add_note(f"jaxrobust: {note}")
     raise
 
 

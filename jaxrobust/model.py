@@ -250,25 +250,28 @@ TRAIN_MODE_NOTE = (
     "BatchNorm in train mode, updating its batch statistics, or Dropout drawing from its Rngs). "
     "Attacks, bounds and evaluations trace the model as a pure function of x: put it in eval "
     "mode first (nnx: model.eval(); linen: use_running_average=True, deterministic=True).")
-"""The note :func:`explain_model_error` adds to an error raised by a model that mutates its
-state while traced."""
+"""The note :func:`trace_model` adds to an error raised by a model that mutates its state while
+traced."""
 
 
-def explain_model_error(error: BaseException) -> None:
-  """Adds :data:`TRAIN_MODE_NOTE` to ``error`` when a model raised it because it changes its own
-  state while traced (Flax's ``TraceContextError``, whose text names neither train mode nor eval
-  mode); otherwise leaves ``error`` alone. Callers re-raise it.
+def trace_model(fn: Callable[..., Any], *args: Any, return_shape: bool = False) -> Any:
+  """``jax.make_jaxpr(fn, return_shape=return_shape)(*args)``, the one place the library traces
+  a user's model to read it (the input validator, the certifiers). An error the model raises
+  because it changes its own state while traced (Flax's ``TraceContextError``, whose text names
+  neither train mode nor eval mode) gets :data:`TRAIN_MODE_NOTE`.
 
   Examples:
-    >>> class TraceContextError(Exception): ...
-    >>> error = TraceContextError("Cannot mutate BatchStat from a different trace level")
-    >>> explain_model_error(error)
-    >>> error.__notes__[0].startswith("jaxrobust: the model changes its own state")
-    True
+    >>> import jax, jax.numpy as jnp
+    >>> closed = trace_model(lambda v: 2 * v, jax.ShapeDtypeStruct((3,), jnp.float32))
+    >>> closed.jaxpr.eqns[0].primitive
+    mul
   """
-  if type(error).__name__ == "TraceContextError" and TRAIN_MODE_NOTE not in getattr(
-      error, "__notes__", ()):
-    error.add_note(TRAIN_MODE_NOTE)
+  try:
+    return jax.make_jaxpr(fn, return_shape=return_shape)(*args)
+  except Exception as error:
+    if type(error).__name__ == "TraceContextError":
+      error.add_note(TRAIN_MODE_NOTE)
+    raise
 
 
 def tracing() -> bool:

@@ -66,6 +66,19 @@ MODULE = textwrap.dedent('''
 
     def broken():
       raise RuntimeError("the weights are not where I left them")
+
+    def make_train_mode_model():  # BatchNorm left in train mode (nnx modules start in it)
+      from flax import nnx
+
+      class Net(nnx.Module):
+        def __init__(self):
+          rngs = nnx.Rngs(0)
+          self.norm, self.head = nnx.BatchNorm(16, rngs=rngs), nnx.Linear(16, 2, rngs=rngs)
+
+        def __call__(self, x):
+          return self.head(self.norm(x.reshape(x.shape[0], -1)))
+
+      return Net()
 ''')
 
 
@@ -238,6 +251,8 @@ def test_max_propagations_caps_every_attack(workspace, reference):
     ("float labels", "y must hold integer labels, got dtype float32; save y.astype('int64')"),
     (".npy data", "x.npy is a single .npy array; save x and y together with np.savez("),
     ("out is a file", "--out " + "{root}" + "/data.npz is a file; give a folder"),
+    ("train mode", "TraceContextError: Cannot mutate BatchStat"),
+    ("train mode", "put it in eval mode first (nnx: model.eval()"),
     ("eps over the box", "epsilons = 1 covers the whole box [0.0, 1.0] in linf (the largest "
      "meaningful budget is < 1). Pass --allow-large-eps if this is intended."),
 ])
@@ -255,6 +270,8 @@ def test_user_mistakes_exit_2_with_one_clear_line(workspace, capsys, monkeypatch
     data = root / "bytes.npz"
   elif case == "no such function":
     model = f"{root / 'mymodel.py'}:nope"
+  elif case == "train mode":
+    model = f"{root / 'mymodel.py'}:make_train_mode_model"
   elif case == "normalised data":
     data = root / "normalised.npz"
   elif case == "float labels":

@@ -342,7 +342,7 @@ def _call(**changes):
     (dict(logits_fn=lambda e: jnp.sum(e, axis=(1, 2))), ValueError, r"logits of shape \[B, C\]"),
     # A per-example [B, L] mask closed over cannot follow the [B * W] rows the search scores.
     (dict(logits_fn=lambda e: jnp.sum(e * jnp.ones((2, 3, 1)), axis=1)), ValueError,
-     r"logits_fn runs on the 2 rows of tokens but fails on 6 rows: the word swap scores"),
+     r"logits_fn runs on the 2 rows of tokens but fails on 12 rows: the word swap scores"),
     (dict(attack=object()), TypeError, "word_swap"),
     (dict(key=jnp.zeros(3)), ValueError, "key must be"),
 ])

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust import _jaxpr_walk
-from jaxrobust.model import explain_model_error
+from jaxrobust.model import trace_model
 
 Array = jax.Array
 
@@ -107,11 +107,7 @@ def trace(fn: Callable[[Array], Array], like: Array) -> Graph:
       depend on the input.
   """
   check_deterministic(fn)
-  try:
-    closed = jax.make_jaxpr(fn)(jax.ShapeDtypeStruct(like.shape, like.dtype))
-  except Exception as error:
-    explain_model_error(error)  # a model in train mode says so
-    raise
+  closed = trace_model(fn, jax.ShapeDtypeStruct(like.shape, like.dtype))
   if len(closed.jaxpr.outvars) != 1:
     raise TypeError(f"fn must return a single array, got {len(closed.jaxpr.outvars)} outputs")
   builder = _Builder([jax.ShapeDtypeStruct(like.shape, like.dtype)])

@@ -13,8 +13,10 @@ class UserError(Exception):
 
 
 def one_line(error: BaseException) -> str:
-  """``"TypeName: message"`` with the message's whitespace collapsed (the type alone if empty)."""
-  text = " ".join(str(error).split())
+  """``"TypeName: message"`` with the message's whitespace collapsed (the type alone if empty),
+  followed by the notes jaxrobust added to it (e.g. "put the model in eval mode")."""
+  notes = [n for n in getattr(error, "__notes__", ()) if n.startswith("jaxrobust: ")]
+  text = " ".join(" ".join([str(error), *notes]).split())
   return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

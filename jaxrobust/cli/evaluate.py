@@ -51,9 +51,10 @@ import jax
 import numpy as np
 
 import jaxrobust as jr
-from jaxrobust._validation import looks_channels_first
+from jaxrobust._validation import channels_first_note, looks_channels_first
 from jaxrobust.cli._args import add_traceback_option, int_at_least
 from jaxrobust.cli._errors import UserError, main_command, one_line
+from jaxrobust.model import trace_model
 
 ATTACKS = ("pgd", "fgsm", "apgd", "apgd_t", "auto_attack", "square", "fab", "fab_t", "fmn",
            "deepfool", "cw", "ddn", "brendel_bethge")
@@ -202,18 +203,13 @@ def _is_torch_module(model: Any) -> bool:
   return torch is not None and isinstance(model, torch.nn.Module)
 
 
-def _channels_first_hint(x: Any, torch: bool) -> str:
-  """A sentence for data that looks NCHW, or ``""``. With ``--torch`` the command line reads 4-D
-  ``x`` as NHWC and hands the module NCHW; a JAX model gets ``x`` as saved."""
-  if not looks_channels_first(tuple(x.shape[1:])):
-    return ""
-  if torch:
-    return (f" x has shape {tuple(x.shape)}, which looks channels-first (NCHW), but the .npz "
-            "holds channels-last images [N, H, W, C] with --torch too (they reach the module as "
-            "NCHW): save x.transpose(0, 2, 3, 1).")
-  return (f" x has shape {tuple(x.shape)}, which looks channels-first (NCHW): a model built for "
-          "channels-last images (NHWC, as Flax's convolutions) needs x.transpose(0, 2, 3, 1) "
-          "saved instead.")
+def _check_torch_layout(x: Any) -> None:
+  """With ``--torch`` the command line reads 4-D ``x`` as NHWC and hands the module NCHW: data
+  saved NCHW already is refused before the conversion."""
+  if looks_channels_first(tuple(x.shape[1:])):
+    raise UserError(f"--torch: x has shape {tuple(x.shape)}, which looks channels-first (NCHW), "
+                    "but the .npz holds channels-last images [N, H, W, C] with --torch too (they "
+                    "reach the module as NCHW): save x.transpose(0, 2, 3, 1).")
 
 
 def load_data(path: pathlib.Path, *, lower: float, upper: float,
@@ -318,12 +314,11 @@ def _check_model(model: Any, x: Any) -> None:
   """Runs the model abstractly on two examples: a failure there is the user's, in one line."""
   spec = jax.ShapeDtypeStruct((min(2, x.shape[0]),) + x.shape[1:], x.dtype)
   try:
-    out = jax.eval_shape(lambda inputs: model(inputs), spec)
+    out = trace_model(lambda inputs: model(inputs), spec, return_shape=True)[1]
   except Exception as error:  # noqa: BLE001 - the user's model
+    note = channels_first_note(tuple(x.shape[1:]))
     raise UserError(f"the model failed on inputs of shape {tuple(spec.shape)} and dtype "
-                    f"{spec.dtype}: {one_line(error)}"
-                    + (";" + _channels_first_hint(x, False) if looks_channels_first(x.shape[1:])
-                       else "")) from error
+                    f"{spec.dtype}: {one_line(error)}" + (f"; {note}" if note else "")) from error
   if getattr(out, "ndim", None) != 2 or out.shape[0] != spec.shape[0]:
     raise UserError(f"the model must return logits [B, C]; on inputs of shape "
                     f"{tuple(spec.shape)} it returned {getattr(out, 'shape', type(out).__name__)}")
@@ -333,8 +328,7 @@ def convert_torch(module: Any, x: Any) -> Any:
   """``--torch``: the user's ``nn.Module`` as a jaxrobust model
   (:func:`jaxrobust.interop.from_torch`), checked on the first (up to 8) examples of ``x``
   (NHWC images are given to the module as NCHW); every failure is a :class:`UserError`."""
-  if _channels_first_hint(x, True):
-    raise UserError("--torch:" + _channels_first_hint(x, True))
+  _check_torch_layout(x)
   example = x[:8]
   if example.ndim == 4:
     example = example.transpose(0, 3, 1, 2)  # the module's own layout

@@ -28,7 +28,7 @@ from jaxrobust._types import Attack
 from jaxrobust.engine.curve_kernel import CurveFlags, robust_flags
 from jaxrobust.engine.scoring import clean_diagnosis
 from jaxrobust.metrics import CurveCounts, Reducer
-from jaxrobust.model import Model, captured_constants, explain_model_error
+from jaxrobust.model import Model, captured_constants
 
 Array = jax.Array
 
@@ -207,11 +207,7 @@ def _trace_model(model: Model, x: jax.ShapeDtypeStruct,
   def forward(arguments, *inputs):
     return model.with_arguments(arguments)(*inputs)  # the Model: its compute dtype's casts too
 
-  try:
-    closed = jax.make_jaxpr(forward)(model.arguments, x, *(() if keys is None else (keys,)))
-  except Exception as error:
-    explain_model_error(error)  # a model in train mode says so
-    raise
+  closed = jax.make_jaxpr(forward)(model.arguments, x, *(() if keys is None else (keys,)))
   text = _ADDRESS.sub("", str(closed.jaxpr))  # function reprs may carry memory addresses
   return _Trace(program=hashlib.sha256(text.encode()).hexdigest(),
                 constants=tuple(captured_constants(closed)), jaxpr=closed)

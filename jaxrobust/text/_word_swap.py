@@ -227,8 +227,8 @@ def check_inputs(attack: WordSwap, logits_fn: Callable[[Array], Array], embeddin
   batch, length = tokens.shape
   spec = jax.ShapeDtypeStruct((batch, length, dim), embedding.dtype)
   num_classes = check_logits(logits_shape(logits_fn, spec), batch)
-  width = min(attack.search_width, length * int(candidates.shape[1]))
-  _checks.check_any_row_count(logits_fn, spec, batch * width, "the word swap")
+  rows = batch * _width(attack, length, 1 + int(candidates.shape[1]))  # what each step re-scores
+  _checks.check_any_row_count(logits_fn, spec, rows, "the word swap")
   if isinstance(attack.loss, str) and num_classes < losses.MIN_CLASSES[attack.loss]:
     raise ValueError(f"loss={attack.loss!r} needs at least {losses.MIN_CLASSES[attack.loss]} "
                      f"classes; the model has {num_classes}.")
@@ -241,12 +241,18 @@ def check_inputs(attack: WordSwap, logits_fn: Callable[[Array], Array], embeddin
   return editable
 
 
+def _width(attack: WordSwap, length: int, slots: int) -> int:
+  """Moves re-scored per example and step: ``search_width``, at most the ``length * slots`` moves
+  there are (``slots``: the original token and its ``K`` substitutes, see ``substitutes``)."""
+  return min(attack.search_width, length * slots)
+
+
 def _search(attack: WordSwap, logits_fn, loss_fn, embedding: Array, tokens: Array, y: Array,
             candidates: Array, budget: Array, editable: Array) -> tuple[Array, Array]:
   """The greedy search; returns ``(tokens_adv [B, L], queries [B])``."""
   values, valid = substitutes(tokens, candidates, editable)  # [B, L, S]
   batch, length, slots = values.shape
-  width = min(attack.search_width, length * slots)
+  width = _width(attack, length, slots)
   value_embeds = lookup(embedding, values).astype(jnp.float32)  # [B, L, S, D], fixed throughout
   # Row b * W + w of a re-scoring pass belongs to example b (broadcast, not jnp.repeat, so the
   # batch sharding carries over to the [B * W] rows).
