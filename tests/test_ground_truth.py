@@ -12,6 +12,14 @@ it. So, for every attack of the registry, in every norm it supports:
   nearest class on a ten-class model, and untargeted on the ten-class model for the attacks that
   try every class (APGD-T, AutoAttack).
 
+The two-class batches also hold ``BOX_ABOVE + BOX_BELOW`` points of the same model where the box
+binds (:mod:`tests.ground_truth_box`: half the coordinates on a face, as saturated pixels are,
+and the box raising :math:`d^*` by 5% or more over the ball alone), with the same two
+requirements: no success at :math:`0.98\, d^*`, and at least ``BOX_MIN_HITS`` of ``BOX_ABOVE``
+at :math:`1.02\, d^*`. An attack that clips its step to the box afterwards, or shrinks the
+coordinates an optimum fills, misses them (FGM-L2 and PGD-L1 did, 0 and 1 of 32, before their
+steps learnt the box).
+
 Untargeted single-target attacks on the ten-class model (FGSM, PGD-CE, APGD-CE, Square, the
 ensemble) follow the cross-entropy or the runner-up class, not the nearest one, so reaching
 :math:`1.02\, d^*` there is not a property of a correct attack (measured: 0 of 100 for Linf and
@@ -38,6 +46,7 @@ import pytest
 
 import jaxrobust as jr
 from tests.ground_truth import LinearProblem, linear_problem, optimal_step
+from tests.ground_truth_box import BoxProblem, box_problem
 from tests.models import Linear
 from tests.xla_options import FUSION_EMITTERS
 
@@ -46,6 +55,9 @@ SHAPES = {"flat": (DIM,), "nhwc": (8, 8, 1), "nhwc-c4": (4, 4, 4), "seq": (8, 8)
 ABOVE = 100  # points at SCALE * d*
 BELOW = 50  # points at (2 - SCALE) * d*
 MIN_HITS = 99  # of ABOVE: ">= 99%" allows one miss
+BOX_ABOVE = 24  # two-class problems only: points where the box binds, at SCALE * d*
+BOX_BELOW = 8  # and at (2 - SCALE) * d*
+BOX_MIN_HITS = 24  # of BOX_ABOVE
 SCALE = 1.02
 SEED = 0
 NORMS = ("linf", "l2", "l1")
@@ -218,6 +230,24 @@ def _problem(classes: int, norm: str, shape: str) -> LinearProblem:
   return flat._replace(x=flat.x.reshape((ABOVE + BELOW,) + SHAPES[shape]))
 
 
+@functools.lru_cache(maxsize=None)
+def _box(norm: str) -> BoxProblem:
+  """``BOX_ABOVE + BOX_BELOW`` flat points of the two-class model of ``_problem(2, ...)``."""
+  return box_problem(norm=norm, n=BOX_ABOVE + BOX_BELOW, seed=SEED, dim=DIM, scale=SCALE)
+
+
+def _with_box(p: LinearProblem, shape: str) -> LinearProblem:
+  """The two-class problem with the box points appended (rows ``ABOVE + BELOW`` on)."""
+  box = _box(p.norm)
+  assert np.array_equal(box.model.w, p.model.w) and np.array_equal(box.model.b, p.model.b)
+  n = len(box.x)
+  return p._replace(
+      x=np.concatenate([p.x, box.x.reshape((n,) + SHAPES[shape])]),
+      y=np.concatenate([p.y, box.y]), target=np.concatenate([p.target, 1 - box.y]),
+      distance=np.concatenate([p.distance, box.distance]),
+      distances=np.concatenate([p.distances, np.full((n, 2), np.inf)]))
+
+
 def _compile_group(attack_ids: tuple[str, ...], norm: str):
   """One jitted function running every attack of ``attack_ids`` on the same batch.
 
@@ -237,6 +267,7 @@ def _compile_group(attack_ids: tuple[str, ...], norm: str):
 
 class Outcome(NamedTuple):
   hits_above: int  # successes at SCALE * d*, in the ball and the box (of ABOVE)
+  box_hits_above: int  # the same on the points where the box binds (of BOX_ABOVE; two classes)
   hits_below: int  # successes at (2 - SCALE) * d*, reported or true in float64 (must be 0)
   outside: int  # returned points outside the box or the ball (must be 0)
   dishonest: int  # success flags that disagree with float64 re-prediction (clear margins only)
@@ -248,7 +279,8 @@ class Outcome(NamedTuple):
 def _judge(p: LinearProblem, eps: np.ndarray, targeted: bool, result: jr.AttackResult,
            seconds: float, cpu_seconds: float) -> Outcome:
   """Judges every returned point independently, in float64."""
-  n = ABOVE + BELOW
+  n = len(p.x)
+  box = n > ABOVE + BELOW  # rows ABOVE + BELOW on: BOX_ABOVE, then BOX_BELOW points
   success = np.asarray(result.success)
   x = p.x.reshape(n, -1).astype(np.float64)
   x_adv = np.asarray(result.x_adv).reshape(n, -1).astype(np.float64)
@@ -269,9 +301,13 @@ def _judge(p: LinearProblem, eps: np.ndarray, targeted: bool, result: jr.AttackR
       breakdown = "a point broken by one member is robust again after a later one"
     elif not targeted and not np.array_equal(after[-1], ~success):  # every point clean-correct
       breakdown = "robust after the last member disagrees with the success flags"
+  hit = success & in_ball & in_box
+  free_end, box_end = ABOVE + BELOW, ABOVE + BELOW + BOX_ABOVE
   return Outcome(
-      hits_above=int(np.sum((success & in_ball & in_box)[:ABOVE])),
-      hits_below=int(np.sum((success | true_success)[ABOVE:])),
+      hits_above=int(np.sum(hit[:ABOVE])),
+      box_hits_above=int(np.sum(hit[free_end:box_end])) if box else 0,
+      hits_below=int(np.sum((success | true_success)[ABOVE:free_end])
+                     + np.sum((success | true_success)[box_end:])),
       outside=int(np.sum(~(in_ball & in_box))),
       dishonest=int(np.sum(clear & (success != true_success))),
       seconds=seconds, cpu_seconds=cpu_seconds, breakdown=breakdown)
@@ -279,10 +315,15 @@ def _judge(p: LinearProblem, eps: np.ndarray, targeted: bool, result: jr.AttackR
 
 def _inputs(norm: str, shape: str, problem: str):
   """``(problem, eps, args of _compile_group's run)``: ``ABOVE`` points at ``SCALE * d*`` and
-  ``BELOW`` others at ``(2 - SCALE) * d*``, in one batch."""
+  ``BELOW`` others at ``(2 - SCALE) * d*``, in one batch; on two classes, then ``BOX_ABOVE`` and
+  ``BOX_BELOW`` points where the box binds, at the same multiples."""
   classes, _ = PROBLEMS[problem]
   p = _problem(classes, norm, shape)
-  eps = np.concatenate([SCALE * p.distance[:ABOVE], (2 - SCALE) * p.distance[ABOVE:]])
+  multiple = np.repeat([SCALE, 2 - SCALE], [ABOVE, BELOW])
+  if classes == 2:
+    p = _with_box(p, shape)
+    multiple = np.concatenate([multiple, np.repeat([SCALE, 2 - SCALE], [BOX_ABOVE, BOX_BELOW])])
+  eps = multiple * p.distance
   args = (jnp.asarray(p.model.w, jnp.float32), jnp.asarray(p.model.b, jnp.float32),
           jnp.asarray(p.x), jnp.asarray(p.y), jnp.asarray(eps, jnp.float32),
           jax.random.key(SEED), jnp.asarray(p.target))
@@ -394,12 +435,16 @@ def test_strength_at_the_exact_minimal_distance(attack_id, norm, shape, problem)
   assert out.dishonest == 0, f"{out.dishonest} success flags disagree with re-prediction"
   assert not out.breakdown, out.breakdown
   assert out.hits_below == 0, (
-      f"{out.hits_below} of {BELOW} successes at {2 - SCALE} x the exact minimal distance, "
+      f"{out.hits_below} successes at {2 - SCALE} x the exact minimal distance, "
       "where no adversarial point exists")
   if required(attack_id, problem, norm):
     assert out.hits_above >= MIN_HITS, (
         f"{out.hits_above} of {ABOVE} successes at {SCALE} x the exact minimal distance "
         f"(needs {MIN_HITS})")
+    if PROBLEMS[problem][0] == 2:
+      assert out.box_hits_above >= BOX_MIN_HITS, (
+          f"{out.box_hits_above} of {BOX_ABOVE} successes at {SCALE} x the exact minimal "
+          f"distance where the box binds (needs {BOX_MIN_HITS})")
 
 
 def _linear_program_distance(problem: LinearProblem, i: int, classes: list[int]) -> float:
@@ -466,6 +511,21 @@ def test_exact_distances_match_an_independent_solver(norm):
     np.testing.assert_allclose(targeted, p.distance[i], rtol=1e-7 if norm == "l2" else 1e-9)
 
 
+@pytest.mark.parametrize("norm", NORMS)
+def test_distances_where_the_box_binds_match_an_independent_solver(norm):
+  """tests.ground_truth_box's bisection on its greedy and KKT maximisers equals the optimum of a
+  generic linear (Linf, L1) or quadratic (L2) programme, and the box raises it by 5% or more."""
+  p = _with_box(_problem(2, norm, "flat"), "flat")
+  for i in range(ABOVE + BELOW, ABOVE + BELOW + 6):
+    if norm == "l2":
+      reference = _quadratic_program_distance(p, i)
+    else:
+      reference = _linear_program_distance(p, i, [int(p.y[i])])
+    np.testing.assert_allclose(reference, p.distance[i], rtol=1e-7 if norm == "l2" else 1e-9)
+  box = _box(norm)
+  assert np.all(box.distance >= 1.05 * box.free_distance)
+
+
 @pytest.mark.parametrize("classes", [2, 10])
 @pytest.mark.parametrize("norm", NORMS)
 def test_the_optimal_step_decides_the_float32_model(norm, classes):
@@ -530,7 +590,8 @@ def main():
     else:
       flaws = "".join([f" outside={out.outside}" if out.outside else "",
                        f" dishonest={out.dishonest}" if out.dishonest else ""])
-      cells = [f"{out.hits_above}/{ABOVE}{flaws}", f"{out.hits_below}/{BELOW}",
+      box = f", box {out.box_hits_above}/{BOX_ABOVE}" if PROBLEMS[case.problem][0] == 2 else ""
+      cells = [f"{out.hits_above}/{ABOVE}{box}{flaws}", f"{out.hits_below}/{BELOW}",
                f"{out.seconds:.1f} ({out.cpu_seconds:.1f})"]
     need = (f">= {MIN_HITS}" if required(case.attack_id, case.problem, case.norm)
             else "0.98 side only")

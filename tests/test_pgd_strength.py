@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
-from jaxrobust.attacks._ascent import l1_box_step
+from jaxrobust.attacks._ascent import l1_box_step, l1_shed, l2_box_step
 from jaxrobust.attacks._pgd import cosine_step_size
 from tests.models import DUAL, Linear, assert_explicit_sharding_matches_one_device
 
@@ -140,6 +140,57 @@ def test_l1_box_step_solves_the_linear_programme():
     np.testing.assert_allclose(g[i] @ step[i], -lp.fun, rtol=1e-5, atol=1e-6)
     assert np.abs(step[i]).sum() <= mass[i] * (1 + 1e-6) + 1e-7
     assert np.all(x[i] + step[i] >= -1e-7) and np.all(x[i] + step[i] <= 1 + 1e-7)
+
+
+def test_l2_box_step_solves_the_quadratically_constrained_programme():
+  """Against scipy (SLSQP): max <g, d> s.t. ||d||_2 <= r and the box, where the box binds; and the
+  plain step r g / ||g|| where it does not."""
+  optimize = pytest.importorskip("scipy.optimize")
+  rng = np.random.default_rng(1)
+  batch, dim = 6, 12
+  g = rng.normal(size=(batch, dim))
+  g[0, :4] = 0.0  # coordinates the step must leave alone
+  x = rng.choice([0.0, 0.05, 0.5, 0.9, 1.0], size=(batch, dim))
+  radius = np.array([0.0, 0.1, 0.7, 1.5, 2.5, 20.0])  # 20 exceeds the whole box
+  step = np.asarray(l2_box_step(jnp.asarray(g, jnp.float32), jnp.asarray(x, jnp.float32),
+                                jnp.float32(0.0), jnp.float32(1.0),
+                                jnp.asarray(radius, jnp.float32)), np.float64)
+  for i in range(batch):
+    bounds = list(zip(-x[i], 1 - x[i]))
+    best = optimize.minimize(lambda d: -g[i] @ d, np.zeros(dim), jac=lambda d: -g[i],
+                             bounds=bounds, method="SLSQP", options={"ftol": 1e-12},
+                             constraints=[{"type": "ineq", "fun": lambda d: radius[i] ** 2 - d @ d,
+                                           "jac": lambda d: -2 * d}])
+    np.testing.assert_allclose(g[i] @ step[i], -best.fun, rtol=1e-5, atol=1e-6)
+    assert np.linalg.norm(step[i]) <= radius[i] * (1 + 1e-6) + 1e-7
+    assert np.all(x[i] + step[i] >= -1e-7) and np.all(x[i] + step[i] <= 1 + 1e-7)
+  assert np.all(step[0, :4] == 0.0)
+  free = np.full((1, dim), 0.5)
+  plain = np.asarray(l2_box_step(jnp.asarray(g[1:2], jnp.float32), jnp.asarray(free, jnp.float32),
+                                 0.0, 1.0, jnp.float32([0.3])))
+  np.testing.assert_allclose(plain, 0.3 * g[1:2] / np.linalg.norm(g[1]), rtol=1e-5, atol=1e-7)
+
+
+def test_l1_shed_keeps_the_most_useful_mass():
+  """Against scipy's LP solver: max <g, d'> s.t. ||d'||_1 = min(||d||_1, eps) and d'_i between 0
+  and d_i."""
+  optimize = pytest.importorskip("scipy.optimize")
+  rng = np.random.default_rng(2)
+  batch, dim = 5, 10
+  d = rng.normal(size=(batch, dim)) * rng.choice([0.0, 1.0], size=(batch, dim))
+  g = rng.normal(size=(batch, dim))
+  eps = np.array([0.0, 0.5, 1.0, 3.0, 100.0])  # the last keeps everything
+  shed = np.asarray(l1_shed(jnp.asarray(d, jnp.float32), jnp.asarray(g, jnp.float32),
+                            jnp.asarray(eps, jnp.float32)), np.float64)
+  for i in range(batch):
+    # d' = s * d with 0 <= s_i <= 1: maximise sum(g d s) with sum(|d| s) = min(||d||_1, eps).
+    lp = optimize.linprog(-g[i] * d[i], A_eq=np.abs(d[i])[None],
+                          b_eq=[min(np.abs(d[i]).sum(), eps[i])], bounds=[(0, 1)] * dim)
+    assert lp.status == 0
+    np.testing.assert_allclose(g[i] @ shed[i], -lp.fun, rtol=1e-5, atol=1e-6)
+    assert np.abs(shed[i]).sum() <= eps[i] * (1 + 1e-6) + 1e-6
+    assert np.all(shed[i] * d[i] >= 0) and np.all(np.abs(shed[i]) <= np.abs(d[i]) + 1e-7)
+  np.testing.assert_allclose(shed[-1], d[-1], rtol=1e-6)
 
 
 def test_fgm_l1_fills_the_box_room_in_gradient_order():

@@ -122,3 +122,122 @@ def l1_box_step(grad: Array, x_adv: Array, lower: Array, upper: Array, mass: Arr
   given_sorted = jnp.clip(budget - before, 0.0, room_sorted)
   _, given = jax.lax.sort((position_sorted, given_sorted), dimension=1, num_keys=1)
   return (jnp.sign(g) * given).reshape(grad.shape)
+
+
+def l2_box_step(grad: Array, x_adv: Array, lower: Array, upper: Array, length: Array) -> Array:
+  r"""The step ``d [B, ...]`` of L2 norm ``<= length [B]`` that best follows ``grad`` in the box.
+
+  For each example it solves
+
+  .. math::
+     \max_d \langle g, d \rangle \quad \text{s.t.} \quad \|d\|_2 \le r,\;
+     l \le x + d \le u ,
+
+  whose answer, by the KKT conditions, is :math:`d_i = \operatorname{sign}(g_i) \min(\tau |g_i|,
+  h_i)` with the headroom :math:`h_i` (:math:`u - x_i` if :math:`g_i > 0`, :math:`x_i - l` if
+  :math:`g_i < 0`) and the largest :math:`\tau \ge 0` that keeps :math:`\|d\|_2 \le r`: every
+  coordinate is either proportional to the gradient or on its face. Where no coordinate meets
+  its face this is the plain step :math:`r\, g / \|g\|_2`; where some do (pixels at 0 or 1), the
+  plain step clipped to the box afterwards loses the clipped part of :math:`r`, and this one
+  spends it on the free coordinates. :math:`\tau` is exact: with the breakpoints
+  :math:`\beta_i = h_i / |g_i|` in increasing order, on :math:`[\beta_{(k-1)}, \beta_{(k)}]` the
+  squared norm is :math:`S_k + \tau^2 A_k` (:math:`S_k`: the squared headroom of the
+  coordinates already on their face, :math:`A_k`: the squared gradient of the others), so one
+  sort and two cumulative sums find the piece where it reaches :math:`r^2`. If every coordinate
+  can sit on its face within :math:`r`, they all do. Computed in float32 at least.
+
+  Args:
+    grad: ``[B, ...]`` gradient.
+    x_adv: ``[B, ...]`` current point, inside ``[lower, upper]``.
+    lower: scalar lower bound of the box.
+    upper: scalar upper bound of the box.
+    length: ``[B]`` L2 norm of the step, ``>= 0``.
+
+  Returns:
+    ``[B, ...]`` step ``d`` in ``grad``'s dtype with ``||d||_2 <= length`` (up to rounding) and
+    ``lower <= x_adv + d <= upper``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> g = jnp.array([[3.0, 4.0]])
+    >>> x = jnp.array([[0.5, 0.5]])
+    >>> l2_box_step(g, x, 0.0, 1.0, jnp.array([0.5]))  # the box does not bind: 0.5 g / |g|
+    Array([[0.3, 0.4]], dtype=float32)
+    >>> x = jnp.array([[0.5, 0.875]])  # 0.125 of room left on the second coordinate
+    >>> d = l2_box_step(g, x, 0.0, 1.0, jnp.array([0.5]))  # the rest: sqrt(15) / 8 = 0.4841
+    >>> [round(float(v), 4) for v in d[0]]
+    [0.4841, 0.125]
+
+  References:
+    Boyd & Vandenberghe, "Convex Optimization", 2004, section 5.5 (the KKT conditions).
+  """
+  dtype = jnp.promote_types(grad.dtype, jnp.float32)
+  g = _flat(grad).astype(dtype)
+  xa = _flat(x_adv).astype(dtype)
+  a = jnp.abs(g)
+  a = a / jnp.maximum(jnp.max(a, axis=1, keepdims=True), jnp.finfo(dtype).tiny)
+  room = jnp.where(g > 0, upper - xa, xa - lower).astype(dtype)
+  room = jnp.where(a > 0, jnp.maximum(room, 0.0), 0.0)
+  moving = a > 0
+  breaks = jnp.where(moving, room / jnp.where(moving, a, 1.0), jnp.inf)
+  breaks_s, room_s, a_s = jax.lax.sort((breaks, room, a), dimension=1, num_keys=1)
+  full_sq = jnp.cumsum(room_s * room_s, axis=1) - room_s * room_s  # S_k: faces before k
+  free_sq = jnp.flip(jnp.cumsum(jnp.flip(a_s * a_s, axis=1), axis=1), axis=1)  # A_k
+  finite = jnp.isfinite(breaks_s)
+  end_sq = full_sq + jnp.where(finite, breaks_s, 0.0) ** 2 * free_sq
+  end_sq = jnp.where(finite, end_sq, full_sq)  # past the last moving coordinate: all faces
+  radius_sq = expand(length.astype(dtype), 2) ** 2
+  reaches = end_sq >= radius_sq
+  piece = jnp.argmax(reaches, axis=1, keepdims=True)
+  found = jnp.any(reaches, axis=1, keepdims=True)
+  s_k = jnp.take_along_axis(full_sq, piece, axis=1)
+  a_k = jnp.take_along_axis(free_sq, piece, axis=1)
+  tau = jnp.sqrt(jnp.maximum(radius_sq - s_k, 0.0) / jnp.where(a_k > 0, a_k, 1.0))
+  tau = jnp.where(found & (a_k > 0), tau, jnp.inf)
+  d = jnp.where(moving, jnp.minimum(tau * a, room), 0.0) * jnp.sign(g)
+  return d.astype(grad.dtype).reshape(grad.shape)
+
+
+def l1_shed(delta: Array, grad: Array, eps: Array) -> Array:
+  r"""``delta [B, ...]`` with its L1 mass above ``eps [B]`` taken from its least useful coordinates.
+
+  Each coordinate earns :math:`\operatorname{sign}(\delta_i)\, g_i` per unit of
+  :math:`|\delta_i|` on the linearised loss; the excess :math:`\|\delta\|_1 - \epsilon` (if
+  positive) is removed from the coordinates in increasing order of that rate, each shrunk towards
+  0 at most to 0. This is the exact maximiser of :math:`\langle g, \delta' \rangle` among the
+  :math:`\delta'` with :math:`0 \le \delta'_i / \delta_i \le 1` and
+  :math:`\|\delta'\|_1 = \min(\|\delta\|_1, \epsilon)` (it removes no more than the excess), and
+  it keeps a point of the box in the box (coordinates only move towards the clean input). The
+  Euclidean projection onto the L1 ball instead shrinks every coordinate by the same amount, the
+  best ones too; PGD-L1 uses this in its last step, where that uniform shrinking would leave
+  mass on the wrong coordinates.
+
+  Args:
+    delta: ``[B, ...]`` perturbation.
+    grad: ``[B, ...]`` gradient of the loss at the point the step came from.
+    eps: ``[B]`` L1 radius, ``>= 0``.
+
+  Returns:
+    ``[B, ...]`` in ``delta``'s dtype with ``||result||_1 <= eps`` (up to rounding).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> d = jnp.array([[0.5, 0.5, -0.5]])
+    >>> g = jnp.array([[3.0, 1.0, 2.0]])  # the last coordinate moves against its gradient
+    >>> l1_shed(d, g, jnp.array([0.75])) + 0.0  # it goes first, then 0.25 of the weakest other
+    Array([[0.5 , 0.25, 0.  ]], dtype=float32)
+  """
+  dtype = jnp.promote_types(delta.dtype, jnp.float32)
+  d = _flat(delta).astype(dtype)
+  g = _flat(grad).astype(dtype)
+  magnitude = jnp.abs(d)
+  rate = jnp.sign(d) * g
+  excess = jnp.maximum(jnp.sum(magnitude, axis=1, keepdims=True)
+                       - expand(eps.astype(dtype), 2), 0.0)
+  position = jax.lax.broadcasted_iota(jnp.int32, d.shape, 1) + jnp.zeros_like(d, jnp.int32)
+  _, magnitude_s, position_s = jax.lax.sort((rate, magnitude, position), dimension=1,
+                                            is_stable=True, num_keys=1)
+  before = jnp.cumsum(magnitude_s, axis=1) - magnitude_s
+  removed_s = jnp.clip(excess - before, 0.0, magnitude_s)
+  _, removed = jax.lax.sort((position_s, removed_s), dimension=1, num_keys=1)
+  return (jnp.sign(d) * (magnitude - removed)).astype(delta.dtype).reshape(delta.shape)
