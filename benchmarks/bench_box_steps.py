@@ -31,7 +31,7 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(1, str(ROOT))
+sys.path.append(str(ROOT))  # after PYTHONPATH: another commit's library can be measured
 
 import jaxrobust as jr  # noqa: E402
 from bench_peers import ARCHS, get_params, load_examples  # noqa: E402

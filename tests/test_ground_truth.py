@@ -17,8 +17,8 @@ binds (:mod:`tests.ground_truth_box`: half the coordinates on a face, as saturat
 and the box raising :math:`d^*` by 5% or more over the ball alone), with the same two
 requirements: no success at :math:`0.98\, d^*`, and at least ``BOX_MIN_HITS`` of ``BOX_ABOVE``
 at :math:`1.02\, d^*`. An attack that clips its step to the box afterwards, or shrinks the
-coordinates an optimum fills, misses them (FGM-L2 and PGD-L1 did, 0 and 1 of 32, before their
-steps learnt the box).
+coordinates an optimum fills, misses them (FGM-L2 and PGD-L1 did before their steps learnt the
+box).
 
 Untargeted single-target attacks on the ten-class model (FGSM, PGD-CE, APGD-CE, Square, the
 ensemble) follow the cross-entropy or the runner-up class, not the nearest one, so reaching

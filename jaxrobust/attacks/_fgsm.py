@@ -32,7 +32,7 @@ def fgsm(norm: str = "linf", *, loss: str | Callable[..., jax.Array] = "ce",
   the direction of :math:`\operatorname{sign}(g_i)` until eps is spent (a single coordinate when
   the box leaves it room for eps). On a linear model every step is the optimal perturbation
   within the box, so they succeed just above the minimal distance, also where the box binds
-  (FGM's step clipped to the box afterwards found 0 of 32 such points at 1.02 times the minimal
+  (FGM's step clipped to the box afterwards found 0 of 64 such points at 1.02 times the minimal
   distance). The clean point and the stepped point are both scored and the better returned.
 
   Args:

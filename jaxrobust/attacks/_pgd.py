@@ -96,7 +96,7 @@ def pgd(norm: str = "linf", *, steps: int = 10,
   coordinates that earn the least instead of projecting. Where the box binds at the minimal
   distance (two-class linear models, half the coordinates on a face of [0, 1]) this finds every
   point at 1.02 times the minimal distance in 10 steps (24 of 24 in ``tests/test_ground_truth.py``;
-  64 of 64 on 16 inputs, where the projection alone found 2 of 64); on the
+  64 of 64 on 16 inputs, where the projection alone found 17 of 64); on the
   digits models (540 images, 3 seeds, ``benchmarks/RESULTS.md``) it lowered robust accuracy in
   seven of eight (model, steps) cells, by up to 0.017, and raised it in one, by 0.007 (the
   adversarially trained CNN at 20 steps, eps 1.5).
