@@ -590,8 +590,10 @@ def main():
     else:
       flaws = "".join([f" outside={out.outside}" if out.outside else "",
                        f" dishonest={out.dishonest}" if out.dishonest else ""])
-      box = f", box {out.box_hits_above}/{BOX_ABOVE}" if PROBLEMS[case.problem][0] == 2 else ""
-      cells = [f"{out.hits_above}/{ABOVE}{box}{flaws}", f"{out.hits_below}/{BELOW}",
+      two = PROBLEMS[case.problem][0] == 2
+      box = f", box {out.box_hits_above}/{BOX_ABOVE}" if two else ""
+      cells = [f"{out.hits_above}/{ABOVE}{box}{flaws}",
+               f"{out.hits_below}/{BELOW + BOX_BELOW if two else BELOW}",
                f"{out.seconds:.1f} ({out.cpu_seconds:.1f})"]
     need = (f">= {MIN_HITS}" if required(case.attack_id, case.problem, case.norm)
             else "0.98 side only")
