@@ -190,6 +190,14 @@ def test_smoothed_predict_and_bad_options(points):
                      ({"sigma": 0.1, "n": 3, "alpha": 0.125}, r"n = 3 draws cannot")]:
     with pytest.raises(ValueError, match=match):
       jr.certify.smoothing(linear, x[:2], keys[:2], **bad)
+  # PREDICT: 2 * 2^-10 = 0.00195 > 0.001 always abstains; n = 11 (p = 0.00098) can predict.
+  with pytest.raises(ValueError, match=r"n = 10 draws cannot predict anything at alpha = 0.001"
+                     r".*2 \* 2\^-n = 0.00195 > alpha.*n >= log2\(2/alpha\) = 10.97"):
+    jr.certify.smoothed_predict(linear, x[:2], keys[:2], sigma=0.1, n=10)
+  one_class = lambda v: jnp.concatenate([jnp.ones_like(v[:, :1]), jnp.zeros_like(v[:, :1])], 1)
+  sure = jax.jit(lambda x, keys: jr.certify.smoothed_predict(one_class, x, keys, sigma=0.1,
+                                                             n=11))(x[:2], keys[:2])
+  assert sure.tolist() == [0, 0]
   for sigma in (0.0, -0.5):  # the deterministic model (or worse): eot refuses it, so must this
     with pytest.raises(ValueError, match="sigma"):
       jr.certify.gaussian_noise(linear, sigma)

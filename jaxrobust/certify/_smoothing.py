@@ -219,6 +219,12 @@ def smoothed_predict(logits_fn: Callable[[Array], Array], x: Array, key: Array, 
   Returns:
     ``[B]`` int32.
 
+  Raises:
+    ValueError: ``sigma <= 0``, ``alpha`` outside ``(0, 1)``, ``n`` below 1, or (concrete
+      ``alpha``) ``n < log2(2/alpha)``: then even ``n`` draws on one class have the two-sided
+      p-value :math:`2 \cdot 2^{-n} > \alpha` and every example abstains (at the default
+      ``alpha = 0.001``, ``n >= 11``).
+
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> import jaxrobust as jr
@@ -232,6 +238,13 @@ def smoothed_predict(logits_fn: Callable[[Array], Array], x: Array, key: Array, 
     Cohen, Rosenfeld & Kolter, ICML 2019, Algorithm PREDICT.
   """
   _check(sigma, alpha, n=n, batch_size=batch_size)
+  if is_concrete(alpha) and n < math.log2(2.0 / float(alpha)):
+    # All n draws on one class: the two-sided p-value 2 * 2^-n is the smallest there is.
+    raise ValueError(
+        f"n = {n} draws cannot predict anything at alpha = {float(alpha):g}: even with every "
+        f"draw on one class the two-sided p-value is 2 * 2^-n = {2.0 * 0.5 ** n:.3g} > alpha, "
+        f"so every example would abstain. Use n >= log2(2/alpha) = "
+        f"{math.log2(2.0 / float(alpha)):.2f} (Cohen et al.: n = 100000).")
   keys = like_batch(as_keys(key, x.shape[0]), x)
   counts = class_counts(logits_fn, x, fold_in(keys, PREDICT), sigma, n, min(batch_size, n))
   if counts.shape[-1] == 1:  # one class: it is always the prediction
