@@ -147,6 +147,9 @@ def reference(tokens, y, candidates, editable, max_swaps, max_queries, *, import
     ranked = sorted(importance_of[i] for i in visit)
     closest = min([b - a for a, b in zip(ranked, ranked[1:])] + [1.0])
     queries = 1 + int(eligible.sum())
+    if swap_budget == 0:  # no swap allowed: nothing is ranked, only the clean text queried
+      out.append((seq.copy(), False, 0, 1, closest))
+      continue
     current, m_current, swaps, success = seq.copy(), m0, 0, False
     if queries >= query_budget:
       out.append((current, False, 0, min(queries, int(query_budget)), closest))

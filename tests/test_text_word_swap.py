@@ -191,6 +191,8 @@ def test_traced_budget_never_exceeded_and_never_recompiles():
     result = attack("additive", embedding, y, budget)
     assert np.all(np.asarray(result.swaps) <= budget)
     assert_invariants(result, model.logits_fn, embedding, y, budget)
+    if budget == 0:  # no move can be kept: the search is not run, only the clean input queried
+      assert np.all(np.asarray(result.queries) == 1)
   assert len(traces) == before  # a new budget is new data, not a new program
 
 

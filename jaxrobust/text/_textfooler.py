@@ -165,7 +165,8 @@ def run_textfooler(attack: TextFooler, logits_fn: Callable[[Array], Array], toke
     eligible position for the importance ranking, and 1 per substitute that passed the
     constraints at each visited position. The constraints cost no query; rows the fixed-shape
     search computes but masks out are not counted. Misclassified clean texts are skipped (1
-    query, returned unchanged with ``success = True``).
+    query, returned unchanged with ``success = True``), and so is the ranking of a row whose
+    ``max_swaps`` is 0 (1 query: no swap is allowed).
   * *Budgets* (traced data, a new value does not recompile): ``max_queries`` as TextAttack's
     ``query_budget`` (a ranking that would reach it ends the attack; at a position only the first
     substitutes within it are queried, and the search stops when it is spent); ``max_swaps``
@@ -254,7 +255,8 @@ def run_textfooler(attack: TextFooler, logits_fn: Callable[[Array], Array], toke
   importance, removed, clean_odds = _importance_from(attack, all_logits, y)
   order, steps = _rank(importance, removed, eligible & jnp.any(valid[..., 1:], axis=-1))
   n_eligible = jnp.sum(eligible, axis=1, dtype=jnp.int32)
-  queries = jnp.where(searching, jnp.minimum(1 + n_eligible, query_budget), 1)
+  # A swap budget of 0 allows no swap: the ranking would be queries spent for nothing.
+  queries = jnp.where(searching & (swap_budget > 0), jnp.minimum(1 + n_eligible, query_budget), 1)
   active = searching & (1 + n_eligible < query_budget) & (swap_budget > 0)
   count = jnp.sum(words, axis=1, dtype=jnp.int32)
   allowed = _allowed(attack, tokens, jnp.asarray(candidates).shape[0], word_vectors, pos,

@@ -118,7 +118,8 @@ def run(attack: WordSwap, logits_fn: Callable[[Array], Array], embedding: Array,
   * *Queries* (model evaluations per row, the number TextAttack reports): 1 for the clean input,
     plus per step of a searching row 1 for the gradient pass (it includes a forward pass; skipped
     when the row has no move left) and 1 per exactly re-scored move (at most ``search_width``;
-    fewer when fewer moves are allowed). TextAttack's ``num_queries`` counts the goal function's
+    fewer when fewer moves are allowed). A row at ``max_swaps = 0`` does not search (1 query).
+    TextAttack's ``num_queries`` counts the goal function's
     forward calls only, and its cache counts a repeated text once; its count for the same search
     is ours minus the gradient passes, at most. The final forward pass on ``tokens_adv`` re-checks
     a text already queried and is not counted.
@@ -299,7 +300,7 @@ def _search(attack: WordSwap, logits_fn, loss_fn, embedding: Array, tokens: Arra
 
   clean_logits = logits_fn(lookup(embedding, tokens))
   clean_loss = loss_fn(clean_logits, y).astype(jnp.float32)
-  searching = is_correct(clean_logits, y)
+  searching = is_correct(clean_logits, y) & (budget > 0)  # budget 0: no move can be kept
   queries = rows_like(tokens, 1, jnp.int32)
   (current, _, _, queries), _ = jax.lax.scan(step, (tokens, clean_loss, searching, queries), None,
                                              length=attack.steps)
