@@ -270,3 +270,33 @@ def test_random_starts_linf_uniform_in_the_cube_l2_l1_uniform_in_radius():
       assert radius.max() <= 1 + 1e-5
       ks = np.max(np.abs((grid[:, None] >= radius[None, :]).mean(axis=1) - grid))
       assert ks < 0.04, (norm, ks)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float64"])
+def test_box_aware_steps_in_low_and_high_precision(dtype):
+  """FGM-L2 and PGD-L1 (whose steps compute in float32 at least) on bfloat16 inputs and on
+  float64 inputs under x64, with strict dtype promotion: the input's dtype comes back, every point
+  lies in the ball and the box, and in float64 every box-binding point of
+  ``tests/ground_truth_box.py`` is found at 1.05 d*. (Regression: the steps promoted float64 with
+  float32, which strict promotion refuses.)"""
+  from tests.ground_truth_box import box_problem
+
+  with jax.enable_x64(dtype == "float64"):
+    for norm, attack in (("l2", jr.attacks.fgsm("l2")), ("l1", jr.attacks.pgd("l1"))):
+      p = box_problem(norm=norm, n=16, seed=3)
+      w = jnp.asarray(p.model.w, dtype)
+      b = jnp.asarray(p.model.b, dtype)
+      x = jnp.asarray(p.x, dtype)
+      eps = jnp.asarray(1.05 * p.distance, dtype)
+      result = jax.jit(lambda w, b, x, y, eps, attack=attack: jr.run(
+          attack, lambda v: (v.astype(w.dtype) @ w + b[None, :]).astype(jnp.float32), x, y,
+          jr.Budget(eps),
+          jax.random.key(0)))(w, b, x, jnp.asarray(p.y), eps)
+      assert result.x_adv.dtype == jnp.dtype(dtype)
+      x_adv = np.asarray(result.x_adv.astype(jnp.float32), np.float64)
+      assert x_adv.min() >= 0.0 and x_adv.max() <= 1.0
+      size = np.linalg.norm(x_adv - np.asarray(x.astype(jnp.float32), np.float64),
+                            ord={"l2": 2, "l1": 1}[norm], axis=1)
+      assert np.all(size <= np.asarray(eps.astype(jnp.float32)) * (1 + 1e-2)), norm
+      if dtype == "float64":
+        assert bool(np.all(np.asarray(result.success))), norm

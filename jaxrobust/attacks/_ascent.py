@@ -27,7 +27,7 @@ import math
 import jax
 import jax.numpy as jnp
 
-from jaxrobust._batch import expand
+from jaxrobust._batch import expand, work_dtype
 
 Array = jax.Array
 
@@ -171,7 +171,7 @@ def l2_box_step(grad: Array, x_adv: Array, lower: Array, upper: Array, length: A
   References:
     Boyd & Vandenberghe, "Convex Optimization", 2004, section 5.5 (the KKT conditions).
   """
-  dtype = jnp.promote_types(grad.dtype, jnp.float32)
+  dtype = work_dtype(grad)
   g = _flat(grad).astype(dtype)
   xa = _flat(x_adv).astype(dtype)
   a = jnp.abs(g)
@@ -227,7 +227,7 @@ def l1_shed(delta: Array, grad: Array, eps: Array) -> Array:
     >>> l1_shed(d, g, jnp.array([0.75])) + 0.0  # it goes first, then 0.25 of the weakest other
     Array([[0.5 , 0.25, 0.  ]], dtype=float32)
   """
-  dtype = jnp.promote_types(delta.dtype, jnp.float32)
+  dtype = work_dtype(delta)
   d = _flat(delta).astype(dtype)
   g = _flat(grad).astype(dtype)
   magnitude = jnp.abs(d)
