@@ -25,6 +25,7 @@ import pytest
 import jaxrobust as jr
 from jaxrobust.attacks._ascent import l1_box_step, l1_shed, l2_box_step
 from jaxrobust.attacks._pgd import cosine_step_size
+from tests.ground_truth_box import box_problem
 from tests.models import DUAL, Linear, assert_explicit_sharding_matches_one_device
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
@@ -279,8 +280,6 @@ def test_box_aware_steps_in_low_and_high_precision(dtype):
   lies in the ball and the box, and in float64 every box-binding point of
   ``tests/ground_truth_box.py`` is found at 1.05 d*. (Regression: the steps promoted float64 with
   float32, which strict promotion refuses.)"""
-  from tests.ground_truth_box import box_problem
-
   with jax.enable_x64(dtype == "float64"):
     for norm, attack in (("l2", jr.attacks.fgsm("l2")), ("l1", jr.attacks.pgd("l1"))):
       p = box_problem(norm=norm, n=16, seed=3)

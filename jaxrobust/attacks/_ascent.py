@@ -106,22 +106,36 @@ def l1_box_step(grad: Array, x_adv: Array, lower: Array, upper: Array, mass: Arr
     Array([[ 0.25, -0.5 ,  0.25]], dtype=float32)
   """
   g = _flat(grad)
-  xa = _flat(x_adv).astype(g.dtype)
-  room = jnp.where(g > 0, upper - xa, jnp.where(g < 0, xa - lower, 0.0))
-  room = jnp.maximum(room, 0.0)
-  # Adding zeros gives the positions g's batch sharding (an Explicit mesh axis types every
-  # array, and sort needs its operands sharded alike).
-  position = jax.lax.broadcasted_iota(jnp.int32, g.shape, 1) + jnp.zeros_like(g, jnp.int32)
-  # A stable sort, so that ties go to the lower index on every backend.
-  _, room_sorted, position_sorted = jax.lax.sort((-jnp.abs(g), room, position), dimension=1,
-                                                 is_stable=True, num_keys=1)
-  # Mass handed to the coordinates ahead of each one in the greedy order.
-  before = jnp.concatenate([jnp.zeros_like(room_sorted[:, :1]),
-                            jnp.cumsum(room_sorted[:, :-1], axis=1)], axis=1)
-  budget = expand(mass.astype(g.dtype), 2)
-  given_sorted = jnp.clip(budget - before, 0.0, room_sorted)
-  _, given = jax.lax.sort((position_sorted, given_sorted), dimension=1, num_keys=1)
+  room = _headroom(g, _flat(x_adv).astype(g.dtype), lower, upper)
+  given = _greedy_fill(-jnp.abs(g), room, expand(mass.astype(g.dtype), 2))
   return (jnp.sign(g) * given).reshape(grad.shape)
+
+
+def _headroom(g: Array, xa: Array, lower: Array, upper: Array) -> Array:
+  """``[B, D]``: how far each coordinate of ``xa`` can move in the direction of ``sign(g)``
+  inside the box (0 where ``g`` is 0)."""
+  room = jnp.where(g > 0, upper - xa, jnp.where(g < 0, xa - lower, 0.0))
+  return jnp.maximum(room, 0.0)
+
+
+def _greedy_fill(order: Array, capacity: Array, amount: Array) -> Array:
+  """``[B, D]``: ``amount [B, 1]`` poured into the coordinates in increasing ``order`` (ties to the
+  lower index), each taking at most its ``capacity``: the fractional knapsack behind
+  :func:`l1_box_step` (mass given) and :func:`l1_shed` (mass taken). Two per-row sorts (by
+  ``order``, then back by position) keep every row where it lives, with no gather."""
+  # Adding zeros gives the positions the rows' batch sharding (an Explicit mesh axis types every
+  # array, and sort needs its operands sharded alike).
+  position = (jax.lax.broadcasted_iota(jnp.int32, capacity.shape, 1)
+              + jnp.zeros_like(capacity, jnp.int32))
+  # A stable sort, so that ties go to the lower index on every backend.
+  _, capacity_sorted, position_sorted = jax.lax.sort((order, capacity, position), dimension=1,
+                                                     is_stable=True, num_keys=1)
+  # The amount taken by the coordinates ahead of each one.
+  before = jnp.concatenate([jnp.zeros_like(capacity_sorted[:, :1]),
+                            jnp.cumsum(capacity_sorted[:, :-1], axis=1)], axis=1)
+  filled_sorted = jnp.clip(amount - before, 0.0, capacity_sorted)
+  _, filled = jax.lax.sort((position_sorted, filled_sorted), dimension=1, num_keys=1)
+  return filled
 
 
 def l2_box_step(grad: Array, x_adv: Array, lower: Array, upper: Array, length: Array) -> Array:
@@ -176,9 +190,8 @@ def l2_box_step(grad: Array, x_adv: Array, lower: Array, upper: Array, length: A
   xa = _flat(x_adv).astype(dtype)
   a = jnp.abs(g)
   a = a / jnp.maximum(jnp.max(a, axis=1, keepdims=True), jnp.finfo(dtype).tiny)
-  room = jnp.where(g > 0, upper - xa, xa - lower).astype(dtype)
-  room = jnp.where(a > 0, jnp.maximum(room, 0.0), 0.0)
   moving = a > 0
+  room = jnp.where(moving, _headroom(g, xa, lower, upper), 0.0)
   breaks = jnp.where(moving, room / jnp.where(moving, a, 1.0), jnp.inf)
   breaks_s, room_s, a_s = jax.lax.sort((breaks, room, a), dimension=1, num_keys=1)
   full_sq = jnp.cumsum(room_s * room_s, axis=1) - room_s * room_s  # S_k: faces before k
@@ -234,10 +247,5 @@ def l1_shed(delta: Array, grad: Array, eps: Array) -> Array:
   rate = jnp.sign(d) * g
   excess = jnp.maximum(jnp.sum(magnitude, axis=1, keepdims=True)
                        - expand(eps.astype(dtype), 2), 0.0)
-  position = jax.lax.broadcasted_iota(jnp.int32, d.shape, 1) + jnp.zeros_like(d, jnp.int32)
-  _, magnitude_s, position_s = jax.lax.sort((rate, magnitude, position), dimension=1,
-                                            is_stable=True, num_keys=1)
-  before = jnp.cumsum(magnitude_s, axis=1) - magnitude_s
-  removed_s = jnp.clip(excess - before, 0.0, magnitude_s)
-  _, removed = jax.lax.sort((position_s, removed_s), dimension=1, num_keys=1)
+  removed = _greedy_fill(rate, magnitude, excess)
   return (jnp.sign(d) * (magnitude - removed)).astype(delta.dtype).reshape(delta.shape)

@@ -51,10 +51,9 @@ import jax
 import numpy as np
 
 import jaxrobust as jr
-from jaxrobust._validation import channels_first_note, looks_channels_first
+from jaxrobust._validation import logits_shape, looks_channels_first
 from jaxrobust.cli._args import add_traceback_option, int_at_least
 from jaxrobust.cli._errors import UserError, main_command, one_line
-from jaxrobust.model import trace_model
 
 ATTACKS = ("pgd", "fgsm", "apgd", "apgd_t", "auto_attack", "square", "fab", "fab_t", "fmn",
            "deepfool", "cw", "ddn", "brendel_bethge")
@@ -313,15 +312,14 @@ def _carlini_wagner(norm: str, with_steps: dict[str, int]) -> Any:
 def _check_model(model: Any, x: Any) -> None:
   """Runs the model abstractly on two examples: a failure there is the user's, in one line."""
   spec = jax.ShapeDtypeStruct((min(2, x.shape[0]),) + x.shape[1:], x.dtype)
-  try:
-    out = trace_model(lambda inputs: model(inputs), spec, return_shape=True)[1]
+  try:  # the library's own trace of a model: its notes (train mode, NCHW) reach one_line
+    shape = logits_shape(lambda inputs: model(inputs), spec)
   except Exception as error:  # noqa: BLE001 - the user's model
-    note = channels_first_note(tuple(x.shape[1:]))
     raise UserError(f"the model failed on inputs of shape {tuple(spec.shape)} and dtype "
-                    f"{spec.dtype}: {one_line(error)}" + (f"; {note}" if note else "")) from error
-  if getattr(out, "ndim", None) != 2 or out.shape[0] != spec.shape[0]:
+                    f"{spec.dtype}: {one_line(error)}") from error
+  if len(shape) != 2 or shape[0] != spec.shape[0]:
     raise UserError(f"the model must return logits [B, C]; on inputs of shape "
-                    f"{tuple(spec.shape)} it returned {getattr(out, 'shape', type(out).__name__)}")
+                    f"{tuple(spec.shape)} it returned shape {shape}")
 
 
 def convert_torch(module: Any, x: Any) -> Any:

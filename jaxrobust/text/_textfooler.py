@@ -255,9 +255,9 @@ def run_textfooler(attack: TextFooler, logits_fn: Callable[[Array], Array], toke
   importance, removed, clean_odds = _importance_from(attack, all_logits, y)
   order, steps = _rank(importance, removed, eligible & jnp.any(valid[..., 1:], axis=-1))
   n_eligible = jnp.sum(eligible, axis=1, dtype=jnp.int32)
-  # A swap budget of 0 allows no swap: the ranking would be queries spent for nothing.
-  queries = jnp.where(searching & (swap_budget > 0), jnp.minimum(1 + n_eligible, query_budget), 1)
-  active = searching & (1 + n_eligible < query_budget) & (swap_budget > 0)
+  ranked = searching & (swap_budget > 0)  # a budget of 0 allows no swap: nothing to rank for
+  queries = jnp.where(ranked, jnp.minimum(1 + n_eligible, query_budget), 1)
+  active = ranked & (1 + n_eligible < query_budget)
   count = jnp.sum(words, axis=1, dtype=jnp.int32)
   allowed = _allowed(attack, tokens, jnp.asarray(candidates).shape[0], word_vectors, pos,
                      pos_compatible, sentence_similarity, constraints)

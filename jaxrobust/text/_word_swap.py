@@ -119,9 +119,9 @@ def run(attack: WordSwap, logits_fn: Callable[[Array], Array], embedding: Array,
     plus per step of a searching row 1 for the gradient pass (it includes a forward pass; skipped
     when the row has no move left) and 1 per exactly re-scored move (at most ``search_width``;
     fewer when fewer moves are allowed). A row at ``max_swaps = 0`` does not search (1 query).
-    TextAttack's ``num_queries`` counts the goal function's
-    forward calls only, and its cache counts a repeated text once; its count for the same search
-    is ours minus the gradient passes, at most. The final forward pass on ``tokens_adv`` re-checks
+    TextAttack's ``num_queries`` counts the goal function's forward calls only, and its cache
+    counts a repeated text once; its count for the same search is ours minus the gradient
+    passes, at most. The final forward pass on ``tokens_adv`` re-checks
     a text already queried and is not counted.
 
   *Memory*: the substitutes' embeddings, ``B * L * (K + 1) * D`` float32 values, are gathered
