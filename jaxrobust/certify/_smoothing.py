@@ -137,9 +137,10 @@ def smoothing(logits_fn: Callable[[Array], Array], x: Array, key: Array, *, sigm
     alpha: the certificate fails with probability at most ``alpha`` (data).
     batch_size: draws evaluated per example at a time (memory; results do not depend on it).
       Each model call evaluates ``B * batch_size`` rows: on an accelerator, size it for the
-      batch as a whole (32 CIFAR images at 1000 draws each put 32,000 images through WRN-16-4
-      per call: 23.5 GiB of XLA buffers, and the first call compiled for 71 s on an H200, most
-      of it XLA tuning convolutions at that size; ``benchmarks/RESULTS.md``).
+      batch as a whole. On an H200, 32 CIFAR images through WRN-16-4 at n = 10,000 ran in 1.1 s
+      both at 1000 draws each (32,000 rows per call: 23.5 GiB of XLA buffers, first call 71 s,
+      most of it XLA tuning convolutions at that size) and at 125 (4,000 rows: first call
+      19 s); ``benchmarks/RESULTS.md``.
 
   Returns:
     A :class:`jaxrobust.Certificate`: class or ``-1`` (abstain), and the certified L2 radius.
