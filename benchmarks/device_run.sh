@@ -13,32 +13,30 @@
 # has its own time limit and writes its own file under $OUT, so a step that runs out of time
 # loses only itself; afterwards record the figures in benchmarks/RESULTS.md with the device's name.
 #
-# Steps, in the order of what issue #26 still lacks on a GPU (the 2026-11-28 lease measured
-# PGD-10 on WRN-28-10, AutoAttack on WRN-16-4, the WRN-28-10 compile and smoothing: RESULTS.md,
-# "An NVIDIA H200"), each with its own limit (seconds); the script stops starting steps at 570 s
-# (TOTAL), so the call ends inside its 600 s:
+# Steps, in the order of what issue #26 still lacks on a GPU after two leases (RESULTS.md, "An
+# NVIDIA H200" and "An NVIDIA H200, second lease"), each with its own limit (seconds); the script
+# stops starting steps at 570 s (TOTAL), so the call ends inside its 600 s:
 #   env          30   the GPU, the driver, jax and torch versions
-#   early_exit   45   digits PGD-20 curves: the default (on a GPU now the dense run with every
-#                     eps vectorised, RunOptions.for_curve) against dense and dense-eps0
-#   resnet      150   bench_scale.py --device-preset --sections resnet (float32): ResNet-50 PGD-10
-#   bounds      150   bench_scale.py --device-preset --sections certify --certify-units bounds:
-#                     CROWN-IBP on WRN-16-4 in chunks, IBP on WRN-28-10
-#   evaluate    150   bench_scale.py --device-preset --sections evaluate: jr.evaluate streaming
-#                     WRN-16-4 through AutoAttack fast, resumed from a checkpoint
+#   evaluate    200   bench_scale.py --device-preset --sections evaluate: jr.evaluate streaming
+#                     WRN-16-4 through AutoAttack fast, 2048 images (checkpointed, stopped after
+#                     one batch and resumed), then 10,000 to the end (the second lease reached
+#                     9216 in its 145 s)
+#   resnet_bf16 100   ResNet-50 PGD-10 in bfloat16 (the second lease's step stopped before the
+#                     full-cost jaxrobust program)
+#   memory      150   PGD-10 on WRN-28-10, float32, full cost, twice with JAX's persistent
+#                     compilation cache: the first run fills it, the second loads the compiled
+#                     programs without tuning convolutions, so its allocator peak is the
+#                     programs' own (with autotuning off, the raw gradients took 200 s: second
+#                     lease); torch's peak beside it
 # and, only while time is left:
-#   memory      100   PGD-10 on WRN-28-10, float32, full cost, with XLA's convolution autotuning
-#                     off (XLA_FLAGS=--xla_gpu_autotune_level=0): the allocator's peak without
-#                     compile-time scratch, beside torch's (its times are not the figures: no
-#                     autotuning), and XLA's own peak estimate
-#   smoothing   100   jr.certify.smoothing on WRN-16-4 at 125 draws per image and call (4,000
-#                     rows per model call instead of the 32,000 whose first call compiled for 71 s
-#                     in the first lease): compile time against throughput, beside the port
 #   scale       100   PGD-10 on WRN-28-10 in float32 again, at the defaults
-#   resnet_bf16 100   ResNet-50 in bfloat16.
+#   early_exit   45   digits PGD-20 curves: the GPU default against dense and dense-eps0
+#   resnet      150   ResNet-50 in float32 (measured in the second lease)
 # SCALE_EXTRA (default empty) is appended to every bench_scale command: a CPU dry run of this
 # script passes small sizes there. STEPS (default empty: all of them) names the steps to run, e.g.
-# STEPS="env memory smoothing scale" for a second call with what the first one had no time left
-# for (a lease allows 10 minutes per call and 15 in all).
+# STEPS="env scale early_exit" for a second call with what the first one had no time left for (a
+# lease allows 10 minutes per call and 15 in all; a second call made within 30 s of the first's
+# end finds the machine warm and pays no start).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/jaxrobust_device}
@@ -75,24 +73,22 @@ step env 30 bash -c "nvidia-smi --query-gpu=name,memory.total,driver_version --f
 flax.__version__); print(\"torch\", torch.__version__, torch.cuda.get_device_name(0))'; \
   $PY -c 'import torchattacks; print(\"torchattacks\", torchattacks.__version__)'; \
   ls .aa/autoattack/autoattack.py"
-step early_exit 45 "$PY" benchmarks/bench_early_exit.py --attacks pgd \
-  --schedules dense,default,dense-eps0 --repeats 5
-step resnet 150 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
-  --resnet-dtypes float32 --budget 145 --out "$OUT/resnet.json" $EXTRA
-step bounds 150 "$PY" benchmarks/bench_scale.py --device-preset --sections certify \
-  --certify-units bounds --budget 145 --out "$OUT/bounds.json" $EXTRA
-step evaluate 150 "$PY" benchmarks/bench_scale.py --device-preset --sections evaluate \
-  --budget 145 --out "$OUT/evaluate.json" $EXTRA
-optional memory 100 env XLA_FLAGS=--xla_gpu_autotune_level=0 "$PY" benchmarks/bench_scale.py \
-  --device-preset --sections pgd --dtypes float32 --programs full-cost --repeats 1 --rows none \
-  --budget 95 --out "$OUT/memory.json" $EXTRA
-optional smoothing 100 "$PY" benchmarks/bench_scale.py --device-preset --sections certify \
-  --certify-units smoothing --smoothing-batch 125 --budget 95 --out "$OUT/smoothing.json" $EXTRA
+step evaluate 200 "$PY" benchmarks/bench_scale.py --device-preset --sections evaluate \
+  --budget 195 --section-timeout 195 --out "$OUT/evaluate.json" $EXTRA
+step resnet_bf16 100 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
+  --resnet-dtypes bfloat16 --budget 95 --out "$OUT/resnet_bf16.json" $EXTRA
+CACHE=$(mktemp -d)
+step memory 150 env JAX_COMPILATION_CACHE_DIR="$CACHE" JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0 \
+  JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1 bash -c "for run in fill cached; do echo \"== \$run\"; \
+  $PY benchmarks/bench_scale.py --device-preset --sections pgd --dtypes float32 --programs \
+  full-cost --repeats 1 --rows none --budget 70 --out $OUT/memory_\$run.json $EXTRA; done"
 optional scale 100 "$PY" benchmarks/bench_scale.py --device-preset --sections pgd \
   --dtypes float32 --budget 95 --out "$OUT/scale.json" $EXTRA
-optional resnet_bf16 100 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
-  --resnet-dtypes bfloat16 --budget 95 --out "$OUT/resnet_bf16.json" $EXTRA
-for f in resnet bounds evaluate memory smoothing scale; do
+optional early_exit 45 "$PY" benchmarks/bench_early_exit.py --attacks pgd \
+  --schedules dense,default,dense-eps0 --repeats 5
+optional resnet 150 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
+  --resnet-dtypes float32 --budget 145 --out "$OUT/resnet.json" $EXTRA
+for f in evaluate resnet_bf16 memory scale resnet; do
   tail -n 12 "$OUT/$f.txt" 2>/dev/null
 done
 tail -n 15 "$OUT/early_exit.txt" 2>/dev/null
