@@ -174,3 +174,70 @@ def box_problem(*, norm: str, n: int, seed: int = 0, dim: int = 16, shape=None,
   shape = (dim,) if shape is None else tuple(shape)
   return BoxProblem(model, x[keep].reshape((n,) + shape), y[keep], distance[keep], free[keep],
                     norm, scale, lower, upper)
+
+
+class MulticlassBoxPoints(NamedTuple):
+  """Points of a many-class linear model whose minimal distance the box raises."""
+
+  x: np.ndarray  # [N, D] float32 inputs in [lower, upper]
+  y: np.ndarray  # [N] int32 labels: the model's predictions
+  target: np.ndarray  # [N] int32 the nearest class within the box
+  distance: np.ndarray  # [N] float64 d*, exact in the box, untargeted and towards ``target``
+  free_distance: np.ndarray  # [N] float64 the untargeted distance without the box
+
+
+def multiclass_box_points(model: Linear, *, norm: str, n: int, seed: int = 0,
+                          min_binding: float = 1.05, min_gap: float = 0.01,
+                          max_distance: float = np.inf, lower: float = 0.0, upper: float = 1.0,
+                          at_faces: float = 0.5, candidates: int = 64) -> MulticlassBoxPoints:
+  r"""``n`` points of the linear ``model`` (any number of classes) where the box binds.
+
+  Untargeted, the adversarial region is the union over :math:`j \ne y` of the half-spaces
+  :math:`z_j \ge z_y`, so :math:`d^* = \min_j d^*_j` with :math:`d^*_j` the two-class distance
+  (:func:`box_distance` on :math:`v = w_j - w_y`), exact in the box. Towards the nearest class
+  :math:`t`, :math:`d^*_t` is a lower bound (``t`` must at least reach ``y``), and it is reached
+  when at the maximiser of radius :math:`d^*_t` every other class stays at least ``min_gap``
+  below :math:`z_t`: only such points are kept, so :math:`d^*` is exact for both. Also kept only:
+  the box raises :math:`d^*` by ``min_binding`` over the box-free distance, the clean logit gap
+  to ``t`` is at least ``min_gap`` (float32 rounding cannot decide a verdict), and
+  :math:`d^* \le` ``max_distance``. Coordinates are drawn as in :func:`box_problem`.
+  Deterministic in ``seed``.
+
+  Raises:
+    ValueError: unknown norm; fewer than ``n`` of ``candidates * n`` draws qualified.
+  """
+  if norm not in DUAL:
+    raise ValueError(f"norm must be one of {sorted(DUAL)}, got {norm!r}.")
+  w, b = np.asarray(model.w, np.float64), np.asarray(model.b, np.float64)
+  dim, classes = w.shape
+  rng = np.random.default_rng(seed)
+  x = rng.uniform(lower, upper, size=(candidates * n, dim))
+  face = rng.uniform(size=x.shape) < at_faces
+  x = np.where(face, np.where(rng.uniform(size=x.shape) < 0.5, lower, upper), x).astype(np.float32)
+  flat = x.astype(np.float64)
+  z = flat @ w + b
+  y = np.argmax(z, axis=1).astype(np.int32)
+  rows = np.arange(len(x))
+  v = w.T[None, :, :] - w.T[y][:, None, :]  # [M, C, D]: w_j - w_y
+  gap = z[rows, y][:, None] - z  # [M, C]
+  pairs = np.repeat(flat, classes, axis=0)
+  per_class = box_distance(v.reshape(-1, dim), pairs, gap.reshape(-1), norm, lower,
+                           upper).reshape(len(x), classes)
+  per_class[rows, y] = np.inf
+  free = np.where(np.arange(classes)[None, :] == y[:, None], np.inf,
+                  gap / np.maximum(np.linalg.norm(v, ord=DUAL[norm], axis=2), 1e-300)).min(1)
+  t = np.argmin(per_class, axis=1).astype(np.int32)
+  distance = per_class[rows, t]
+  finite = np.isfinite(distance)
+  d = np.where(finite, distance, 0.0)
+  moved = flat + box_step(v[rows, t], flat, d, norm, lower, upper)
+  z_moved = moved @ w + b
+  others = np.where(np.arange(classes)[None, :] == t[:, None], -np.inf, z_moved)
+  others[rows, y] = -np.inf  # y ties with t at d*_t by construction
+  clear = z_moved[rows, t] - others.max(axis=1) >= min_gap
+  keep = np.flatnonzero(finite & clear & (gap[rows, t] >= min_gap) & (distance <= max_distance)
+                        & (distance >= min_binding * free))
+  if len(keep) < n:
+    raise ValueError(f"only {len(keep)} of {len(x)} candidates qualify, {n} needed.")
+  keep = keep[:n]
+  return MulticlassBoxPoints(x[keep], y[keep], t[keep], distance[keep], free[keep])
