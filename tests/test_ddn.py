@@ -33,6 +33,7 @@ import pytest
 import jaxrobust as jr
 from jaxrobust.attacks._ddn import ddn
 from tests.ground_truth import linear_problem
+from tests.ground_truth_box import box_problem
 from tests.models import Linear
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
@@ -97,6 +98,20 @@ def test_binary_flat_reaches_the_exact_distance_at_any_logit_scale():
   x, y = jnp.asarray(p.x), jnp.asarray(p.y)
   ce_grad = jax.grad(lambda v: jnp.sum(jr.losses.cross_entropy(model.logits_fn(v), y)))(x)
   assert np.mean(np.all(np.asarray(ce_grad) == 0, axis=1)) >= 0.9
+
+
+def test_binary_where_the_box_binds():
+  """Points with half their coordinates on a face of the box, where the box raises :math:`d^*` by
+  5% or more (:mod:`tests.ground_truth_box`, exact in the box): DDN, which projects every iterate
+  onto the box, still lands within the binary bar. Same model and batch shape as the flat binary
+  problem, so the same compilation."""
+  box = box_problem(norm="l2", n=N, seed=0, dim=16)
+  flat = _problem(2, (16,))
+  assert np.array_equal(box.model.w, flat.model.w) and np.array_equal(box.model.b, flat.model.b)
+  p = flat._replace(x=box.x, y=box.y, target=1 - box.y, distance=box.distance,
+                    distances=np.full((N, 2), np.inf))  # per-class box-free distances: unused
+  ratio = _ratios(p, _run(p))
+  assert np.median(ratio) <= 1.005 and ratio.max() <= 1.03, (np.median(ratio), ratio.max())
 
 
 def test_ten_classes_image_shape():
