@@ -32,6 +32,7 @@ import pytest
 
 import jaxrobust as jr
 from tests.ground_truth import linear_problem
+from tests.ground_truth_box import box_distance
 from tests.models import Linear, mlp
 
 A = jr.attacks
@@ -112,35 +113,6 @@ def test_walks_from_a_weak_start_to_the_exact_minimum(norm, targeted):
   assert not np.any(np.asarray(bounded.success)[size > eps * (1 + 1e-3)])
 
 
-def _box_distance(v: np.ndarray, x: np.ndarray, gap: np.ndarray, norm: str) -> np.ndarray:
-  """The exact smallest perturbation with ``v . delta >= gap`` and ``0 <= x + delta <= 1``
-  (float64, by bisection on a monotone function of one variable per point)."""
-  lo, hi = -x, 1.0 - x
-
-  def bisect(reaches, top):
-    low, high = np.zeros(len(x)), np.full(len(x), top)
-    for _ in range(200):
-      mid = (low + high) / 2
-      ok = reaches(mid)
-      low, high = np.where(ok, low, mid), np.where(ok, mid, high)
-    return high
-
-  if norm == "l1":
-    # A fractional knapsack: the coordinates of largest |v_i| move to their face first.
-    room = np.abs(v) * np.where(v > 0, hi, -lo)  # the most v . delta each coordinate gives
-    order = np.argsort(-np.abs(v))
-    before = np.cumsum(room[:, order], axis=1) - room[:, order]
-    taken = np.clip(gap[:, None] - before, 0.0, room[:, order])
-    return np.sum(taken / np.abs(v[order]), axis=1)
-  if norm == "l2":
-    # The shortest step to the plane in the box is clip(t v); v . clip(t v) grows with t.
-    t = bisect(lambda t: np.sum(v * np.clip(t[:, None] * v, lo, hi), 1) >= gap, 1e6)
-    return np.linalg.norm(np.clip(t[:, None] * v, lo, hi), axis=1)
-  # The most v . delta within eps: each coordinate moves by eps, or to the face, along sign(v).
-  best = lambda e: np.sum(np.abs(v) * np.minimum(e[:, None], np.where(v > 0, hi, -lo)), 1)
-  return bisect(lambda e: best(e) >= gap, 1.0)
-
-
 @pytest.mark.parametrize("norm", ["l2", "linf", "l1"])
 def test_exact_minimum_where_the_box_binds(norm):
   """Class 1 against class 0 (``z_1 - z_0 = v . x + c``; the other eight classes sit at -1000),
@@ -155,7 +127,7 @@ def test_exact_minimum_where_the_box_binds(norm):
   reach = np.sum(np.maximum(v * -x, v * (1 - x)), axis=1)  # the most v . delta in the box
   c = np.float32(-np.median(x @ v + 0.4 * reach))
   gap = -(x @ v + c)  # z_0 - z_1 at x: what v . delta must reach
-  exact = _box_distance(v, x, gap, norm)
+  exact = box_distance(np.broadcast_to(v, x.shape), x, gap, norm, 0.0, 1.0)
   box_free = gap / np.linalg.norm(v, ord={"l2": 2, "linf": 1, "l1": np.inf}[norm])
   # Reachable inside the box, and the box binds: the box-free optimum is 5% shorter or more.
   keep = np.flatnonzero((gap > 0.05) & (gap < 0.8 * reach) & (exact > 1.05 * box_free))[:24]
