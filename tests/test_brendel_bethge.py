@@ -6,11 +6,10 @@ r"""The Brendel-Bethge attack against exact minimal distances, its start, and it
   re-checked by the model (``argmax``), untargeted and targeted, flat and image-shaped inputs,
   in L2, Linf and L1; it never returns a point larger than its start.
 * On linear models where the box binds (points near the faces of ``[0, 1]``, so the box-free
-  optimum leaves the box), the exact box-constrained distance is computed here in float64 by a
-  search of its own (L2: :math:`\min \|\delta\|_2` s.t. :math:`v^\top\delta = g` in the box is
-  :math:`\operatorname{clip}(t v)`; Linf: the smallest :math:`\epsilon` whose shrunken box reaches
-  :math:`v^\top\delta = g`; L1: a fractional knapsack, the coordinates of largest
-  :math:`|v_i|` moved to their face first), and BB lands within 0.5% of it on every point.
+  optimum leaves the box), the exact box-constrained distance is
+  :func:`tests.ground_truth_box.box_distance` (float64, checked against SciPy's linear and
+  quadratic programmes in ``tests/test_ground_truth.py``), and BB lands within 0.5% of it on every
+  point.
 * On a small MLP the result is never worse than the start (the same FMN run alone), better on
   most points, and a permuted batch gives the permuted result.
 * Without a start (an inner attack that finds 1 point of 16), BB walks from ``x`` itself and
