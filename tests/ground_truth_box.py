@@ -28,8 +28,8 @@ bisection on it, then keeps points where the box raises :math:`d^*` above the bo
 :math:`m / \|v\|_q` by at least ``min_binding`` and where float32 rounding cannot decide a verdict:
 :math:`G((2 - s) d^*) \le m - \mu` (no point of the smaller ball is adversarial) and
 :math:`G(s\, d^*) \ge m + \mu` (the maximiser at :math:`s\, d^*` is, by margin :math:`\mu`).
-``tests/test_ground_truth_box.py`` checks :func:`box_distance` against linear and quadratic
-programs solved by SciPy.
+``tests/test_ground_truth.py`` and ``tests/test_ground_truth_min_norm.py`` check the distances
+against :func:`solver_distance`, SciPy's linear and quadratic programmes.
 
 Examples:
   >>> from tests.ground_truth_box import box_problem
@@ -135,6 +135,15 @@ def box_distance(v: np.ndarray, flat: np.ndarray, margin: np.ndarray, norm: str,
   return np.where(reachable, hi, np.inf)
 
 
+def _draw(rng: np.random.Generator, shape: tuple[int, int], at_faces: float, lower: float,
+          upper: float) -> np.ndarray:
+  """float32 candidates: each coordinate uniform in the box or, with probability ``at_faces``, on
+  one of its two faces (as saturated pixels are)."""
+  x = rng.uniform(lower, upper, size=shape)
+  face = rng.uniform(size=shape) < at_faces
+  return np.where(face, np.where(rng.uniform(size=shape) < 0.5, lower, upper), x).astype(np.float32)
+
+
 def box_problem(*, norm: str, n: int, seed: int = 0, dim: int = 16, shape=None,
                 scale: float = 1.02, min_binding: float = 1.05, min_margin: float = 1e-3,
                 lower: float = 0.0, upper: float = 1.0, at_faces: float = 0.5,
@@ -156,9 +165,7 @@ def box_problem(*, norm: str, n: int, seed: int = 0, dim: int = 16, shape=None,
     raise ValueError(f"norm must be one of {sorted(DUAL)}, got {norm!r}.")
   model = linear_model(seed, dim, 2)  # tests.ground_truth's two-class model of that seed and dim
   rng = np.random.default_rng(seed + 2)  # not linear_problem's draws (seed + 1)
-  x = rng.uniform(lower, upper, size=(candidates * n, dim))
-  face = rng.uniform(size=x.shape) < at_faces
-  x = np.where(face, np.where(rng.uniform(size=x.shape) < 0.5, lower, upper), x).astype(np.float32)
+  x = _draw(rng, (candidates * n, dim), at_faces, lower, upper)
   y = np.argmax(x.astype(np.float64) @ model.w + model.b, axis=1).astype(np.int32)
   flat, v, margin = _direction(model, x, y)
   free = margin / np.linalg.norm(v, ord=DUAL[norm], axis=1)
@@ -210,10 +217,7 @@ def multiclass_box_points(model: Linear, *, norm: str, n: int, seed: int = 0,
     raise ValueError(f"norm must be one of {sorted(DUAL)}, got {norm!r}.")
   w, b = np.asarray(model.w, np.float64), np.asarray(model.b, np.float64)
   dim, classes = w.shape
-  rng = np.random.default_rng(seed)
-  x = rng.uniform(lower, upper, size=(candidates * n, dim))
-  face = rng.uniform(size=x.shape) < at_faces
-  x = np.where(face, np.where(rng.uniform(size=x.shape) < 0.5, lower, upper), x).astype(np.float32)
+  x = _draw(np.random.default_rng(seed), (candidates * n, dim), at_faces, lower, upper)
   flat = x.astype(np.float64)
   z = flat @ w + b
   y = np.argmax(z, axis=1).astype(np.int32)
@@ -241,3 +245,38 @@ def multiclass_box_points(model: Linear, *, norm: str, n: int, seed: int = 0,
     raise ValueError(f"only {len(keep)} of {len(x)} candidates qualify, {n} needed.")
   keep = keep[:n]
   return MulticlassBoxPoints(x[keep], y[keep], t[keep], distance[keep], free[keep])
+
+
+def solver_distance(model: Linear, x: np.ndarray, target: int, beaten: list[int], norm: str,
+                    lower: float = 0.0, upper: float = 1.0) -> float:
+  """Independent reference for the distances here and in :mod:`tests.ground_truth`:
+  ``min ||delta||_p`` with ``x + delta`` in ``[lower, upper]`` and ``z_target >= z_k`` for every
+  ``k`` in ``beaten``, by a generic solver (HiGHS LP for Linf, with an epigraph variable, and L1,
+  with ``delta = u - v``; SLSQP for L2)."""
+  from scipy.optimize import linprog, minimize
+
+  x = x.reshape(-1).astype(np.float64)
+  dim = x.size
+  rows = np.stack([model.w[:, k] - model.w[:, target] for k in beaten])
+  rhs = -(rows @ x + model.b[beaten] - model.b[target])  # rows @ delta <= rhs
+  if norm == "l2":
+    constraints = [{"type": "ineq", "fun": lambda d, r=r, h=h: h - r @ d, "jac": lambda d, r=r: -r}
+                   for r, h in zip(rows, rhs)]
+    solution = minimize(lambda d: d @ d, np.zeros(dim), jac=lambda d: 2 * d, method="SLSQP",
+                        constraints=constraints, bounds=[(lower - v, upper - v) for v in x],
+                        options={"ftol": 1e-14, "maxiter": 500})
+    assert solution.success, solution.message
+    return float(np.sqrt(solution.fun))
+  if norm == "linf":
+    cost = np.concatenate([np.zeros(dim), [1.0]])
+    a_ub = np.vstack([np.hstack([rows, np.zeros((len(rows), 1))]),
+                      np.hstack([np.eye(dim), -np.ones((dim, 1))]),
+                      np.hstack([-np.eye(dim), -np.ones((dim, 1))])])
+    b_ub = np.concatenate([rhs, np.zeros(2 * dim)])
+    bounds = [(lower - v, upper - v) for v in x] + [(0, None)]
+  else:
+    cost, a_ub, b_ub = np.ones(2 * dim), np.hstack([rows, -rows]), rhs
+    bounds = [(0, upper - v) for v in x] + [(0, v - lower) for v in x]
+  solution = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
+  assert solution.status == 0, solution.message
+  return float(solution.fun)

@@ -46,7 +46,7 @@ import pytest
 
 import jaxrobust as jr
 from tests.ground_truth import LinearProblem, linear_problem, optimal_step
-from tests.ground_truth_box import BoxProblem, box_problem
+from tests.ground_truth_box import BoxProblem, box_problem, solver_distance
 from tests.models import Linear
 from tests.xla_options import FUSION_EMITTERS
 
@@ -447,47 +447,9 @@ def test_strength_at_the_exact_minimal_distance(attack_id, norm, shape, problem)
           f"distance where the box binds (needs {BOX_MIN_HITS})")
 
 
-def _linear_program_distance(problem: LinearProblem, i: int, classes: list[int]) -> float:
-  """Independent reference: min ||delta||_p with the box and z_target >= z_k for k in ``classes``.
-
-  Solved as a linear program (HiGHS) for Linf (an epigraph variable) and L1 (delta = u - v).
-  """
-  from scipy.optimize import linprog
-
-  x = problem.x[i].reshape(-1).astype(np.float64)
-  w, b, t, dim = problem.model.w, problem.model.b, problem.target[i], x.size
-  rows = np.stack([w[:, k] - w[:, t] for k in classes])  # rows @ (x + delta) + b_k - b_t <= 0
-  rhs = -(rows @ x + b[classes] - b[t])
-  if problem.norm == "linf":
-    cost = np.concatenate([np.zeros(dim), [1.0]])
-    eye, ones = np.eye(dim), np.ones((dim, 1))
-    a_ub = np.vstack([np.hstack([rows, np.zeros((len(rows), 1))]), np.hstack([eye, -ones]),
-                      np.hstack([-eye, -ones])])
-    b_ub = np.concatenate([rhs, np.zeros(2 * dim)])
-    bounds = [(problem.lower - v, problem.upper - v) for v in x] + [(0, None)]
-  else:
-    cost = np.ones(2 * dim)
-    a_ub, b_ub = np.hstack([rows, -rows]), rhs
-    bounds = ([(0, problem.upper - v) for v in x] + [(0, v - problem.lower) for v in x])
-  solution = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
-  assert solution.status == 0, solution.message
-  return float(solution.fun)
-
-
-def _quadratic_program_distance(problem: LinearProblem, i: int) -> float:
-  """Independent reference for L2: min ||delta||_2, box included, target the argmax (SLSQP)."""
-  from scipy.optimize import minimize
-
-  x = problem.x[i].reshape(-1).astype(np.float64)
-  w, b, t = problem.model.w, problem.model.b, problem.target[i]
-  constraints = [{"type": "ineq", "fun": lambda d, k=k: (x + d) @ (w[:, t] - w[:, k]) + b[t] - b[k],
-                  "jac": lambda d, k=k: w[:, t] - w[:, k]}
-                 for k in range(w.shape[1]) if k != t]
-  solution = minimize(lambda d: d @ d, np.zeros_like(x), jac=lambda d: 2 * d, method="SLSQP",
-                      constraints=constraints, options={"ftol": 1e-14, "maxiter": 500},
-                      bounds=[(problem.lower - v, problem.upper - v) for v in x])
-  assert solution.success, solution.message
-  return float(np.sqrt(solution.fun))
+def _solver_distance(p: LinearProblem, i: int, beaten: list[int]) -> float:
+  """:func:`tests.ground_truth_box.solver_distance` for point ``i`` of ``p`` towards its target."""
+  return solver_distance(p.model, p.x[i], int(p.target[i]), beaten, p.norm, p.lower, p.upper)
 
 
 @pytest.mark.parametrize("norm", NORMS)
@@ -500,12 +462,9 @@ def test_exact_distances_match_an_independent_solver(norm):
   p = _problem(10, norm, "flat")
   points = range(4) if norm == "l2" else range(6)
   for i in points:
-    others = [k for k in range(10) if k != p.target[i]]
-    if norm == "l2":
-      targeted = _quadratic_program_distance(p, i)
-    else:
-      targeted = _linear_program_distance(p, i, others)
-      pairs = [_linear_program_distance(p._replace(target=np.full_like(p.target, j)), i, [p.y[i]])
+    targeted = _solver_distance(p, i, [k for k in range(10) if k != p.target[i]])
+    if norm != "l2":
+      pairs = [_solver_distance(p._replace(target=np.full_like(p.target, j)), i, [p.y[i]])
                for j in range(10) if j != p.y[i]]
       np.testing.assert_allclose(min(pairs), p.distance[i], rtol=1e-9)
     np.testing.assert_allclose(targeted, p.distance[i], rtol=1e-7 if norm == "l2" else 1e-9)
@@ -517,10 +476,7 @@ def test_distances_where_the_box_binds_match_an_independent_solver(norm):
   generic linear (Linf, L1) or quadratic (L2) programme, and the box raises it by 5% or more."""
   p = _with_box(_problem(2, norm, "flat"), "flat")
   for i in range(ABOVE + BELOW, ABOVE + BELOW + 6):
-    if norm == "l2":
-      reference = _quadratic_program_distance(p, i)
-    else:
-      reference = _linear_program_distance(p, i, [int(p.y[i])])
+    reference = _solver_distance(p, i, [int(p.y[i])])
     np.testing.assert_allclose(reference, p.distance[i], rtol=1e-7 if norm == "l2" else 1e-9)
   box = _box(norm)
   assert np.all(box.distance >= 1.05 * box.free_distance)

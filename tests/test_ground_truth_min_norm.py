@@ -40,7 +40,7 @@ import numpy as np
 import pytest
 
 import jaxrobust as jr
-from tests.ground_truth_box import multiclass_box_points
+from tests.ground_truth_box import multiclass_box_points, solver_distance
 from tests.models import DUAL, Linear, linear_points, random_linear
 
 DIM, CLASSES, N = 64, 10, 32
@@ -204,40 +204,6 @@ def _check_against_the_exact_minimum(name, result, x, y, t, d, tolerance=1e-4):
   return ratio
 
 
-def _solver_distance(model: Linear, x: np.ndarray, target: int, beaten: list[int],
-                     norm: str) -> float:
-  """Independent reference: min ||delta||_p with x + delta in [0, 1] and z_target >= z_k for every
-  k in ``beaten``, by a generic solver (HiGHS LP for Linf, with an epigraph variable, and L1, with
-  delta = u - v; SLSQP for L2)."""
-  from scipy.optimize import linprog, minimize
-
-  x = x.reshape(-1).astype(np.float64)
-  dim = x.size
-  rows = np.stack([model.w[:, k] - model.w[:, target] for k in beaten])
-  rhs = -(rows @ x + model.b[beaten] - model.b[target])  # rows @ delta <= rhs
-  if norm == "l2":
-    constraints = [{"type": "ineq", "fun": lambda d, r=r, h=h: h - r @ d, "jac": lambda d, r=r: -r}
-                   for r, h in zip(rows, rhs)]
-    solution = minimize(lambda d: d @ d, np.zeros(dim), jac=lambda d: 2 * d, method="SLSQP",
-                        constraints=constraints, bounds=[(-v, 1 - v) for v in x],
-                        options={"ftol": 1e-14, "maxiter": 500})
-    assert solution.success, solution.message
-    return float(np.sqrt(solution.fun))
-  if norm == "linf":
-    cost = np.concatenate([np.zeros(dim), [1.0]])
-    a_ub = np.vstack([np.hstack([rows, np.zeros((len(rows), 1))]),
-                      np.hstack([np.eye(dim), -np.ones((dim, 1))]),
-                      np.hstack([-np.eye(dim), -np.ones((dim, 1))])])
-    b_ub = np.concatenate([rhs, np.zeros(2 * dim)])
-    bounds = [(-v, 1 - v) for v in x] + [(0, None)]
-  else:
-    cost, a_ub, b_ub = np.ones(2 * dim), np.hstack([rows, -rows]), rhs
-    bounds = [(0, 1 - v) for v in x] + [(0, v) for v in x]
-  solution = linprog(cost, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
-  assert solution.status == 0, solution.message
-  return float(solution.fun)
-
-
 @pytest.mark.parametrize("norm", ["linf", "l2", "l1"])
 def test_distances_where_the_box_binds_match_an_independent_solver(norm):
   """The box rows' d* (tests.ground_truth_box.multiclass_box_points) equals a generic solver's
@@ -246,11 +212,11 @@ def test_distances_where_the_box_binds_match_an_independent_solver(norm):
   model, x, y, t, d = _problem(norm)
   rtol = 1e-7 if norm == "l2" else 1e-9
   for i in range(N, N + 4):
-    pairs = [_solver_distance(model, x[i], j, [int(y[i])], norm)
+    pairs = [solver_distance(model, x[i], j, [int(y[i])], norm)
              for j in range(CLASSES) if j != y[i]]
     np.testing.assert_allclose(min(pairs), d[i], rtol=rtol)
     beaten = [k for k in range(CLASSES) if k != t[i]]
-    np.testing.assert_allclose(_solver_distance(model, x[i], int(t[i]), beaten, norm), d[i],
+    np.testing.assert_allclose(solver_distance(model, x[i], int(t[i]), beaten, norm), d[i],
                                rtol=rtol)
   assert np.all(d[N:] >= 1.05 * model.min_distance(x[N:], y[N:], norm))
 
