@@ -955,47 +955,49 @@ def evaluate_unit(args, dtype: str) -> dict[str, Any]:
           f", process max RSS {rss_before:.2f} -> "
           f"{rss_after:.2f} GiB, robust accuracy {run['robust_accuracy']}", flush=True)
 
-  # The first count, then checkpoint and resume on it (the stream raises after half the
-  # batches; the resumed report must equal the uninterrupted one), then the larger counts: a
-  # unit cut off by its time limit during the longest run keeps the resume check.
+  def resume_check(n: int, batches: int) -> None:
+    """Checkpoints a run of ``n`` images, stops it after half its batches and resumes it: the
+    resumed report must equal the uninterrupted one."""
+    stop = batches // 2
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="bench_scale_ckpt_"))
+    path = workdir / "eval.ckpt"
+
+    def interrupted():
+      for i, batch in enumerate(image_stream(model, n, args.eval_batch, args.seed, labels)):
+        if i == stop:
+          raise KeyboardInterrupt(f"stopped after {stop} batches")
+        yield batch
+
+    try:
+      jr.evaluate(logits_fn, interrupted(), checkpoint=path, **options)
+    except KeyboardInterrupt:
+      pass
+    before, start = len(compiles), time.perf_counter()
+    resumed = jr.evaluate(logits_fn, image_stream(model, n, args.eval_batch, args.seed, labels),
+                          checkpoint=path, **options)
+    same = (resumed.attacks[name].robust_count.tolist()
+            == reports[n].attacks[name].robust_count.tolist()
+            and resumed.clean_correct == reports[n].clean_correct)
+    out["resume"] = {"images": n, "stopped_after_batches": stop, "equal_report": bool(same),
+                     "compiles": len(compiles) - before, "wall_s": time.perf_counter() - start}
+    save_partial(out)
+    shutil.rmtree(workdir, ignore_errors=True)
+    print(f"  stopped after {stop} of {batches} batches and resumed: report equal to the "
+          f"uninterrupted one: {same} ({out['resume']['compiles']} compilations, "
+          f"{out['resume']['wall_s']:.1f} s)", flush=True)
+    if not same:
+      raise AssertionError("the resumed report differs from the uninterrupted one")
+
+  # The first count, then the resume check on it, then the larger counts: a unit cut off by its
+  # time limit during the longest run keeps the resume check.
   n = args.eval_images[0]
   measure(n)
   batches = -(-n // args.eval_batch)
-  if batches < 2:  # nothing to stop between: the check would compare a finished run with itself
+  if batches >= 2:
+    resume_check(n, batches)
+  else:  # nothing to stop between: the check would compare a finished run with itself
     out["resume"] = {"images": n, "skipped": "one batch"}
     print(f"  resume check skipped: {n} images are one batch of {args.eval_batch}", flush=True)
-    for n in args.eval_images[1:]:
-      measure(n)
-    return out
-  stop = batches // 2
-  workdir = pathlib.Path(tempfile.mkdtemp(prefix="bench_scale_ckpt_"))
-  path = workdir / "eval.ckpt"
-
-  def interrupted():
-    for i, batch in enumerate(image_stream(model, n, args.eval_batch, args.seed, labels)):
-      if i == stop:
-        raise KeyboardInterrupt(f"stopped after {stop} batches")
-      yield batch
-
-  try:
-    jr.evaluate(logits_fn, interrupted(), checkpoint=path, **options)
-  except KeyboardInterrupt:
-    pass
-  before, start = len(compiles), time.perf_counter()
-  resumed = jr.evaluate(logits_fn, image_stream(model, n, args.eval_batch, args.seed, labels),
-                        checkpoint=path, **options)
-  same = (resumed.attacks[name].robust_count.tolist()
-          == reports[n].attacks[name].robust_count.tolist()
-          and resumed.clean_correct == reports[n].clean_correct)
-  out["resume"] = {"images": n, "stopped_after_batches": stop, "equal_report": bool(same),
-                   "compiles": len(compiles) - before, "wall_s": time.perf_counter() - start}
-  save_partial(out)
-  shutil.rmtree(workdir, ignore_errors=True)
-  print(f"  stopped after {stop} of {-(-n // args.eval_batch)} batches and resumed: report "
-        f"equal to the uninterrupted one: {same} ({out['resume']['compiles']} compilations, "
-        f"{out['resume']['wall_s']:.1f} s)", flush=True)
-  if not same:
-    raise AssertionError("the resumed report differs from the uninterrupted one")
   for n in args.eval_images[1:]:
     measure(n)
   return out
