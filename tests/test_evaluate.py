@@ -394,11 +394,11 @@ def test_hlo_attack_loop_has_no_collective(setup):
 # Checkpoints.
 
 
-def crash_after(x, y, batches):
-  for i, start in enumerate(range(0, len(x), BATCH)):
+def crash_after(x, y, batches, batch=BATCH):
+  for i, start in enumerate(range(0, len(x), batch)):
     if i == batches:
       raise RuntimeError("simulated crash")
-    yield x[start:start + BATCH], y[start:start + BATCH]
+    yield x[start:start + batch], y[start:start + batch]
 
 
 def test_checkpoint_resume_equals_uninterrupted(setup, reference, tmp_path):
@@ -414,6 +414,38 @@ def test_checkpoint_resume_equals_uninterrupted(setup, reference, tmp_path):
   assert resumed.timing["examples_evaluated"] == len(x) - 24  # the first 24 were not redone
   assert run(setup, checkpoint=path) == reference  # a finished checkpoint: nothing left to do
   assert not [p for p in tmp_path.iterdir() if p.name != "run.ckpt"]  # no temporary files left
+
+
+def test_checkpoint_resumes_on_another_mesh_or_none(setup, reference, tmp_path):
+  """A run's verdicts do not depend on the devices, so neither does its checkpoint: one written on
+  an 8-device mesh resumes without a mesh and the other way round (both were refused as written
+  for "a different model": the sharded trace's text carries the mesh). A checkpoint holding the
+  sharded trace's digest, as earlier versions wrote on a mesh, still resumes on that mesh."""
+  if len(jax.devices()) < 8:
+    pytest.skip("needs 8 devices")
+  _, x, y, *_ = setup
+  mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Explicit,))
+  on_mesh = {"mesh": mesh, "use_shard_map": True}  # the steps test_eight_devices_... compiled
+  for written, resumed in ((on_mesh, {}), ({}, {"mesh": mesh})):
+    path = tmp_path / f"{len(written)}.ckpt"
+    with pytest.raises(RuntimeError, match="simulated crash"):
+      run(setup, data=crash_after(x, y, 1, 16), batch_size=16, checkpoint=path, **written)
+    again = run(setup, batch_size=16, checkpoint=path, **resumed)
+    assert again == reference and again.timing["examples_evaluated"] == len(x) - 16
+  path = tmp_path / "earlier.ckpt"
+  with pytest.raises(RuntimeError, match="simulated crash"):
+    run(setup, data=crash_after(x, y, 1, 16), batch_size=16, checkpoint=path, **on_mesh)
+  header, arrays = _checkpoint.load(path)
+  logits_fn = setup[0]
+  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32,
+                                             sharding=NamedSharding(mesh, P("data")))
+  sharded = evaluate_lib._trace_model(model_of(logits_fn), spec(16, *x.shape[1:]), None).program
+  assert sharded != header["model"]["program"]
+  header["model"]["program"] = sharded
+  _checkpoint.save(path, header, arrays)
+  with pytest.raises(ValueError, match="different model"):
+    run(setup, batch_size=16, checkpoint=path)
+  assert run(setup, batch_size=16, checkpoint=path, **on_mesh) == reference
 
 
 def test_checkpoint_refuses_another_run(setup, tmp_path):

@@ -74,8 +74,10 @@ one written for another model: the checkpoint holds the SHA-256 of the model's t
 program and of the values of every array it reads (the parameters of a ``partial`` or an
 ``nnx.Module``, the arrays a closure captures), so other weights or another architecture are
 refused (so is the same model after a JAX upgrade that changes its traced program). Delete the
-file to start over. In a multi-process run each process keeps its state one batch back too, and
-a resumed run restarts every process from the smallest position reached.
+file to start over. The devices are not part of a run's identity (its report does not depend on
+them): a checkpoint written on a mesh resumes on another mesh or on one device, and the other
+way round. In a multi-process run each process keeps its state one batch back too, and a resumed
+run restarts every process from the smallest position reached (with the same process count).
 
 **Reliability flags.** Each attack's ``AttackResult.info`` flags (e.g. non-finite gradients,
 AutoAttack's checks) are OR-ed over batches and eps, and the counts behind them summed over the

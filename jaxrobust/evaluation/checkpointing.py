@@ -229,10 +229,15 @@ class Checkpoint:
           f"run: {', '.join(f'{k}={current.get(k)}' for k in differ)}). Delete it or pass "
           "another checkpoint path.")
 
-  def check_model(self, model: dict[str, str]) -> None:
-    """Records the model's fingerprint; refuses to resume a file written for another model."""
+  def check_model(self, model: dict[str, str], also: str | None = None) -> None:
+    """Records the model's fingerprint; refuses to resume a file written for another model.
+    ``also``: another program digest of the same model that a file may hold (the sharded trace
+    that earlier versions recorded for a run on a mesh)."""
     self.model = model
-    _check_same_model(self.path, self.stored_model, model)
+    stored = self.stored_model
+    if stored is not None and also is not None and stored.get("program") == also:
+      stored = {**stored, "program": model["program"]}
+    _check_same_model(self.path, stored, model)
 
   def check_data(self, position: int, data_sha256: str) -> None:
     """At the resume position, the data seen must hash as it did when the file was written."""
@@ -289,8 +294,7 @@ def _check_same_model(path: str, stored: Mapping[str, str] | None,
                 "differ")
   if stored.get("program") != current.get("program"):
     what.append("its traced program differs (another architecture, a changed Python constant "
-                "in the model, another JAX version, or the step traced for another mesh: with and "
-                "without a mesh, or use_shard_map changed)")
+                "in the model, another JAX version)")
   raise ValueError(f"Checkpoint {path} was written for a different model: {'; '.join(what)}. "
                    "Resuming would mix two models' results. Delete it or pass another "
                    "checkpoint path.")

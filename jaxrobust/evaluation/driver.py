@@ -270,7 +270,12 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, keep_per_example:
                    remedy=EVALUATE_REMEDY)
   diagnosis = _diagnose(trace.jaxpr, 2 if samples else 1) if diagnose else None
   if ckpt is not None:
-    ckpt.check_model(model_fingerprint(model, trace))
+    # The model as a no-mesh run traces it, so a checkpoint resumes on any mesh or none (a
+    # sharded trace's text carries the mesh); earlier versions recorded the sharded one.
+    unsharded = trace if sharding is None else _trace_model(
+        model, jax.ShapeDtypeStruct((plan.batch_size,) + x.shape[1:], x.dtype),
+        jax.ShapeDtypeStruct((plan.batch_size,), plan.key.dtype) if samples else None)
+    ckpt.check_model(model_fingerprint(model, unsharded), also=trace.program)
   return _jitted_step(model, trace, plan.attacks, jax.random.key_impl(plan.key), keep_per_example,
                       plan.options, plan.mesh, plan.axis, plan.use_shard_map,
                       certifiers), num_classes, diagnosis
