@@ -29,12 +29,14 @@
 #                     programs' own (with autotuning off, the raw gradients took 200 s: second
 #                     lease); torch's peak beside it
 # and, only while time is left:
-#   scale       100   PGD-10 on WRN-28-10 in float32 again, at the defaults
+#   per_step    100   PGD-30 on WRN-28-10, float32, full cost: with the memory step's PGD-10, the
+#                     cost of one more step against one raw input gradient (the issue's "per-step
+#                     overhead"), apart from the per-call clean diagnosis and scoring
 #   early_exit   45   digits PGD-20 curves: the GPU default against dense and dense-eps0
 #   resnet      150   ResNet-50 in float32 (measured in the second lease)
 # SCALE_EXTRA (default empty) is appended to every bench_scale command: a CPU dry run of this
 # script passes small sizes there. STEPS (default empty: all of them) names the steps to run, e.g.
-# STEPS="env scale early_exit" for a second call with what the first one had no time left for (a
+# STEPS="env per_step early_exit" for a second call with what the first one had no time left for (a
 # lease allows 10 minutes per call and 15 in all; a second call made within 30 s of the first's
 # end finds the machine warm and pays no start).
 set -uo pipefail
@@ -82,13 +84,14 @@ step memory 150 env JAX_COMPILATION_CACHE_DIR="$CACHE" JAX_PERSISTENT_CACHE_MIN_
   JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES=-1 bash -c "for run in fill cached; do echo \"== \$run\"; \
   $PY benchmarks/bench_scale.py --device-preset --sections pgd --dtypes float32 --programs \
   full-cost --repeats 1 --rows none --budget 70 --out $OUT/memory_\$run.json $EXTRA; done"
-optional scale 100 "$PY" benchmarks/bench_scale.py --device-preset --sections pgd \
-  --dtypes float32 --budget 95 --out "$OUT/scale.json" $EXTRA
+optional per_step 100 "$PY" benchmarks/bench_scale.py --device-preset --sections pgd \
+  --dtypes float32 --programs full-cost --steps 30 --rows none --budget 95 \
+  --out "$OUT/per_step.json" $EXTRA
 optional early_exit 45 "$PY" benchmarks/bench_early_exit.py --attacks pgd \
   --schedules dense,default,dense-eps0 --repeats 5
 optional resnet 150 "$PY" benchmarks/bench_scale.py --device-preset --sections resnet \
   --resnet-dtypes float32 --budget 145 --out "$OUT/resnet.json" $EXTRA
-for f in evaluate resnet_bf16 memory scale resnet; do
+for f in evaluate resnet_bf16 memory per_step resnet; do
   tail -n 12 "$OUT/$f.txt" 2>/dev/null
 done
 tail -n 15 "$OUT/early_exit.txt" 2>/dev/null
