@@ -14,7 +14,7 @@ import pytest
 from jaxrobust import cli
 from jaxrobust import training
 from jaxrobust.cli import demo as demo_command
-from jaxrobust.demo import data, digits
+from jaxrobust.demo import data, digits, files
 from jaxrobust.demo import train as train_lib
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
@@ -131,9 +131,9 @@ def test_ibp_schedule_warms_up_ramps_and_holds_as_data():
 
 def test_default_cache_dir_honours_xdg(monkeypatch, tmp_path):
   monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-  assert train_lib.default_cache_dir() == tmp_path / "jaxrobust"
+  assert files.default_cache_dir() == tmp_path / "jaxrobust"
   monkeypatch.setenv("XDG_CACHE_HOME", "")
-  assert train_lib.default_cache_dir().parts[-2:] == (".cache", "jaxrobust")
+  assert files.default_cache_dir().parts[-2:] == (".cache", "jaxrobust")
 
 
 def _fake_fit(calls):

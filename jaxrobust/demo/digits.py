@@ -408,7 +408,7 @@ def _build_report(args: argparse.Namespace, argv: Optional[list[str]],
   train_seconds = sum(m["train_seconds"] for m in models.values())
   eval_seconds = sum(m["eval_seconds"] for m in models.values())
   return {
-    "jaxrobust_version": train_lib.jaxrobust_version(),
+    "jaxrobust_version": jr.__version__,
     "jax_version": jax.__version__,
     "backend": jax.default_backend(),
     "python_version": platform.python_version(),

@@ -1,4 +1,5 @@
-"""Atomic files for the demos: a crash or a full disk never leaves a half-written cache or report.
+"""Atomic files for the demos, and their cache directory (:func:`default_cache_dir`): a crash
+or a full disk never leaves a half-written cache or report.
 
 Each writer puts the bytes in a temporary file in the target's directory, flushes and ``fsync``s
 it, then renames it over the target with :func:`os.replace` (atomic on POSIX), so a reader sees
@@ -20,6 +21,15 @@ import os
 import pathlib
 import tempfile
 from typing import Any
+
+
+def default_cache_dir() -> pathlib.Path:
+  """Where both demos cache trained models (and the text demo compiled programs):
+  ``$XDG_CACHE_HOME/jaxrobust`` if that variable is set and non-empty, else
+  ``~/.cache/jaxrobust``."""
+  base = os.environ.get("XDG_CACHE_HOME")
+  root = pathlib.Path(base) if base else pathlib.Path.home() / ".cache"
+  return root / "jaxrobust"
 
 
 def write_bytes(path: os.PathLike | str, payload: bytes) -> pathlib.Path:

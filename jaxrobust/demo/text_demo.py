@@ -464,15 +464,6 @@ def jailbreak_section(model: text_models.TinyCausalLM, settings: Settings) -> di
 # The driver.
 
 
-def _library_version() -> str:
-  try:
-    from importlib import metadata
-
-    return metadata.version("jaxrobust")
-  except Exception:  # noqa: BLE001 - not installed
-    return "unknown"
-
-
 def run(settings: Settings = DEFAULT_SETTINGS, *, cache_dir: Optional[os.PathLike | str] = None,
         cache: bool = True, status: Callable[[str], None] = lambda message: None,
         command: Optional[list[str]] = None) -> dict[str, Any]:
@@ -516,7 +507,7 @@ def run(settings: Settings = DEFAULT_SETTINGS, *, cache_dir: Optional[os.PathLik
   jailbreak = jailbreak_section(models["language_model"], settings)
   vocab = text_data.sentiment_vocabulary()
   return {
-    "jaxrobust_version": _library_version(), "jax_version": jax.__version__,
+    "jaxrobust_version": jr.__version__, "jax_version": jax.__version__,
     "backend": jax.default_backend(), "python_version": platform.python_version(),
     "command": command or [], "seed": settings.seed, "settings": settings._asdict(),
     "confidence": CONFIDENCE,
@@ -568,7 +559,7 @@ def run_text_demo(args: argparse.Namespace, argv: Optional[list[str]] = None) ->
   ``--out``. With the cache on, compiled programs are cached too (``<cache dir>/xla``, see
   :func:`enable_compilation_cache`)."""
   if not args.no_cache:
-    root = args.cache_dir if args.cache_dir is not None else text_models.default_cache_dir()
+    root = args.cache_dir if args.cache_dir is not None else files.default_cache_dir()
     enable_compilation_cache(pathlib.Path(root) / "xla")
   settings = DEFAULT_SETTINGS._replace(seed=args.seed)
   if args.test_size is not None:

@@ -45,6 +45,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+import jaxrobust
 from jaxrobust.demo import files, text_data
 
 CACHE_FORMAT = 1
@@ -418,23 +419,6 @@ def fit(config: dict[str, Any]) -> nnx.Module:
 # The cache.
 
 
-def default_cache_dir() -> pathlib.Path:
-  """``$XDG_CACHE_HOME/jaxrobust`` if that variable is set and non-empty, else
-  ``~/.cache/jaxrobust`` (the image demo's cache directory)."""
-  base = os.environ.get("XDG_CACHE_HOME")
-  root = pathlib.Path(base) if base else pathlib.Path.home() / ".cache"
-  return root / "jaxrobust"
-
-
-def _library_version() -> str:
-  try:
-    from importlib import metadata
-
-    return metadata.version("jaxrobust")
-  except Exception:  # noqa: BLE001 - not installed: any lookup failure means unknown
-    return "unknown"
-
-
 def cache_path(config: dict[str, Any],
                cache_dir: Optional[os.PathLike | str] = None) -> pathlib.Path:
   """``<cache_dir>/<name>-<16 hex digits>.msgpack``: a hash of ``config`` and the versions.
@@ -445,9 +429,9 @@ def cache_path(config: dict[str, Any],
     ('/c', True, True)
   """
   key = json.dumps({"config": config, "jax": jax.__version__, "flax": flax.__version__,
-                    "jaxrobust": _library_version(), "format": CACHE_FORMAT}, sort_keys=True)
+                    "jaxrobust": jaxrobust.__version__, "format": CACHE_FORMAT}, sort_keys=True)
   digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
-  directory = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
+  directory = pathlib.Path(cache_dir) if cache_dir is not None else files.default_cache_dir()
   return directory / f"{config['name']}-{digest}.msgpack"
 
 

@@ -100,27 +100,6 @@ IBP_SCHEDULE = {"warmup_fraction": 0.1, "ramp_fraction": 0.5, "kappa_start": 1.0
 """Shape of the IBP schedule (fractions of all training steps): see `ibp_schedule`."""
 
 
-def jaxrobust_version() -> str:
-  """The installed jaxrobust version, or ``"unknown"`` when running from an uninstalled tree."""
-  version = getattr(jr, "__version__", None)
-  if version:
-    return str(version)
-  try:
-    from importlib import metadata
-
-    return metadata.version("jaxrobust")
-  except Exception:  # noqa: BLE001 - not installed: any lookup failure means unknown
-    return "unknown"
-
-
-def default_cache_dir() -> pathlib.Path:
-  """``$XDG_CACHE_HOME/jaxrobust`` if that variable is set and non-empty, else
-  ``~/.cache/jaxrobust``."""
-  base = os.environ.get("XDG_CACHE_HOME")
-  root = pathlib.Path(base) if base else pathlib.Path.home() / ".cache"
-  return root / "jaxrobust"
-
-
 def ibp_schedule(step: jax.typing.ArrayLike, total_steps: int, *, eps: jax.typing.ArrayLike,
                  warmup_fraction: float = 0.1, ramp_fraction: float = 0.5,
                  kappa_start: float = 1.0, kappa_end: float = 0.5) -> tuple[jax.Array, jax.Array]:
@@ -267,18 +246,18 @@ def cache_path(config: dict[str, Any],
 
   Args:
     config: a dict from `training_config`.
-    cache_dir: the cache directory; ``None`` means `default_cache_dir`.
+    cache_dir: the cache directory; ``None`` means `jaxrobust.demo.files.default_cache_dir`.
 
   Returns:
     ``<cache_dir>/<name>-<16 hex digits>.msgpack``.
   """
   key = json.dumps(
-    {"config": config, "jax": jax.__version__, "jaxrobust": jaxrobust_version(),
+    {"config": config, "jax": jax.__version__, "jaxrobust": jr.__version__,
      "format": CACHE_FORMAT},
     sort_keys=True,
   )
   digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
-  directory = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
+  directory = pathlib.Path(cache_dir) if cache_dir is not None else files.default_cache_dir()
   return directory / f"{config['name']}-{digest}.msgpack"
 
 
@@ -448,7 +427,7 @@ def load_or_train(
 
   Args:
     config: a dict from `training_config`.
-    cache_dir: the cache directory; ``None`` means `default_cache_dir`.
+    cache_dir: the cache directory; ``None`` means `jaxrobust.demo.files.default_cache_dir`.
     cache: read and write the cache at all.
     progress: show the training progress bar.
 
