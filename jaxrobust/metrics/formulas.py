@@ -201,12 +201,7 @@ def adversarial_accuracy(
     >>> float(metrics.adversarial_accuracy(jnp.array([0, 1, 2, 3]), jnp.array([0, 1, 0, 0]), y))
     0.5
   """
-  pc = as_predictions(pred_clean, "pred_clean")
-  pa = int_like(pred_adv, pc, "pred_adv")
-  y = int_like(y, pc, "y")
-  m = row_mask(mask, pc.shape[0])
-  clean = matches(pc, y) & m
-  return ratio(count_true(clean & (pa == pc)), count_true(clean))
+  return conditional_robust_accuracy(pred_clean, pred_adv, y, mask)
 
 
 def attack_success_rate(
