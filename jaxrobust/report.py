@@ -47,7 +47,7 @@ import os
 import pathlib
 import platform
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Any
 
 import jax
 import numpy as np
@@ -224,8 +224,7 @@ class Report:
                   per_example: Mapping[str, np.ndarray] | None = None,
                   timing: Mapping[str, float] | None = None, confidence: float = 0.95,
                   certified: Mapping[str, tuple[str, str, np.ndarray]] | None = None,
-                  provenance: Mapping[str, Any] | None = None,
-                  jit: Callable[[Callable], Callable] | None = None) -> Report:
+                  provenance: Mapping[str, Any] | None = None) -> Report:
     """Builds a report from integer counts.
 
     Args:
@@ -243,8 +242,6 @@ class Report:
       confidence: the level of the binomial intervals, in ``(0, 1)``.
       certified: optional name -> ``(description, norm, [K] certified counts)``.
       provenance: optional description of the run (see :func:`provenance`).
-      jit: ``None``, or ``jax.jit`` from a driver that owns it: the intervals' table then
-        compiles as one program (:func:`jaxrobust.metrics.binomial_interval_table`).
 
     Returns:
       A :class:`Report`.
@@ -258,7 +255,7 @@ class Report:
     every = [np.array([clean_correct], np.int64), *curves.values(),
              np.asarray(worst_case, np.int64),
              *(np.asarray(c[2], np.int64) for c in certified.values())]
-    bounds = metrics.binomial_interval_table(np.concatenate(every), int(n), confidence, jit=jit)
+    bounds = metrics.binomial_interval_table(np.concatenate(every), int(n), confidence)
     starts = np.cumsum([0] + [len(c) for c in every])
     interval_of = lambda i: bounds[starts[i]:starts[i + 1]]
 

@@ -39,7 +39,6 @@ batch has converged (timings: ``benchmarks/RESULTS.md``, "Exact binomial interva
 from __future__ import annotations
 
 import math
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -395,13 +394,7 @@ def binomial_interval(successes: ArrayLike, trials: ArrayLike, confidence: Array
     k, rest, valid = _device_counts(successes, trials)
   else:
     k, rest, valid = _host_counts(successes, trials)
-  return _clopper_pearson(k, rest, valid, alpha_of(confidence), sided)
-
-
-def _clopper_pearson(k: Array, rest: Array, valid: Array, alpha: Array,
-                     sided: str) -> tuple[Array, Array]:
-  """:func:`binomial_interval` from float32 counts ``k`` and ``rest = n - k``, the ``valid``
-  entries and float32 ``alpha`` (all broadcastable; traceable, ``sided`` static)."""
+  alpha = alpha_of(confidence)
   shape = jnp.broadcast_shapes(k.shape, alpha.shape)
   k, rest, valid, alpha = (jnp.broadcast_to(v, shape) for v in (k, rest, valid, alpha))
   valid = valid & (alpha > 0.0) & (alpha < 1.0)
@@ -432,8 +425,7 @@ def _clopper_pearson(k: Array, rest: Array, valid: Array, alpha: Array,
 
 
 def binomial_interval_table(successes: ArrayLike, trials: ArrayLike,
-                            confidence: float = 0.95, *,
-                            jit: Callable[[Callable], Callable] | None = None) -> np.ndarray:
+                            confidence: float = 0.95) -> np.ndarray:
   """Host-side :func:`binomial_interval` (two-sided): ``[..., 2]`` float64 ``(lower, upper)``.
 
   For reports and plots, which hold NumPy counts (int64, exact past :math:`2^{31}`). The counts
@@ -442,16 +434,10 @@ def binomial_interval_table(successes: ArrayLike, trials: ArrayLike,
   and then cost milliseconds eagerly. Not for use under ``jit`` (call :func:`binomial_interval`
   there).
 
-  Eagerly, the first table of a size also compiles each of the fifty or so small operations
-  around those loops on its own (seconds on a CPU, more on a GPU). A driver that owns
-  ``jax.jit`` (:func:`jaxrobust.evaluate`) passes ``jit=jax.jit``: the same computation then
-  runs as one program, compiled once per size in a process, with the same bounds.
-
   Args:
     successes: integer counts, any shape.
     trials: integer counts broadcastable to ``successes``.
     confidence: the level in ``(0, 1)``.
-    jit: ``None`` (eager), or ``jax.jit`` from a driver, applied to the bounds' computation.
 
   Returns:
     A NumPy array of shape ``successes.shape + (2,)``.
@@ -466,15 +452,6 @@ def binomial_interval_table(successes: ArrayLike, trials: ArrayLike,
   padded = np.zeros((2, size), np.int64)
   padded[0, :successes.size] = successes.ravel()
   padded[1, :successes.size] = trials.ravel()
-  k, rest, _ = _host_counts(padded[0], padded[1])  # checked; exact int64 differences
-  alpha = alpha_of(float(confidence))
-  two_sided = _two_sided if jit is None else jit(_two_sided)
-  lower, upper = two_sided(k, rest, alpha)
+  lower, upper = binomial_interval(padded[0], padded[1], np.float32(confidence))
   out = np.stack([np.asarray(lower, np.float64), np.asarray(upper, np.float64)], -1)
   return out[:successes.size].reshape(successes.shape + (2,))
-
-
-def _two_sided(k: Array, rest: Array, alpha: Array) -> tuple[Array, Array]:
-  """Two-sided bounds of checked host counts (module-level, so that ``jax.jit`` of it is cached
-  across calls)."""
-  return _clopper_pearson(k, rest, jnp.ones(k.shape, bool), alpha, "two")
