@@ -436,10 +436,9 @@ def test_checkpoint_resumes_on_another_mesh_or_none(setup, reference, tmp_path):
   with pytest.raises(RuntimeError, match="simulated crash"):
     run(setup, data=crash_after(x, y, 1, 16), batch_size=16, checkpoint=path, **on_mesh)
   header, arrays = _checkpoint.load(path)
-  logits_fn = setup[0]
-  spec = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32,
-                                             sharding=NamedSharding(mesh, P("data")))
-  sharded = evaluate_lib._trace_model(model_of(logits_fn), spec(16, *x.shape[1:]), None).program
+  spec = jax.ShapeDtypeStruct((16, *x.shape[1:]), jnp.float32,
+                              sharding=NamedSharding(mesh, P("data")))
+  sharded = evaluate_lib._trace_model(model_of(setup[0]), spec, None).program
   assert sharded != header["model"]["program"]
   header["model"]["program"] = sharded
   _checkpoint.save(path, header, arrays)

@@ -229,13 +229,14 @@ class Checkpoint:
           f"run: {', '.join(f'{k}={current.get(k)}' for k in differ)}). Delete it or pass "
           "another checkpoint path.")
 
-  def check_model(self, model: dict[str, str], also: str | None = None) -> None:
+  def check_model(self, model: dict[str, str], sharded_program: str | None = None) -> None:
     """Records the model's fingerprint; refuses to resume a file written for another model.
-    ``also``: another program digest of the same model that a file may hold (the sharded trace
-    that earlier versions recorded for a run on a mesh)."""
+    ``sharded_program``: the digest of the model traced on this run's mesh, which earlier
+    versions recorded instead of the unsharded one; a file holding it is the same model."""
     self.model = model
     stored = self.stored_model
-    if stored is not None and also is not None and stored.get("program") == also:
+    if stored is not None and sharded_program is not None and (
+        stored.get("program") == sharded_program):
       stored = {**stored, "program": model["program"]}
     _check_same_model(self.path, stored, model)
 

@@ -275,7 +275,7 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, keep_per_example:
     unsharded = trace if sharding is None else _trace_model(
         model, jax.ShapeDtypeStruct((plan.batch_size,) + x.shape[1:], x.dtype),
         jax.ShapeDtypeStruct((plan.batch_size,), plan.key.dtype) if samples else None)
-    ckpt.check_model(model_fingerprint(model, unsharded), also=trace.program)
+    ckpt.check_model(model_fingerprint(model, unsharded), sharded_program=trace.program)
   return _jitted_step(model, trace, plan.attacks, jax.random.key_impl(plan.key), keep_per_example,
                       plan.options, plan.mesh, plan.axis, plan.use_shard_map,
                       certifiers), num_classes, diagnosis
