@@ -178,11 +178,9 @@ def malt_distances(logits_fn, x: Array, y: Array, candidates: Array, norm: str) 
   (:func:`jaxrobust.metrics.count_evaluations`) records. They are taken a few candidates at a
   time (``jax.lax.map`` with ``batch_size``): as many as fill the backend's efficient pass
   (:func:`jaxrobust._options.default_chunk_size` rows, 64 on CPU and 512 on accelerators), at
-  least one, so a pass holds at most ``max(B, 64 or 512)`` rows' activations. All ``K`` at once,
-  a CIFAR-10 model held 9 and an ImageNet one 100 batches' activations: APGD-T with MALT targets
-  (5 steps) on a WRN-10-2 at ``B = 32`` through :func:`jaxrobust.run` on a 2-core CPU needed 0.25
-  GiB of XLA buffers and 1.87 s, two candidates a pass 0.07 GiB and 1.34-1.40 s, same points.
-  (One forward and ``K`` pullbacks of a shared ``jax.vjp`` would save the ``K - 1`` extra
+  least one, so a pass holds at most ``max(B, 64 or 512)`` rows' activations, where all ``K`` at
+  once held ``K`` batches' (9 on CIFAR-10, 99 on ImageNet; figures in ``benchmarks/RESULTS.md``,
+  "MALT's candidate gradients, a few candidates per pass"). (One forward and ``K`` pullbacks of a shared ``jax.vjp`` would save the ``K - 1`` extra
   forwards but hide the ``K`` backward passes from the counter.) A zero gradient difference gives
   :math:`d_c = +\infty` (never chosen first), a negative margin (already misclassified towards
   ``c``) a negative distance.
@@ -212,7 +210,7 @@ def malt_distances(logits_fn, x: Array, y: Array, candidates: Array, norm: str) 
 
   # Candidates per pass: enough for the backend's efficient rows (default_chunk_size: 64 on CPU,
   # 512 on accelerators), never more than one pass of the batch's rows beyond that.
-  per_pass = max(1, min(len(classes), default_chunk_size() // max(x.shape[0], 1)))
+  per_pass = max(1, min(candidates.shape[1], default_chunk_size() // max(x.shape[0], 1)))
   gaps, steepness = jax.lax.map(gap_and_steepness, classes, batch_size=per_pass)  # [K, B] each
   distances = jnp.where(steepness > 0, gaps / jnp.where(steepness > 0, steepness, 1.0), jnp.inf)
   return distances.T
