@@ -176,7 +176,7 @@ def interpret(jaxpr: Any, consts: Any, args: Any, rule: Callable[[Any, list], An
       sub, sub_consts = body
       results = interpret(sub, [wrap(c) for c in sub_consts], operands, rule, inline=inline,
                           wrap=wrap)
-    for var, value in zip(eqn.outvars, results):
-      if not isinstance(var, core.DropVar):
-        env[var] = value
+    # A dropped output (a DropVar) is stored too: no equation reads it. (Not checked by type:
+    # jax.extend.core has DropVar only from jax 0.10.)
+    env.update(zip(eqn.outvars, results))
   return [read(atom) for atom in jaxpr.outvars]

@@ -12,7 +12,7 @@ import pytest
 from jax import lax
 
 import jaxrobust as jr
-from jax.extend import core
+from jaxrobust import _jaxpr_walk
 from jaxrobust._options import RunOptions
 
 from jaxrobust.engine.canonical_conv import canonical_convolutions, noncanonical_convolutions
@@ -40,7 +40,8 @@ def noncanonical_in_loops(fn, *args) -> int:
             lambda *a: lax.conv_general_dilated_p.bind(*a, **eqn.params),
             *(jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars))
       loop = eqn.primitive.name in ("while", "scan")
-      total += sum(count(sub, in_loop or loop) for sub in core.jaxprs_in_params(eqn.params))
+      total += sum(count(_jaxpr_walk.open_jaxpr(sub)[0], in_loop or loop)
+                   for sub in _jaxpr_walk.sub_jaxprs(eqn.params))
     return total
 
   return count(jax.make_jaxpr(fn)(*args).jaxpr, False)
