@@ -79,14 +79,20 @@ def test_counts_compute_on_host_in_int64_and_on_device_alike():
     np.testing.assert_array_equal(jitted[key], value, err_msg=key)
 
 
-def test_a_ratio_compiled_with_a_known_count_equals_the_host_quotient():
-  """Every accuracy ``k / n`` a compiled program computes, ``n`` a batch size XLA knows while
-  compiling, is the correctly rounded quotient the host computes (jax 0.10.0's XLA multiplied by
-  the rounded reciprocal instead: one ulp off for 15 of the 49 ``k / 48``)."""
+def test_a_ratio_in_jax_is_the_correctly_rounded_quotient_compiled_or_not():
+  """Every accuracy ``k / n`` JAX computes, eagerly, compiled with ``n`` an argument, or compiled
+  with ``n`` a batch size XLA knows, is the correctly rounded quotient, which the host computes
+  too (XLA:CPU multiplied by the rounded reciprocal instead: one ulp off for 15 of the 49
+  ``k / 48``)."""
   for n in (3, 7, 48, 100, 540):
     counts = np.arange(n + 1)
-    on_host = conventions.ratio(counts, np.int64(n))
+    exact = (counts / n).astype(np.float32)  # float64 quotients of small integers, rounded once
     size = lambda: conventions.count_true(jnp.ones(n, bool))  # a constant of the program
-    compiled = jax.jit(lambda k: conventions.ratio(k, size()))(jnp.asarray(counts, jnp.int32))
-    np.testing.assert_array_equal(compiled, on_host, err_msg=f"n = {n}")
-    np.testing.assert_array_equal(on_host, (counts / n).astype(np.float32), err_msg=f"n = {n}")
+    k = jnp.asarray(counts, jnp.int32)
+    ways = {"host": conventions.ratio(counts, np.int64(n)),
+            "eager": conventions.ratio(k, jnp.int32(n)),
+            "jit, n an argument": jax.jit(conventions.ratio)(k, jnp.int32(n)),
+            "jit, n known": jax.jit(lambda k: conventions.ratio(k, size()))(k),
+            "vmap": jax.vmap(conventions.ratio, in_axes=(0, None))(k, jnp.int32(n))}
+    for way, value in ways.items():
+      np.testing.assert_array_equal(value, exact, err_msg=f"n = {n}, {way}")

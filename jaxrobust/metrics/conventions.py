@@ -99,11 +99,12 @@ def ratio(num: ArrayLike, den: ArrayLike, dtype=np.float32) -> Array:
   """``num / den`` in ``dtype`` (float32 unless asked), NaN where ``den == 0``, in the namespace
   of the operands: a JAX array for device sums, NumPy (a scalar for scalars) for host sums.
 
-  The quotient is the correctly rounded one in every program, equal to the host's: under
-  ``jit`` the denominator passes an optimisation barrier, so that XLA cannot turn a division by a
-  count it knows while compiling (a batch size) into a multiplication by the rounded reciprocal.
-  jax 0.10.0's XLA:CPU did that, one float32 ulp off for 15 of the 49 accuracies ``k / 48``, so a
-  compiled curve differed from the same counts' curve computed eagerly or on the host.
+  The quotient is the correctly rounded one in JAX too, equal to the host's, compiled or not:
+  the divisor, broadcast to one per quotient, passes an optimisation barrier, so that XLA cannot
+  turn the division by one count (a batch size) into a multiplication by its rounded reciprocal.
+  XLA:CPU does that for a vector divided by a scalar (jax 0.10.0 and 0.10.1, eagerly and under
+  ``jit``), one float32 ulp off for 15 of the 49 accuracies ``k / 48``; and where the count was
+  known while compiling, jax 0.10.0's compiled and eager quotients differed.
 
   Examples:
     >>> import numpy as np
@@ -113,7 +114,10 @@ def ratio(num: ArrayLike, den: ArrayLike, dtype=np.float32) -> Array:
   xp = array_namespace(num, den)
   num = xp.asarray(num).astype(dtype)
   den = xp.asarray(den).astype(dtype)
-  if xp is jnp:
-    den = jax.lax.optimization_barrier(den)
   ok = den > 0
-  return xp.where(ok, num / xp.where(ok, den, 1.0), xp.nan)[()]
+  safe = xp.where(ok, den, 1.0)
+  if xp is jnp:
+    # One divisor per quotient, which XLA cannot see through (see above). Selected by a
+    # condition on num, so that under vmap it is batched wherever num is.
+    safe = jax.lax.optimization_barrier(jnp.where(num == num, safe, safe))
+  return xp.where(ok, num / safe, xp.nan)[()]
