@@ -23,6 +23,7 @@ last bits (other fusion and vectorisation), so a test must not sit on a tie that
 passes with either setting. A module-scoped fixture compiles with its module's setting.
 """
 
+import importlib.util
 import os
 
 from tests.xla_options import suite_xla_flags
@@ -100,8 +101,14 @@ LONGEST_FIRST = {
 }
 
 
+# Library modules whose docstring examples import an optional package (PyTorch: the `test` extra
+# installs it, a bare environment may not).
+DOCTESTS_NEED = {"jaxrobust/interop/_pytorch.py": "torch"}
+
+
 def pytest_collection_modifyitems(session, config, items):
-  """Orders the files by :data:`LONGEST_FIRST`, keeping each file's tests together and in order."""
+  """Orders the files by :data:`LONGEST_FIRST`, keeping each file's tests together and in order;
+  skips the examples of :data:`DOCTESTS_NEED` where their package is missing."""
   root = config.rootpath
 
   def file_of(item) -> str:
@@ -113,5 +120,8 @@ def pytest_collection_modifyitems(session, config, items):
   first_seen: dict[str, int] = {}
   for item in items:
     first_seen.setdefault(file_of(item), len(first_seen))
+    needs = DOCTESTS_NEED.get(file_of(item))
+    if needs and importlib.util.find_spec(needs) is None:  # as the test modules' importorskip
+      item.add_marker(pytest.mark.skip(reason=f"its example needs {needs}, not installed"))
   order = {name: (-LONGEST_FIRST.get(name, 0), index) for name, index in first_seen.items()}
   items[:] = sorted(items, key=lambda item: order[file_of(item)])  # stable: in-file order kept

@@ -477,6 +477,9 @@ def assert_matches_core(out, core, rtol=1e-5, atol=1e-6):
 def test_data_parallel_step_on_an_explicit_mesh_equals_the_one_device_step(core, problem):
   if len(jax.devices()) < 8:
     pytest.skip("needs 8 devices")
+  if jax.__version__ == "0.10.0":  # the one release the install allows that cannot
+    pytest.skip("jax 0.10.0 cannot differentiate a matmul contracting an Explicit batch axis "
+                "(the MLP's weight gradient: ShardingTypeError, JAX's own; 0.10.1 can)")
   params, x, y = problem
   mesh = jax.make_mesh((8,), ("batch",), axis_types=(AxisType.Explicit,))
   batch = NamedSharding(mesh, P("batch"))
