@@ -86,7 +86,8 @@ def test_a_ratio_in_jax_is_the_correctly_rounded_quotient_compiled_or_not():
   ``k / 48``)."""
   for n in (3, 7, 48, 100, 540):
     counts = np.arange(n + 1)
-    exact = (counts / n).astype(np.float32)  # float64 quotients of small integers, rounded once
+    exact = (counts / n).astype(np.float32)  # the float64 quotient rounded to float32 (the
+    # host's float32 division, the first way below, gives the same for these n)
     size = lambda: conventions.count_true(jnp.ones(n, bool))  # a constant of the program
     k = jnp.asarray(counts, jnp.int32)
     ways = {"host": conventions.ratio(counts, np.int64(n)),
