@@ -71,6 +71,7 @@ def test_every_accuracy_has_its_exact_interval():
 
 
 def test_binomial_interval_table_is_exact_at_any_size():
+  """The table is Clopper-Pearson's at every padded size, also for host counts past int32."""
   rng = np.random.default_rng(1)
   for size in (1, 16, 17, 40):  # padded to 16, 16, 32, 64
     n = rng.integers(1, 10_000, size=size)
@@ -78,6 +79,9 @@ def test_binomial_interval_table_is_exact_at_any_size():
     got = jr.metrics.binomial_interval_table(k, n, 0.9)
     np.testing.assert_allclose(got, clopper_pearson(k, n, 0.9), rtol=3e-6, atol=1e-7)
   assert jr.metrics.binomial_interval_table(np.zeros((2, 3), int), 4).shape == (2, 3, 2)
+  k, n = np.array([3_000_000_000, 7]), np.array([4_000_000_000, 3_000_000_000])
+  np.testing.assert_allclose(jr.metrics.binomial_interval_table(k, n, 0.95), clopper_pearson(k, n),
+                             rtol=1e-5)
 
 
 def test_with_certified_save_load_and_refusals(tmp_path):
