@@ -175,13 +175,14 @@ def malt_distances(logits_fn, x: Array, y: Array, candidates: Array, norm: str) 
   :math:`d_c = (z_y - z_c) / \|\nabla z_y - \nabla z_c\|_*` (dual norm of ``norm``), ``[B, K]``
   for ``candidates`` ``[B, K]``. The gradients are one ``jax.grad`` per candidate: ``K``
   forward-and-backward rows per example, which is what a counting ``logits_fn``
-  (:func:`jaxrobust.metrics.count_evaluations`) records. They are taken a few candidates at a
-  time (``jax.lax.map`` with ``batch_size``): as many as fill the backend's efficient pass
+  (:func:`jaxrobust.metrics.count_evaluations`) records. (One forward and ``K`` pullbacks of a
+  shared ``jax.vjp`` would save the ``K - 1`` extra forwards but hide the ``K`` backward passes
+  from the counter.) They are taken a few candidates at a time (``jax.lax.map`` with
+  ``batch_size``): as many as fill the backend's efficient pass
   (:func:`jaxrobust._options.default_chunk_size` rows, 64 on CPU and 512 on accelerators), at
   least one, so a pass holds at most ``max(B, 64 or 512)`` rows' activations, where all ``K`` at
   once held ``K`` batches' (9 on CIFAR-10, 99 on ImageNet; figures in ``benchmarks/RESULTS.md``,
-  "MALT's candidate gradients, a few candidates per pass"). (One forward and ``K`` pullbacks of a shared ``jax.vjp`` would save the ``K - 1`` extra
-  forwards but hide the ``K`` backward passes from the counter.) A zero gradient difference gives
+  "MALT's candidate gradients, a few candidates per pass"). A zero gradient difference gives
   :math:`d_c = +\infty` (never chosen first), a negative margin (already misclassified towards
   ``c``) a negative distance.
 
@@ -208,8 +209,7 @@ def malt_distances(logits_fn, x: Array, y: Array, candidates: Array, norm: str) 
     gap, grad = margin_grad(k, x)
     return gap, projections.dual_norm(grad.astype(jnp.float32), norm)
 
-  # Candidates per pass: enough for the backend's efficient rows (default_chunk_size: 64 on CPU,
-  # 512 on accelerators), never more than one pass of the batch's rows beyond that.
+  # Candidates per pass: as many as fill default_chunk_size() rows, at least one (see above).
   per_pass = max(1, min(candidates.shape[1], default_chunk_size() // max(x.shape[0], 1)))
   gaps, steepness = jax.lax.map(gap_and_steepness, classes, batch_size=per_pass)  # [K, B] each
   distances = jnp.where(steepness > 0, gaps / jnp.where(steepness > 0, steepness, 1.0), jnp.inf)
