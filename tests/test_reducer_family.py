@@ -182,8 +182,8 @@ def test_host_and_device_curves_agree(seed):
 
 
 def test_binomial_interval_table_takes_host_counts_past_int32():
-  """Host counts are int64: the table agrees with binomial_interval's host path (no NaN from
-  counts cut to int32); the table's padding changes only the last float32 bit."""
+  """Host counts are int64: the table (float64) agrees with binomial_interval's host path
+  (float32) to float32 accuracy, with no NaN from counts cut to int32."""
   k = np.array([3_000_000_000, 7, 0], np.int64)
   n = np.array([4_000_000_000, 3_000_000_000, 5_000_000_000], np.int64)
   table = metrics.binomial_interval_table(k, n, 0.95)
@@ -191,6 +191,30 @@ def test_binomial_interval_table_takes_host_counts_past_int32():
   np.testing.assert_allclose(table, np.stack([lower, upper], -1), rtol=1e-6)
   assert np.all(np.isfinite(table)) and table[0, 0] < 0.75 < table[0, 1]
   assert table[2, 0] == 0.0 and 0.0 < table[2, 1] < 1e-9
+
+
+def test_host_intervals_are_float64_and_compile_nothing(caplog):
+  """Reports, plots and host reducers compute their intervals on the host in float64 (SciPy),
+  with no XLA compilation (the float32 JAX path compiled about fifty programs per process and
+  table size), equal to the device path to its float32 accuracy, in every average."""
+  rng = np.random.default_rng(3)
+  flags = jnp.asarray(rng.uniform(size=999) < 0.3)
+  groups = jnp.asarray(rng.integers(0, 37, size=999))
+  device = metrics.Rate.from_flags(flags, groups=groups, num_groups=37)
+  host = device.to_host()
+  with jax.log_compiles(), caplog.at_level("DEBUG"):
+    table = metrics.binomial_interval_table(np.arange(1001) % 7, 1000 + np.arange(1001) % 5,
+                                            0.99)
+    results = {average: host.compute(0.9, average=average) for average in (None, "micro",
+                                                                           "macro")}
+  compiled = [r.getMessage() for r in caplog.records if "ompil" in r.getMessage()]
+  assert not compiled, compiled[:3]
+  assert table.dtype == np.float64 and table.shape == (1001, 2)
+  for average, got in results.items():
+    want = device.compute(0.9, average=average)
+    for key in ("lower", "upper"):
+      assert np.asarray(got[key]).dtype == np.float64, (average, key)
+      np.testing.assert_allclose(got[key], want[key], rtol=3e-6, atol=1e-7)
 
 
 def test_grouped_rate_computes_per_group_on_the_host_as_on_the_device():

@@ -7,6 +7,7 @@ matplotlib artists), not only through the file's existence.
 from __future__ import annotations
 
 import json
+import math
 
 import jax
 import matplotlib.image
@@ -70,18 +71,61 @@ def test_every_accuracy_has_its_exact_interval():
                           info={}, flags={}, confidence=1.0)
 
 
-def test_binomial_interval_table_is_exact_at_any_size():
-  """The table is Clopper-Pearson's at every padded size, also for host counts past int32."""
+def _binomial_tail(k: int, n: int, p: float, upward: bool) -> float:
+  """P[X >= k] (``upward``) or P[X <= k] for X ~ Bin(n, p), by the exact sum in float64."""
+  terms = range(k, n + 1) if upward else range(0, k + 1)
+  return math.fsum(math.comb(n, j) * p**j * (1.0 - p) ** (n - j) for j in terms)
+
+
+def test_binomial_interval_table_solves_the_clopper_pearson_equations():
+  """Each bound of the host table solves its defining equation, P_L[X >= k] = P_U[X <= k] =
+  alpha / 2 (exact binomial sums, not SciPy), with L = 0 at k = 0 and U = 1 at k = n."""
   rng = np.random.default_rng(1)
-  for size in (1, 16, 17, 40):  # padded to 16, 16, 32, 64
-    n = rng.integers(1, 10_000, size=size)
-    k = rng.integers(0, n + 1)
-    got = jr.metrics.binomial_interval_table(k, n, 0.9)
-    np.testing.assert_allclose(got, clopper_pearson(k, n, 0.9), rtol=3e-6, atol=1e-7)
+  n = rng.integers(0, 60, size=40)
+  k = rng.integers(0, n + 1)
+  table = jr.metrics.binomial_interval_table(k, n, 0.9)
+  assert table.shape == (40, 2) and table.dtype == np.float64
+  for (lower, upper), ki, ni in zip(table, k.tolist(), n.tolist()):
+    if ki == 0:
+      assert lower == 0.0
+    else:
+      assert _binomial_tail(ki, ni, lower, upward=True) == pytest.approx(0.05, rel=1e-9)
+    if ki == ni:
+      assert upper == 1.0
+    else:
+      assert _binomial_tail(ki, ni, upper, upward=False) == pytest.approx(0.05, rel=1e-9)
   assert jr.metrics.binomial_interval_table(np.zeros((2, 3), int), 4).shape == (2, 3, 2)
+
+
+def test_binomial_interval_table_agrees_with_the_float32_path_at_any_size():
+  """The host table (float64, SciPy) and ``binomial_interval`` (float32, its own incomplete beta
+  function) agree to float32 accuracy, also for host counts past int32; the table bounds the
+  first of those against SciPy's beta quantiles (``stats.beta.ppf``) to float64 accuracy."""
+  rng = np.random.default_rng(2)
+  n = rng.integers(1, 10_000, size=40)
+  k = rng.integers(0, n + 1)
+  lower, upper = jr.metrics.binomial_interval(k, n, 0.9)
+  np.testing.assert_allclose(jr.metrics.binomial_interval_table(k, n, 0.9),
+                             np.stack([lower, upper], -1), rtol=3e-6, atol=1e-7)
   k, n = np.array([3_000_000_000, 7]), np.array([4_000_000_000, 3_000_000_000])
-  np.testing.assert_allclose(jr.metrics.binomial_interval_table(k, n, 0.95), clopper_pearson(k, n),
-                             rtol=1e-5)
+  table = jr.metrics.binomial_interval_table(k, n, 0.95)
+  np.testing.assert_allclose(table, clopper_pearson(k, n), rtol=1e-7)
+  lower, upper = jr.metrics.binomial_interval(k, n, 0.95)
+  np.testing.assert_allclose(table, np.stack([lower, upper], -1), rtol=1e-6)
+
+
+def test_binomial_interval_table_refuses_bad_counts_and_levels():
+  with pytest.raises(TypeError, match="integer counts"):
+    jr.metrics.binomial_interval_table(np.array([1.0]), 4)
+  with pytest.raises(ValueError, match="successes must be <= trials"):
+    jr.metrics.binomial_interval_table(5, 4)
+  with pytest.raises(ValueError, match=">= 0"):
+    jr.metrics.binomial_interval_table(-1, 4)
+  for confidence in (0.0, 1.0, float("nan")):
+    with pytest.raises(ValueError, match="confidence"):
+      jr.metrics.binomial_interval_table(1, 4, confidence)
+  with pytest.raises(TypeError, match="confidence"):
+    jr.metrics.binomial_interval_table(1, 4, 1)
 
 
 def test_with_certified_save_load_and_refusals(tmp_path):

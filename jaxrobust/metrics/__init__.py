@@ -8,7 +8,7 @@
   :class:`CurveCounts` (robustness curves; what :func:`jaxrobust.evaluate` and
   :class:`jaxrobust.Report` are built on) and :class:`NormHistogram` (curves from minimal norms);
 * :mod:`jaxrobust.metrics.intervals` -- exact Clopper--Pearson bounds (:func:`binomial_interval`,
-  and :func:`binomial_interval_table` for host reports), in float32 and traceable;
+  in float32 and traceable; :func:`binomial_interval_table`, in float64 on the host for reports);
 * :mod:`jaxrobust.metrics.rates` -- the mergeable :class:`Rate` (hits out of trials, with its
   interval; grouped, micro and macro averages);
 * :mod:`jaxrobust.metrics.generative` -- the generative-model rates built on it

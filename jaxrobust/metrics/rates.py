@@ -21,7 +21,7 @@ import numpy as np
 from jaxrobust._validation import is_concrete
 from jaxrobust.metrics.conventions import array_namespace, float_for_counts, ratio, row_mask
 from jaxrobust.metrics.intervals import (binomial_interval, check_confidence,
-                                         hoeffding_half_width)
+                                         hoeffding_half_width, host_binomial_interval)
 from jaxrobust.metrics.reducers import Reducer
 
 Array = jax.Array
@@ -206,7 +206,8 @@ class Rate(_RateSums, Reducer):
     from :func:`binomial_interval` (``(0, 1)`` when ``total == 0``); ``hits`` and ``total`` as
     stored. Device values give float32 JAX scalars (traceable, ``confidence`` is data). A host
     reducer (:meth:`to_host`, int64 sums, possibly past :math:`2^{31}`) computes on the host
-    without truncating to int32: ``rate`` in float64, the bounds in float32 as NumPy values.
+    without truncating to int32 and without compiling: ``rate`` and the bounds in float64, as
+    NumPy values (the bounds from :func:`binomial_interval_table`'s SciPy path).
 
     For a grouped rate (``[G]`` fields), ``average`` chooses what is reported:
 
@@ -279,10 +280,10 @@ class Rate(_RateSums, Reducer):
           out["groups"] = (xp.asarray(self.total) > 0).astype(xp.int32)
         return out
       return _macro_average(self, confidence, macro_interval)
-    # Elementwise for a grouped rate ([G] sums). Host sums (NumPy int64) give NumPy values: the
-    # rate in float64, the bounds (float32) as NumPy arrays; device sums give float32 JAX arrays.
+    # Elementwise for a grouped rate ([G] sums). Host sums (NumPy int64) give NumPy float64
+    # values; device sums give float32 JAX arrays.
     xp = array_namespace(self.hits, self.total)
-    lower, upper = binomial_interval(self.hits, self.total, confidence)
+    lower, upper = _interval(self.hits, self.total, confidence)
     return {"rate": ratio(self.hits, self.total, float_for_counts(self.total)),
             "lower": xp.asarray(lower), "upper": xp.asarray(upper),
             "hits": self.hits, "total": self.total}
@@ -331,6 +332,15 @@ def _sum_groups(counts):
   return xp.sum(counts, dtype=xp.asarray(counts).dtype)
 
 
+def _interval(hits, total, confidence) -> tuple[Array, Array]:
+  """The two-sided Clopper--Pearson bounds: for host sums (NumPy) and a host ``confidence``, in
+  float64 on the host (:func:`~jaxrobust.metrics.intervals.host_binomial_interval`, nothing to
+  compile); otherwise :func:`binomial_interval`'s float32 (traceable, ``confidence`` data)."""
+  if array_namespace(hits, total) is np and not isinstance(confidence, jax.Array):
+    return host_binomial_interval(hits, total, confidence)
+  return binomial_interval(hits, total, confidence)
+
+
 def _bonferroni_level(confidence: ArrayLike, divisor, dtype) -> Array:
   """``1 - (1 - confidence) / divisor`` (``divisor`` groups): ``1 - confidence`` is formed in
   float64 for a host ``confidence`` (then the division runs in ``dtype``), in float32 for a
@@ -367,8 +377,8 @@ def _macro_average(rate: Rate, confidence: ArrayLike,
     lower = xp.where(groups > 0, xp.clip(rate_mean - half, 0.0, 1.0), 0.0)
     upper = xp.where(groups > 0, xp.clip(rate_mean + half, 0.0, 1.0), 1.0)
   else:
-    group_lower, group_upper = binomial_interval(rate.hits, rate.total,
-                                                 _bonferroni_level(confidence, divisor, wide))
+    group_lower, group_upper = _interval(rate.hits, rate.total,
+                                         _bonferroni_level(confidence, divisor, wide))
     lower, upper = mean(group_lower, 0.0), mean(group_upper, 1.0)
   return {"rate": rate_mean, "lower": lower, "upper": upper, "hits": rate.hits,
           "total": rate.total, "groups": groups}
