@@ -574,6 +574,8 @@ def test_progress_bar_shows_rate_and_running_accuracy(setup, reference, capsys):
   err = capsys.readouterr().err
   assert "ex/s" in err and "robust=" in err and "clean=" in err
   assert f"{reference.num_examples}/{reference.num_examples}" in err
+  # Before the first batch (while the program compiles) the bar says so, at 0 examples.
+  assert "status=compiling the evaluation program" in err.split("clean=")[0]
   assert report == reference
 
 
@@ -877,6 +879,7 @@ def test_progress_without_tqdm_prints_a_text_line(monkeypatch, capsys):
                        batch_size=2, progress=True)
   err = capsys.readouterr().err
   assert "jr.evaluate: 3/3 ex" in err and "clean=1.0000" in err
+  assert "jr.evaluate: 0/3 ex status=compiling the evaluation program" in err
   assert report.num_examples == 3
 
 

@@ -73,8 +73,9 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       per core (``jax_num_cpu_devices``) puts every core to work (README, "A note on CPU speed").
     checkpoint: optional path of a checkpoint file to write after every batch and resume from
       (its folder is created if missing).
-    progress: show a progress bar (``tqdm`` if installed, else a text line) with examples/s and the running clean and worst-case robust
-      accuracy (at the largest eps); process 0 only.
+    progress: show a progress bar (``tqdm`` if installed, else a text line) with examples/s and
+      the running clean and worst-case robust accuracy (at the largest eps), saying so while the
+      first batch compiles the program; process 0 only.
     lower, upper: the box.
     batch_axis: the mesh axis to shard the batch over (default: the first).
     use_shard_map: run the step per device under ``jax.shard_map`` (requires ``mesh``).
@@ -157,6 +158,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       if ckpt is not None:  # the data fingerprint is only needed to resume
         host.hash_batch(hasher, x, y, index)
       if step_fn is None:  # first batch: budgets checked, then the model compiled as it is now
+        if bar is not None:  # compiling takes seconds to minutes before the bar first moves
+          bar.set_postfix(status="compiling the evaluation program", refresh=True)
         constants = _constants(plan, x, allow_large_eps, max_propagations)
         step_fn, num_classes, diagnosis = _compile(model, logits_fn, plan, x, keep_per_example,
                                                    ckpt, certifiers, diagnose)

@@ -210,12 +210,16 @@ class _TextBar:
     now = time.monotonic()
     if now - self._last >= 1.0 or (self.total is not None and self.n >= self.total):
       self._last = now
-      of = f"/{self.total}" if self.total is not None else ""
-      print(f"\r{self.desc}: {self.n}{of} ex {self.postfix}", end="", file=sys.stderr, flush=True)
+      self._show()
 
   def set_postfix(self, refresh: bool = False, **values: str) -> None:
-    del refresh
     self.postfix = " ".join(f"{k}={v}" for k, v in values.items())
+    if refresh:
+      self._show()
+
+  def _show(self) -> None:
+    of = f"/{self.total}" if self.total is not None else ""
+    print(f"\r{self.desc}: {self.n}{of} ex {self.postfix}", end="", file=sys.stderr, flush=True)
 
   def close(self) -> None:
     print(file=sys.stderr, flush=True)
