@@ -201,6 +201,19 @@ def test_smoothed_predict_and_bad_options(points):
   for sigma in (0.0, -0.5):  # the deterministic model (or worse): eot refuses it, so must this
     with pytest.raises(ValueError, match="sigma"):
       jr.certify.gaussian_noise(linear, sigma)
+  # Inputs the noise cannot smooth, or logits with nothing to choose: refused, never certified
+  # (an int32 x truncated the noise to integers and certified radius 0.375 where the float input
+  # gives 0.34; NaN inputs abstained silently; one class "certified" class 0).
+  for certify in (functools.partial(jr.certify.smoothing, n0=10, n=50),
+                  functools.partial(jr.certify.smoothed_predict, n=50)):
+    with pytest.raises(TypeError, match="float array"):
+      certify(linear, jnp.array([[1, 0], [0, 1]]), keys[:2], sigma=0.25)
+    with pytest.raises(ValueError, match="NaN/Inf"):
+      certify(linear, jnp.asarray(x[:2]).at[0, 0].set(jnp.nan), keys[:2], sigma=0.25)
+    with pytest.raises(ValueError, match="non-empty batch"):
+      certify(linear, x[:0], keys[:0], sigma=0.25)
+    with pytest.raises(ValueError, match="1 class"):
+      certify(lambda v: v[:, :1], x[:2], keys[:2], sigma=0.25)
 
 
 @pytest.fixture(scope="module")

@@ -44,11 +44,13 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxrobust._batch import as_keys, fold_in, like_batch, one_hot_mask, predict
 from jaxrobust._types import Certificate
-from jaxrobust._validation import check_number, check_positive_int, is_concrete
+from jaxrobust._validation import (check_batch, check_logits, check_number,
+                                   check_positive_int, is_concrete, logits_shape)
 from jaxrobust.metrics import binomial_interval
 
 Array = jax.Array
@@ -86,6 +88,18 @@ def class_counts(logits_fn: Callable[[Array], Array], x: Array, keys: Array, sig
 
   counts = like_batch(jnp.zeros((x.shape[0], num_classes), jnp.int32), x)
   return lax.scan(chunk, counts, jnp.arange(chunks, dtype=jnp.uint32))[0]
+
+
+def _check_model_inputs(logits_fn: Callable[[Array], Array], x: Array) -> None:
+  """``x`` is a non-empty float batch (finite where concrete: Gaussian noise added to an integer
+  or a NaN input would certify a classifier that was never smoothed), and ``logits_fn(x)`` is
+  ``[B, C]`` with ``C >= 2``."""
+  check_batch(x, None)
+  if is_concrete(x):
+    bad = int(np.sum(~np.isfinite(np.asarray(x))))
+    if bad:
+      raise ValueError(f"x contains {bad} NaN/Inf value(s).")
+  check_logits(logits_shape(logits_fn, x), x.shape[0])
 
 
 def _check(sigma, alpha, **counts: int) -> None:
@@ -150,6 +164,9 @@ def smoothing(logits_fn: Callable[[Array], Array], x: Array, key: Array, *, sigm
       ``alpha``) ``n <= log2(1/alpha)``: then even ``n`` draws on one class give
       :math:`\underline{p_A} = \alpha^{1/n} \le 1/2` and every example abstains (at the
       default ``alpha = 0.001``, ``n >= 10``).
+      Also an empty batch, NaN/Inf in a concrete ``x``, or logits that are not ``[B, C]`` with
+      ``C >= 2``.
+    TypeError: an integer ``x`` (the noise would be truncated to integers).
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -165,6 +182,7 @@ def smoothing(logits_fn: Callable[[Array], Array], x: Array, key: Array, *, sigm
     Cohen, Rosenfeld & Kolter, ICML 2019, Algorithm CERTIFY.
   """
   _check(sigma, alpha, n0=n0, n=n, batch_size=batch_size)
+  _check_model_inputs(logits_fn, x)
   if is_concrete(alpha) and n <= math.log2(1.0 / float(alpha)):
     # All n draws on one class give the lower bound alpha^(1/n), certifying only above 1/2.
     raise ValueError(
@@ -225,6 +243,9 @@ def smoothed_predict(logits_fn: Callable[[Array], Array], x: Array, key: Array, 
       ``alpha``) ``n < log2(2/alpha)``: then even ``n`` draws on one class have the two-sided
       p-value :math:`2 \cdot 2^{-n} > \alpha` and every example abstains (at the default
       ``alpha = 0.001``, ``n >= 11``).
+      Also an empty batch, NaN/Inf in a concrete ``x``, or logits that are not ``[B, C]`` with
+      ``C >= 2``.
+    TypeError: an integer ``x``.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -239,6 +260,7 @@ def smoothed_predict(logits_fn: Callable[[Array], Array], x: Array, key: Array, 
     Cohen, Rosenfeld & Kolter, ICML 2019, Algorithm PREDICT.
   """
   _check(sigma, alpha, n=n, batch_size=batch_size)
+  _check_model_inputs(logits_fn, x)
   if is_concrete(alpha) and n < math.log2(2.0 / float(alpha)):
     # All n draws on one class: the two-sided p-value 2 * 2^-n is the smallest there is.
     raise ValueError(
@@ -248,11 +270,8 @@ def smoothed_predict(logits_fn: Callable[[Array], Array], x: Array, key: Array, 
         f"{math.log2(2.0 / float(alpha)):.2f} (Cohen et al.: n = 100000).")
   keys = like_batch(as_keys(key, x.shape[0]), x)
   counts = class_counts(logits_fn, x, fold_in(keys, PREDICT), sigma, n, min(batch_size, n))
-  if counts.shape[-1] == 1:  # one class: it is always the prediction
-    n_a, n_b, top = counts[:, 0], jnp.zeros_like(counts[:, 0]), jnp.zeros_like(counts[:, 0])
-  else:
-    values, indices = lax.top_k(counts, 2)
-    n_a, n_b, top = values[:, 0], values[:, 1], indices[:, 0]
+  values, indices = lax.top_k(counts, 2)
+  n_a, n_b, top = values[:, 0], values[:, 1], indices[:, 0]
   return jnp.where(significant(n_a, n_b, alpha), top.astype(jnp.int32), -1)
 
 
