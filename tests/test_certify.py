@@ -315,6 +315,38 @@ def test_certified_curve_and_the_bracket_in_a_report(linear_problem_linf):
   np.testing.assert_array_equal(certified, truth)  # exact on a linear model
 
 
+def test_certify_bounds_and_certified_curve_refuse_bad_input():
+  """What would certify silently (radius 0 for an infinite or NaN top, -1 labels counting
+  abstentions as correct) or in the wrong units is refused with the reason."""
+  w = jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+  f = lambda v: v @ w
+  x, y = jnp.array([[0.6, 0.4], [0.3, 0.7]]), jnp.array([0, 1])
+  exact = jr.certify.certify_bounds(f, x, y, jr.Budget(0.5))
+  np.testing.assert_allclose(exact.radius, [0.1, 0.2], rtol=1e-3)
+  for budget, kwargs, match in [
+      (jr.Budget(jnp.inf), {}, "eps = inf"), (jr.Budget(jnp.nan), {}, "NaN"),
+      (jr.Budget(-0.1), {}, ">= 0"), (jr.Budget(0.5), {"max_eps": jnp.inf}, "eps = inf"),
+      (jr.Budget(8.0), {}, "0-255 units"), (jr.Budget(0.5, jnp.nan, 1.0), {}, "finite"),
+      (jr.Budget(0.5, 0.5, 1.0), {}, "box")]:
+    with pytest.raises(ValueError, match=match):
+      jr.certify.certify_bounds(f, x, y, budget, **kwargs)
+  with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
+    jr.certify.certify_bounds(f, x, jnp.array([0, 2]), jr.Budget(0.5))
+  with pytest.raises(TypeError, match="float array"):
+    jr.certify.certify_bounds(f, jnp.array([[1, 0]]), y[:1], jr.Budget(0.5))
+  wide = jr.certify.certify_bounds(f, x, y, jr.Budget(1.0), allow_large_eps=True)
+  np.testing.assert_allclose(wide.radius, [0.1, 0.2], rtol=1e-3)
+  c = jr.Certificate(jnp.array([0, 1, -1]), jnp.array([0.5, 0.2, 0.0]))
+  with pytest.raises(ValueError, match="abstention"):
+    jr.certify.certified_curve(c, jnp.array([0, 1, -1]), jnp.array([0.0]))
+  with pytest.raises(ValueError, match="Batch sizes differ"):
+    jr.certify.certified_curve(c, jnp.array([0, 1]), jnp.array([0.0]))
+  with pytest.raises(ValueError, match="1-D int array"):
+    jr.certify.certified_curve(c, jnp.array([0.0, 1.0, 1.0]), jnp.array([0.0]))
+  with pytest.raises(ValueError, match=r"radii must be a 1-D array \[K\]"):
+    jr.certify.certified_curve(c, jnp.array([0, 1, 1]), 0.1)
+
+
 def test_the_smoothed_classifier_is_attacked_through_gaussian_noise_and_eot(points, certificate):
   """SmoothAdv's empirical side: EOT-PGD on the noisy model breaks the smoothed linear classifier
   0.5 beyond its boundary and not 0.3 before it, where the certificate (below d) also holds."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrobust._types import Certificate, Curve
+from jaxrobust._validation import check_label_shape, is_concrete
 from jaxrobust.metrics import curve_auc
 
 Array = jax.Array
@@ -33,6 +35,11 @@ def certified_curve(certificate: Certificate, y: Array, radii: Array) -> Curve:
   Returns:
     A :class:`jaxrobust.Curve` with ``robust [K, B]``.
 
+  Raises:
+    ValueError: ``y`` not a 1-D int array as long as the certificate, a concrete ``y`` with a
+      negative entry (``-1`` is the code of an abstention: a label of ``-1`` would count every
+      abstention as correct), ``radii`` not ``[K]``.
+
   Examples:
     >>> import jax.numpy as jnp
     >>> import jaxrobust as jr
@@ -41,6 +48,14 @@ def certified_curve(certificate: Certificate, y: Array, radii: Array) -> Curve:
     >>> float(curve.clean_accuracy), curve.robust_accuracy.tolist()
     (0.5, [0.5, 0.25])
   """
+  batch = certificate.prediction.shape[0]
+  check_label_shape("y", y, batch, f"the certificate has {batch} predictions")
+  if is_concrete(y) and batch and int(np.min(np.asarray(y))) < 0:
+    raise ValueError(f"y must hold class indices >= 0, got min {int(np.min(np.asarray(y)))}: -1 "
+                     "is the prediction of an abstention, so a label -1 would count it correct. "
+                     "Drop the unlabelled examples first.")
+  if np.ndim(radii) != 1:
+    raise ValueError(f"radii must be a 1-D array [K], got shape {np.shape(radii)}.")
   radii = jnp.asarray(radii, jnp.float32)
   correct = certificate.prediction == y
   robust = correct[None, :] & (certificate.radius[None, :] >= radii[:, None])

@@ -28,7 +28,7 @@ from jax import lax
 
 from jaxrobust._batch import expand, like_batch, predict
 from jaxrobust._types import NORMS, Budget, Certificate
-from jaxrobust._validation import check_number
+from jaxrobust._validation import check_bool, check_inputs, check_number
 from jaxrobust.certify._jaxpr import check_deterministic
 from jaxrobust.certify._linear import check_examples_per_pass
 from jaxrobust.certify._margins import check_method, margin_bounds
@@ -52,7 +52,8 @@ def certified_at(logits_fn: Callable[[Array], Array], x: Array, y: Array, eps: A
 
 def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: Budget, *,
                    method: str = "ibp", norm: str = "linf", max_eps: float | Array | None = None,
-                   tol: float = 1e-4, examples_per_pass: int | None = None) -> Certificate:
+                   tol: float = 1e-4, examples_per_pass: int | None = None,
+                   allow_large_eps: bool = False) -> Certificate:
   r"""A :class:`jaxrobust.Certificate` from bound propagation (see the module docstring).
 
   Args:
@@ -71,10 +72,19 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
     tol: bisection tolerance relative to ``max_eps`` (static): the returned radius is within
       ``tol * max_eps`` of the largest eps the check passes at (when that set is an interval).
     examples_per_pass: the memory knob (static) of :func:`jaxrobust.certify.margin_bounds`.
+    allow_large_eps: accept a largest radius that covers the whole box (as
+      :func:`jaxrobust.run` does; otherwise refused, e.g. 8 meant as 8/255).
 
   Returns:
     ``Certificate(prediction, radius)``: the model's prediction on ``x`` and the certified radius;
     a misclassified point (or a non-finite output) gets radius 0.
+
+  Raises:
+    ValueError: what :func:`jaxrobust.check_inputs` refuses of ``x``, ``y``, the box and the
+      largest radius (``max_eps``, else ``budget.eps``): a radius that is NaN, negative or
+      infinite (the bisection needs a finite top), ``x`` outside the box or non-finite, labels
+      out of range, logits that are not ``[B, C]``; an unknown ``norm`` or ``method``.
+    TypeError: an integer ``x``.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -97,9 +107,14 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
   check_examples_per_pass(examples_per_pass)
   tol = check_number("tol", tol, low=0.0, high=1.0, low_open=True, high_open=True)
   steps = math.ceil(math.log2(1.0 / tol))
+  budget = Budget(*budget)
+  largest = budget.eps if max_eps is None else max_eps
+  check_inputs(logits_fn, x, y, Budget(largest, budget.lower, budget.upper), norm=norm,
+               allow_large_eps=check_bool("allow_large_eps", allow_large_eps),
+               name="certify_bounds", front_door="jr.certify.certify_bounds")
   lower = jnp.asarray(budget.lower, jnp.float32)
   upper = jnp.asarray(budget.upper, jnp.float32)
-  top = jnp.asarray(budget.eps if max_eps is None else max_eps, jnp.float32)
+  top = jnp.asarray(largest, jnp.float32)
   top = like_batch(jnp.broadcast_to(top, x.shape[:1]), x)
   prediction = predict(logits_fn(x))
   correct = prediction == y
