@@ -14,9 +14,10 @@ check                         passes when
 static gradient masking       the model's jaxpr holds no gradient-blocking operation on the path
                               from ``x`` to the logits (:func:`jaxrobust.diagnose`)
 finite gradients              no clean-correct example has a non-finite input gradient
-finite adversarial outputs    every returned point has finite logits
-zero gradients                AutoAttack found no clean-correct point with an exactly zero
-                              gradient
+finite clean logits           no example has a NaN/Inf clean logit
+finite adversarial points     every attacked example came back as a finite point
+finite adversarial logits     every returned point has finite logits
+zero gradients                no clean-correct point has an exactly zero input gradient
 deterministic model           AutoAttack's two clean passes agree
 logits, not probabilities     the outputs are not rows of probabilities (flat gradients)
 black box below white box     AutoAttack's Square broke at most 0.2% of the examples every
@@ -27,8 +28,10 @@ fixed budget vs minimum norm  no example that a minimum-norm attack broke within
                               grid survives every fixed-budget attack there (per-example arrays)
 ============================  ==================================================================
 
-Items that need AutoAttack's checks are ``n/a`` without an ``auto_attack`` attack; the last needs
-``keep_per_example=True``. Robust accuracy non-increasing in eps holds by construction in a
+The clean pass's checks (gradients, clean logits, probabilities) and the returned points' come
+with every attack on a deterministic model (:func:`jaxrobust.engine.scoring.clean_checks`);
+items that need AutoAttack's own checks are ``n/a`` without an ``auto_attack`` attack; the last
+needs ``keep_per_example=True``. Robust accuracy non-increasing in eps holds by construction in a
 report (a point broken at an eps counts as broken at every larger one) and across iterations is
 not recorded: neither is a line here.
 
@@ -153,15 +156,20 @@ def collect(report: Any) -> tuple[Item, ...]:
       _flagged(report, "non_finite_gradients", "non_finite_gradient_points", "points",
                "finite gradients", "no clean-correct example with a non-finite gradient",
                "every jr.run"),
+      _flagged(report, "non_finite_logits", "non_finite_logits", "examples",
+               "finite clean logits", "no example with a NaN/Inf clean logit", "every jr.run"),
       _flagged(report, "non_finite_adversarials", "non_finite_adversarials", "points",
-               "finite adversarial outputs", "every returned point has finite logits",
+               "finite adversarial points", "every attacked example came back finite",
+               "every jr.run"),
+      _flagged(report, "non_finite_adversarial_logits", "non_finite_adversarial_logits",
+               "points", "finite adversarial logits", "every returned point has finite logits",
                "every jr.run"),
       _flagged(report, "zero_gradients", "zero_gradient_points", "points", "zero gradients",
-               "no clean-correct point with an exactly zero gradient"),
+               "no clean-correct point with an exactly zero gradient", "every jr.run"),
       _flagged(report, "randomized", None, "", "deterministic model",
                "two clean passes agree"),
       _flagged(report, "probability_outputs", None, "", "logits, not probabilities",
-               "the outputs are not probability rows"),
+               "the outputs are not probability rows", "every jr.run"),
       _flagged(report, "square_beats_white_box", "square_only_points", "points",
                "black box below white box", "Square broke at most 0.2% beyond the gradient "
                                             "attacks", "auto_attack standard or plus"),

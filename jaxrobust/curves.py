@@ -155,9 +155,9 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
             input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
             allow_large_eps=allow_large_eps, name="epsilons")
   keys = like_batch(as_keys(key, x.shape[0]), x)
-  correct, bad_gradient = clean_diagnosis(attack.samples, logits_fn, x, y, keys)
+  correct, findings = clean_diagnosis(attack.samples, logits_fn, x, y, keys)
   flags = robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
-                       correct=correct, bad_gradient=bad_gradient, target=target,
+                       correct=correct, findings=findings, target=target,
                        options=options, max_propagations=max_propagations)
   return _curve(epsilons, correct, flags.robust, flags.info)
 

@@ -9,7 +9,6 @@ every other fixed-budget attack.
 from __future__ import annotations
 
 import functools
-import importlib
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +17,7 @@ import pytest
 from jax.experimental import io_callback
 
 import jaxrobust as jr
-from jaxrobust.metrics import checks as checks_lib
+from jaxrobust.engine import scoring
 from tests.models import Linear
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
@@ -113,34 +112,36 @@ def test_probability_outputs_flagged(masked_problem):
   assert flags["probability_outputs"]
 
 
+def _clean_info(logits_fn, x, y, active=None):
+  """The clean pass's flags and counts (``engine.scoring.clean_checks``), which every attack's
+  result carries, AutoAttack's included."""
+  keys = jax.random.split(jax.random.key(0), x.shape[0])
+  correct, findings = scoring.clean_diagnosis(0, logits_fn, x, y, keys)
+  flags, counts = scoring.clean_checks(correct, findings, active)
+  return {"flags": flags, "counts": counts}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
 def test_probability_outputs_flagged_in_every_float_dtype(dtype):
   """Softmax outputs rounded to bfloat16 or float16 sum to 1 only within their precision (the
   flag used to require 1e-5 and missed them); logits of that dtype are not flagged."""
-  auto_attack_lib = importlib.import_module("jaxrobust.attacks._auto_attack")
   rng = np.random.default_rng(5)
   x = jnp.asarray(rng.uniform(0, 1, size=(64, 8)), jnp.float32)
   w = jnp.asarray(rng.normal(size=(8, 100)) * 3, jnp.float32)
   y = jnp.zeros(64, jnp.int32)
-  checks = auto_attack_lib._checks("linf", "standard", 9, False)
-  flags = lambda *args: checks_lib.as_info(checks(*args))
   verdicts = []
   for outputs in (lambda v: jax.nn.softmax(v @ w).astype(dtype),  # rounded after a softmax
                   lambda v: jax.nn.softmax((v @ w).astype(dtype)),  # computed in dtype
                   lambda v: (v @ w).astype(dtype)):  # logits
-    info = jax.jit(lambda x: flags(outputs, x, y, jr.Budget(0.1), None, None,
-                                   jnp.ones(64, bool), jnp.ones((3, 64), bool), []))(x)
+    info = jax.jit(lambda x: _clean_info(outputs, x, y))(x)
     verdicts.append(bool(info["flags"]["probability_outputs"]))
   assert verdicts == [True, True, False]
 
 
 def test_non_finite_logits_count_real_rows_only():
   """A padded batch (padding marked by ``active``) whose padding rows have NaN logits: only the
-  real rows count. A real row with NaN logits counts although it is outside ``todo`` (it is
-  never clean-correct, so never attacked): counting ``todo`` rows would never count anything."""
-  auto_attack_lib = importlib.import_module("jaxrobust.attacks._auto_attack")
-  checks = auto_attack_lib._checks("linf", "standard", 9, True)
-  extra_info = lambda *args, **kw: checks_lib.as_info(checks(*args, **kw))
+  real rows count. A real row with NaN logits counts although it is not clean-correct (so never
+  attacked): counting attacked rows would never count anything."""
   rng = np.random.default_rng(6)
   w = jnp.asarray(rng.normal(size=(8, 10)), jnp.float32)
   x = jnp.asarray(rng.uniform(0.2, 0.8, size=(8, 8)), jnp.float32)
@@ -148,15 +149,10 @@ def test_non_finite_logits_count_real_rows_only():
   logits_fn = lambda v: jnp.where(v[:, :1] > 0.9, jnp.nan, v @ w)
   y = jnp.argmax(x @ w, axis=1).astype(jnp.int32)
   active = jnp.arange(8) < 6
-  todo = jr.predict(logits_fn(x)) == y  # clean-correct rows: never the NaN ones
-  todo = todo & active
-  assert not bool(jnp.any(todo[jnp.array([2, 6, 7])]))
-  robust_after = jnp.broadcast_to(todo, (4, 8))
 
   @jax.jit
   def counts(x, active):
-    info = extra_info(logits_fn, x, y, jr.Budget(0.1), None, None, todo, robust_after, [],
-                      active=active)
+    info = _clean_info(logits_fn, x, y, active)
     return info["counts"]["non_finite_logits"], info["flags"]["non_finite_logits"]
 
   count, flag = counts(x, active)

@@ -451,3 +451,81 @@ def test_target_for_apgd_t_explains_n_target_classes(problem):
   with pytest.raises(ValueError, match="n_target_classes=None"):
     jr.run(jr.attacks.apgd(targeted=True, steps=2), functools.partial(linear, w), x, y,
            jr.Budget(0.05), jax.random.key(0), target=(y + 1) % CLASSES)
+
+
+def saturated(w, x):
+  """``linear``'s decisions, with logits clipped flat around every clean point of ``problem``:
+  the input gradient is exactly zero wherever no margin is within 1e-4 of 0 (a masked model)."""
+  return 1e3 * jnp.clip(1e4 * linear(w, x), -1.0, 1.0)
+
+
+def _clean_rows(model, x, y):
+  """The independent counts: clean-correct rows with an exactly zero cross-entropy input
+  gradient, and whether every row's outputs lie in [0, 1] and sum to 1."""
+  logits = model(x)
+  grad = jax.grad(lambda x: jnp.sum(jr.losses.cross_entropy(model(x), y)))(x)
+  correct = np.asarray(jnp.argmax(logits, axis=1) == y)
+  zero = correct & np.all(np.asarray(grad) == 0, axis=1)
+  z = np.asarray(logits, np.float64)
+  probabilities = bool(np.all((z >= -1e-5) & (z <= 1 + 1e-5))
+                       and np.all(np.abs(z.sum(1) - 1) <= 1e-5))
+  return int(zero.sum()), probabilities
+
+
+@pytest.mark.parametrize("kind", ["linear", "saturated", "softmax"])
+def test_zero_gradients_and_probability_outputs_are_flagged_by_every_front_door(problem, kind):
+  """A masked model (zero gradients) and a softmax model (probability outputs) make PGD report
+  robustness that is not there; every attack at every front door flags them from the clean pass,
+  with the independent count, and a plain linear model is flagged by none (before: only
+  AutoAttack checked, so PGD's report read reliable)."""
+  w, _, x, y = problem
+  make = {"linear": linear, "saturated": saturated,
+          "softmax": lambda w, x: jax.nn.softmax(linear(w, x))}[kind]
+  zero, probabilities = _clean_rows(functools.partial(make, w), x, y)
+  assert (zero > 0) == (kind == "saturated") and probabilities == (kind == "softmax")
+  pgd, fmn = jr.attacks.pgd("linf", steps=2), jr.attacks.fmn("l2", steps=2)
+
+  @jax.jit
+  def front_doors(w, x, y, key):
+    model = functools.partial(make, w)
+    return {"run": jr.run(pgd, model, x, y, jr.Budget(0.05), key).info,
+            "square": jr.run(jr.attacks.square("linf", queries=3), model, x, y, jr.Budget(0.05),
+                             key).info,
+            "curve": jr.robustness_curve(pgd, model, x, y, jnp.array([0.0, 0.05]), key).info,
+            "min-norm curve": jr.robustness_curve(fmn, model, x, y, jnp.array([0.3]), key).info}
+
+  found = front_doors(w, x, y, jax.random.key(0))
+  report = jr.evaluate(functools.partial(make, w), (np.asarray(x), np.asarray(y)),
+                       attacks={"pgd": pgd}, epsilons=[0.05], key=jax.random.key(0),
+                       batch_size=12, progress=False)  # 32 rows: the last batch is padded
+  found["evaluate"] = {"flags": report.flags["pgd"], "counts": report.attacks["pgd"].counts}
+  for door, info in found.items():
+    assert int(info["counts"]["zero_gradient_points"]) == zero, door
+    assert bool(info["flags"]["zero_gradients"]) == (zero > 0), door
+    assert bool(info["flags"]["probability_outputs"]) == probabilities, door
+    assert int(info["counts"]["non_finite_logits"]) == 0, door
+  assert report.reliable == (kind == "linear")
+  statuses = {item.check: item.status for item in report.checklist}
+  assert statuses["zero gradients"] == ("warn" if kind == "saturated" else "pass")
+  assert statuses["logits, not probabilities"] == ("warn" if kind == "softmax" else "pass")
+
+
+def test_non_finite_logits_at_the_returned_point_are_broken_and_counted(problem):
+  """A model finite at x and NaN everywhere else: the attacked point is scored broken (NaN
+  logits are never a correct prediction) and counted, and the checklist says so (it said "every
+  returned point has finite logits", reading the finiteness of x_adv instead)."""
+  w, _, x, y = problem
+  model = lambda w, v: jnp.where(jnp.all(v == x[:4], axis=1, keepdims=True), 1.0, jnp.nan) \
+      * linear(w, v)
+  result = jr.run(jr.attacks.pgd("linf", steps=2), functools.partial(model, w), x[:4], y[:4],
+                  jr.Budget(0.05), jax.random.key(0))
+  assert np.asarray(result.success).all()
+  assert int(result.info["counts"]["non_finite_adversarial_logits"]) == 4
+  assert int(result.info["counts"]["non_finite_logits"]) == 0  # finite on the clean points
+  assert not bool(result.info["flags"]["non_finite_adversarials"])  # the points are finite
+  report = jr.evaluate(functools.partial(model, w), (np.asarray(x[:4]), np.asarray(y[:4])),
+                       attacks={"pgd": jr.attacks.pgd("linf", steps=2)}, epsilons=[0.05],
+                       key=jax.random.key(0), batch_size=4, progress=False)
+  statuses = {item.check: item.status for item in report.checklist}
+  assert statuses["finite adversarial logits"] == "warn" and not report.reliable
+  assert statuses["finite adversarial points"] == "pass"

@@ -20,18 +20,15 @@ fast       APGD on the probability-margin loss (100 steps, 1 restart; PMA's loss
 ========== ================================================================================
 
 Reliability checks, reported in ``AttackResult.info["flags"]`` (``[]`` bool each) with the counts
-behind them in ``info["counts"]``, never only as log lines:
+behind them in ``info["counts"]``, never only as log lines. Those of the clean pass come with
+every attack's result (:func:`jaxrobust.engine.scoring.clean_checks`): ``probability_outputs``,
+``zero_gradients`` (some clean-correct point has an exactly zero cross-entropy input gradient),
+``non_finite_logits`` and ``non_finite_gradients``. The suite adds its own:
 
-* ``probability_outputs``: every output row lies in :math:`[0, 1]` and sums to 1, up to the
-  rounding of the output dtype (:func:`probability_tolerances`: bfloat16 and float16 softmax
-  outputs are caught too); softmax outputs flatten the losses' gradients, so pass logits;
 * ``randomized``: two forward passes on the clean batch disagree (deterministic versions only; a
   randomized model needs ``version="rand"``);
-* ``zero_gradients``: some clean-correct point has an exactly zero cross-entropy input gradient;
 * ``square_beats_white_box``: Square broke more than 0.2% of the points that every gradient
   attack before it missed (gradient masking is likely; AutoAttack's threshold);
-* ``non_finite_logits``: some clean logits of the batch's real rows are NaN/Inf (padding rows,
-  marked by the driver's ``active`` mask, do not count);
 * ``too_few_classes_for_targets``: the model has fewer than ``n_target_classes + 1`` classes, so
   the targeted members use ``C - 1`` targets (AutoAttack warns and runs on).
 
@@ -50,11 +47,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrobust import losses as losses_lib
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_positive_int
 from jaxrobust.metrics import checks as checks_lib
-from jaxrobust.attacks._common import loss_grad_logits
 from jaxrobust.attacks._apgd import apgd
 from jaxrobust.attacks._ensemble import build as build_ensemble
 from jaxrobust.attacks._eot import eot
@@ -124,42 +119,17 @@ def _check_classes(version: str, num_classes: int) -> None:
                      "Square instead (jr.attacks.ensemble).")
 
 
-def probability_tolerances(dtype, num_classes: int) -> tuple[float, float]:
-  r"""How far outputs of ``dtype`` may stray from a probability vector and still count as one.
-
-  A probability rounded to ``dtype`` errs by half its machine epsilon :math:`\varepsilon`
-  relative, so each entry stays within :math:`[-\varepsilon, 1 + \varepsilon]` and a row of
-  :math:`C` rounded probabilities sums to 1 within :math:`\varepsilon / 2`; a softmax computed in
-  ``dtype`` adds the rounding of its normaliser, at worst :math:`C \varepsilon / 2` when it is
-  accumulated in ``dtype``. So the row-sum tolerance is :math:`C \varepsilon` (at least
-  :math:`10^{-5}`, the reference's float32 tolerance), capped at 0.1 so that the small logits of
-  a model with many classes are not mistaken for probabilities. (Measured: ``jax.nn.softmax``
-  rows err by at most :math:`0.75\,\varepsilon` in bfloat16 and float16, for 2 to 10000
-  classes; a fixed :math:`10^{-5}` misses every one of them.)
-
-  Returns:
-    ``(entry_tolerance, sum_tolerance)`` as Python floats.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> probability_tolerances(jnp.float32, 10)
-    (1e-05, 1e-05)
-    >>> probability_tolerances(jnp.bfloat16, 10)
-    (0.0078125, 0.078125)
-  """
-  eps = float(jnp.finfo(dtype).eps)
-  return max(1e-5, eps), max(1e-5, min(num_classes * eps, 0.1))
-
-
 def _checks(norm, version, n_target_classes, has_square):
-  """The suite's checks: AutoAttack's reliability checks, each a flag and the count behind it."""
+  """The suite's own checks, each a flag and the count behind it; the clean pass's checks
+  (``probability_outputs``, ``zero_gradients``, ``non_finite_logits``, ``non_finite_gradients``)
+  come with every attack's result (:func:`jaxrobust.engine.scoring.clean_checks`)."""
 
   def checks(logits_fn, x, y, budget, keys, target, todo, robust_after, members, active=None):
     """``todo``: the rows attacked (clean-correct and active); ``active``: the rows of the batch
     that are real data (``None``: all of them; a padded batch marks its padding ``False``)."""
-    del budget, target, members
+    del y, budget, target, members, todo
     if version == "rand":
-      logits = logits_fn(x, keys)
+      logits = jax.eval_shape(logits_fn, x, keys)
       randomized = jnp.zeros((), bool)
     else:
       logits = logits_fn(x)
@@ -167,31 +137,13 @@ def _checks(norm, version, n_target_classes, has_square):
       scale = jnp.linalg.norm(logits.astype(jnp.float32), axis=-1, keepdims=True) + 1e-10
       diff = jnp.max(jnp.abs(logits.astype(jnp.float32) - again.astype(jnp.float32)) / scale)
       randomized = diff > 1e-4
-    entry_tolerance, sum_tolerance = probability_tolerances(logits.dtype, logits.shape[-1])
-    logits = logits.astype(jnp.float32)
-    finite_rows = jnp.all(jnp.isfinite(logits), axis=-1)
-    # Real rows only: padding must not add to the count. Not only `todo` rows: a row with
-    # non-finite logits is never clean-correct, so it is never attacked, and it is exactly what
-    # this count reports.
-    real = jnp.ones_like(finite_rows) if active is None else active
-    non_finite = jnp.sum(~finite_rows & real, dtype=jnp.int32)
-    probability = (jnp.all(logits <= 1.0 + entry_tolerance) & jnp.all(logits >= -entry_tolerance)
-                   & jnp.all(jnp.abs(jnp.sum(logits, axis=-1) - 1.0) <= sum_tolerance))
-    if version == "rand":
-      zero = jnp.zeros_like(todo)
-    else:
-      _, grad, _ = loss_grad_logits(logits_fn, losses_lib.cross_entropy, x, y, None)
-      zero = todo & jnp.all(grad.reshape(grad.shape[0], -1) == 0, axis=-1)
     found = {
-        "probability_outputs": checks_lib.Check(probability),
         "randomized": checks_lib.Check(randomized),
-        "zero_gradients": checks_lib.count_check(jnp.sum(zero, dtype=jnp.int32),
-                                                 "zero_gradient_points"),
-        "non_finite_logits": checks_lib.count_check(non_finite, "non_finite_logits"),
         "too_few_classes_for_targets": checks_lib.Check(jnp.asarray(
             version != "rand"
             and logits.shape[-1] - 1 < max(_targets(norm, version, n_target_classes))))}
     if has_square:
+      real = jnp.ones(x.shape[:1], bool) if active is None else active
       index = 3  # Square follows APGD-CE, APGD-T/-DLR and FAB in both deterministic versions
       before, after = robust_after[index - 1], robust_after[index]
       found["square_beats_white_box"] = checks_lib.fraction_check(

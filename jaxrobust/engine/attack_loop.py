@@ -30,7 +30,7 @@ from jaxrobust._validation import logits_shape
 from jaxrobust.metrics import checks as checks_lib
 from jaxrobust.engine import canonical_conv, compaction, early_exit as early_exit_lib
 from jaxrobust.engine import propagations
-from jaxrobust.engine.scoring import clean_diagnosis, score
+from jaxrobust.engine.scoring import CleanFindings, clean_diagnosis, score
 
 Array = jax.Array
 
@@ -74,7 +74,7 @@ def attack_rows(attack: Attack, logits_fn: Callable[..., Array], lower, upper,
 def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                budget: Budget, key: Array, target: Array | None = None, *,
                options: RunOptions, clean_correct: Array | None = None,
-               bad_gradient: Array | None = None, active: Array | None = None,
+               findings: CleanFindings | None = None, active: Array | None = None,
                max_propagations: Array | None = None) -> tuple[AttackResult, Array]:
   """:func:`jaxrobust.run` without input validation, and ``broken`` (``[B]`` bool).
 
@@ -82,8 +82,8 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
   is not ``y``. For untargeted attacks it equals ``success``; for targeted ones a point can be
   broken without the target being reached.
 
-  Drivers that have them already pass ``clean_correct`` and ``bad_gradient`` (``[B]`` bool, from
-  :func:`jaxrobust.engine.scoring.clean_diagnosis`), saving a forward and a backward pass per
+  Drivers that have them already pass ``clean_correct`` (``[B]`` bool) and ``findings``
+  (:func:`jaxrobust.engine.scoring.clean_diagnosis`), saving a forward and a backward pass per
   call. ``active`` (``[B]`` bool) restricts the attack to some rows (the others get
   ``x_adv = x``). ``max_propagations`` (``None``, or an int, ``[]`` or ``[B]``, data) caps each
   row's forward plus backward propagations (:mod:`jaxrobust.engine.propagations`); the counts
@@ -94,7 +94,7 @@ def run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Arr
   unless ``unroll=True``), compaction, scoring of skipped rows, canonical convolutions
   (:class:`~jaxrobust._options.RunOptions`): they choose the program, not the verdicts.
   """
-  rows = dict(clean_correct=clean_correct, bad_gradient=bad_gradient, active=active,
+  rows = dict(clean_correct=clean_correct, findings=findings, active=active,
               max_propagations=max_propagations)
   run = lambda: _run_attack(attack, logits_fn, x, y, budget, key, target, options=options,
                             **rows)
@@ -113,7 +113,7 @@ def _all_infinite(eps) -> bool:
 
 def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                 budget: Budget, key: Array, target: Array | None = None, *,
-                options: RunOptions, clean_correct: Array | None, bad_gradient: Array | None,
+                options: RunOptions, clean_correct: Array | None, findings: CleanFindings | None,
                 active: Array | None, max_propagations: Array | None
                 ) -> tuple[AttackResult, Array]:
   budget = Budget(*budget)
@@ -123,7 +123,7 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
   keys = like_batch(as_keys(key, batch), x)
   if clean_correct is None:
     clean_correct, checked = clean_diagnosis(attack.samples, logits_fn, x_input, y, keys)
-    bad_gradient = checked if bad_gradient is None else bad_gradient
+    findings = checked if findings is None else findings
   todo = clean_correct if active is None else clean_correct & active
   eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), (batch,)), x)
   if not attack.samples:
@@ -195,7 +195,7 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
                                                   functools.partial(_zero_logits, logits_fn),
                                                   x_adv)
   return score(attack, logits_fn, x_input, x, x_adv, y, budget, keys, target, todo=todo,
-               clean_correct=clean_correct, bad_gradient=bad_gradient, info=info,
+               clean_correct=clean_correct, findings=findings, info=info,
                logits_of_todo=logits_of_todo, active=active)
 
 

@@ -67,7 +67,7 @@ def worst_case_over_smaller_eps(broken: Array, epsilons: Array, *, strict: bool 
 
 def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
                  epsilons: Array, keys: Array, *, lower, upper, correct: Array,
-                 bad_gradient: Array | None = None, active: Array | None = None,
+                 findings: scoring.CleanFindings | None = None, active: Array | None = None,
                  target: Array | None = None, options: RunOptions,
                  max_propagations: Array | None = None) -> CurveFlags:
   """Per-example robust flags ``[K, B]`` of ``attack`` over ``epsilons`` (see the module).
@@ -80,8 +80,8 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
     keys: ``[B]`` per-example keys (a fixed-budget attack uses ``fold_in(keys, k)`` at eps k).
     lower, upper: the box.
     correct: ``[B]`` clean verdicts (:func:`jaxrobust.engine.scoring.clean_diagnosis`).
-    bad_gradient: ``[B]`` non-finite clean gradients, counted once over ``active`` clean-correct
-      rows as ``non_finite_gradient_points``.
+    findings: the clean pass's :class:`~jaxrobust.engine.scoring.CleanFindings`, counted once
+      over ``active`` rows (:func:`~jaxrobust.engine.scoring.clean_checks`).
     active: ``[B]`` rows to attack and count (``None``: all); padding is inactive.
     target: ``[B]`` targets of a targeted attack (robust still means "prediction is ``y``").
     options: the schedule (see the module) and how each run goes; every run scores only the
@@ -108,8 +108,8 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
                            active=active, max_propagations=max_propagations)
     eps_star = result.norm.astype(jnp.float32)
     robust = correct[None, :] & (eps_star[None, :] > epsilons[:, None])
-    return CurveFlags(robust, eps_star, _with_gradient_count(
-        _checks(result.info), correct, bad_gradient, active))
+    return CurveFlags(robust, eps_star, _with_clean_checks(
+        _checks(result.info), correct, findings, active))
 
   def run_at(index, eps, rows):
     budget = Budget(rows_like(x, 0.0, jnp.float32) + eps, lower, upper)
@@ -134,7 +134,7 @@ def robust_flags(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: A
     info["robust_after"] = per_eps["robust_after"] & before[:, None, :]
   if "propagations" in per_eps:  # [K, B] each: 0 at eps where a row was not attacked
     info["propagations"] = per_eps["propagations"]
-  return CurveFlags(robust, None, _with_gradient_count(info, correct, bad_gradient, active))
+  return CurveFlags(robust, None, _with_clean_checks(info, correct, findings, active))
 
 
 def _checks(info: dict) -> dict:
@@ -147,12 +147,12 @@ def _checks(info: dict) -> dict:
   return kept
 
 
-def _with_gradient_count(info: dict, correct: Array, bad_gradient: Array | None,
-                         active: Array) -> dict:
-  """``info`` with the batch's non-finite-gradient check (:func:`scoring.gradient_checks`),
-  counted once for the whole grid (the clean gradient does not depend on eps)."""
-  if bad_gradient is not None:
-    flags, counts = scoring.gradient_checks(correct, bad_gradient, active)
+def _with_clean_checks(info: dict, correct: Array, findings: scoring.CleanFindings | None,
+                       active: Array) -> dict:
+  """``info`` with the batch's clean-pass checks (:func:`scoring.clean_checks`), counted once
+  for the whole grid (the clean pass does not depend on eps)."""
+  if findings is not None:
+    flags, counts = scoring.clean_checks(correct, findings, active)
     info["counts"].update(counts)
     info["flags"].update(flags)
   return info

@@ -4,7 +4,10 @@ Every driver (:func:`jaxrobust.run`, the curve kernel, :func:`jaxrobust.evaluate
 the same way, here:
 
 * before the attack, :func:`clean_diagnosis`: is the clean prediction ``y`` (for a randomized
-  model, by a strict majority of draws), and is the input gradient of the cross-entropy finite;
+  model, by a strict majority of draws), and what the same forward and backward pass show of
+  each row (:class:`CleanFindings`: a non-finite or exactly zero input gradient of the
+  cross-entropy, non-finite logits, outputs that are probabilities), which
+  :func:`clean_checks` turns into every result's reliability flags and counts;
 * after it, :func:`score`: the returned point is made finite, put in the box and rounded towards
   ``x`` in ``x``'s dtype (:func:`round_toward`), then ``success`` and ``logits`` are recomputed on
   it by one more forward pass, so a result never claims what re-predicting it would not show.
@@ -12,7 +15,7 @@ the same way, here:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +24,7 @@ from jaxrobust import losses, projections
 from jaxrobust._batch import expand, fold_in, is_correct, is_success, rows_finite
 from jaxrobust._types import Attack, AttackResult, Budget
 from jaxrobust.engine import randomized
+from jaxrobust.metrics import checks as checks_lib
 
 Array = jax.Array
 
@@ -30,69 +34,110 @@ _CLEAN_DRAWS = 0x7C1EA
 _SCORE_DRAWS = 0x5C03E
 
 
-def clean_diagnosis(samples: int, logits_fn: Callable[..., Array], x: Array, y: Array,
-                    keys: Array) -> tuple[Array, Array]:
-  """The clean verdict and the gradient check, from one forward and one backward pass.
+class CleanFindings(NamedTuple):
+  """What the clean forward and backward pass show of each row, beside its verdict (``[B]`` bool
+  each; all ``False`` for a randomized model, whose clean pass is a vote without gradients).
 
-  Returns ``(correct, bad_gradient)``, both ``[B]`` bool: the clean prediction is ``y`` (for a
-  randomized model, ``samples > 0``, by a strict majority over ``samples`` draws; see
-  :attr:`jaxrobust.Attack.samples`), and the input gradient of the cross-entropy at ``x`` has a
-  non-finite entry (not checked for randomized models: ``False``).
+  Attributes:
+    non_finite_gradient: the cross-entropy's input gradient has a NaN/Inf entry.
+    zero_gradient: that gradient is exactly zero everywhere (saturated or masked: a
+      cross-entropy attack cannot move from there).
+    non_finite_logits: a logit is NaN/Inf (the row is never clean-correct).
+    probability_row: the outputs lie in ``[0, 1]`` and sum to 1
+      (:func:`jaxrobust.metrics.checks.probability_rows`).
+  """
+
+  non_finite_gradient: Array
+  zero_gradient: Array
+  non_finite_logits: Array
+  probability_row: Array
+
+
+def clean_diagnosis(samples: int, logits_fn: Callable[..., Array], x: Array, y: Array,
+                    keys: Array) -> tuple[Array, CleanFindings]:
+  """The clean verdict and :class:`CleanFindings`, from one forward and one backward pass.
+
+  Returns ``(correct, findings)``: ``correct`` (``[B]`` bool) says the clean prediction is ``y``
+  (for a randomized model, ``samples > 0``, by a strict majority over ``samples`` draws; see
+  :attr:`jaxrobust.Attack.samples`); ``findings`` what the cross-entropy's input gradient at
+  ``x`` and the logits show of each row (not checked for randomized models: all ``False``).
 
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> logits_fn = lambda x: jnp.sqrt(x) @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
     >>> x, y = jnp.array([[0.6, 0.4], [0.0, 0.5]]), jnp.array([0, 0])
-    >>> correct, bad = clean_diagnosis(0, logits_fn, x, y, jax.random.split(jax.random.key(0), 2))
-    >>> correct.tolist(), bad.tolist()  # sqrt'(0) is infinite
+    >>> correct, found = clean_diagnosis(0, logits_fn, x, y, jax.random.split(jax.random.key(0), 2))
+    >>> correct.tolist(), found.non_finite_gradient.tolist()  # sqrt'(0) is infinite
     ([True, False], [False, True])
   """
   if samples:
-    return clean_correct_mask(samples, logits_fn, x, y, keys), jnp.zeros(y.shape, bool)
+    none = jnp.zeros(y.shape, bool)
+    return (clean_correct_mask(samples, logits_fn, x, y, keys),
+            CleanFindings(none, none, none, none))
 
   def total(inputs):
     logits = logits_fn(inputs)
     return jnp.sum(losses.cross_entropy(logits, y).astype(jnp.float32)), logits
 
   grad, logits = jax.grad(total, has_aux=True)(x)
-  return is_correct(logits, y), ~rows_finite(grad)
+  flat = grad.reshape(grad.shape[0], -1)
+  found = CleanFindings(non_finite_gradient=~rows_finite(grad),
+                        zero_gradient=jnp.all(flat == 0, axis=1),
+                        non_finite_logits=~rows_finite(logits),
+                        probability_row=checks_lib.probability_rows(logits))
+  return is_correct(logits, y), found
 
 
-def gradient_checks(correct: Array, bad_gradient: Array, active: Array | None = None
-                    ) -> tuple[dict[str, Array], dict[str, Array]]:
-  r"""The non-finite-gradient check of a batch, as ``(flags, counts)`` for ``AttackResult.info``.
+def clean_checks(correct: Array, findings: CleanFindings, active: Array | None = None
+                 ) -> tuple[dict[str, Array], dict[str, Array]]:
+  r"""The reliability checks of a batch's clean pass, as ``(flags, counts)`` for
+  ``AttackResult.info``. With :math:`a_i` ``active`` (the rows that are data: not the padding of
+  a batch, not copies of a real row) and :math:`c_i` the clean verdict:
 
-  ``counts["non_finite_gradient_points"]`` :math:`= \sum_i a_i c_i g_i` (``[]`` int32) and
-  ``flags["non_finite_gradients"]`` says it is positive, with :math:`g_i` "the clean input
-  gradient of row :math:`i` has a non-finite entry" (``bad_gradient`` from
-  :func:`clean_diagnosis`), :math:`c_i` its clean verdict and :math:`a_i` ``active``. Only
-  clean-correct rows count, because only they are attacked: a misclassified point is broken
-  whatever its gradient, so a NaN there cannot overestimate robustness. Only active rows count,
-  because inactive ones are not examples (the padding of a batch, copies of a real row). The
-  clean gradient does not depend on eps, so a curve counts it once, not once per eps. Every
-  front door (:func:`jaxrobust.run`, :func:`jaxrobust.robustness_curve`,
-  :func:`jaxrobust.evaluate`) reports this count.
+  * ``non_finite_gradient_points`` :math:`= \sum_i a_i c_i g_i`, :math:`g_i` "the clean input
+    gradient has a non-finite entry"; flag ``non_finite_gradients``;
+  * ``zero_gradient_points`` :math:`= \sum_i a_i c_i z_i`, :math:`z_i` "that gradient is exactly
+    zero" (AutoAttack's check; a saturated or masked model); flag ``zero_gradients``;
+  * ``non_finite_logits`` :math:`= \sum_i a_i n_i`, :math:`n_i` "a clean logit is NaN/Inf" (such
+    a row is never correct, so it is exactly what the count reports); the flag of the same name;
+  * flag ``probability_outputs``: every active row's outputs lie in :math:`[0, 1]` and sum to 1
+    (softmax outputs flatten the losses' gradients: pass logits).
+
+  Only clean-correct rows count for the gradients, because only they are attacked: a
+  misclassified point is broken whatever its gradient, so a NaN there cannot overestimate
+  robustness. The clean pass does not depend on eps, so a curve counts it once, not once per
+  eps. Every front door (:func:`jaxrobust.run`, :func:`jaxrobust.robustness_curve`,
+  :func:`jaxrobust.evaluate`) reports these, for every attack on a deterministic model.
 
   Args:
     correct: ``[B]`` bool clean verdicts.
-    bad_gradient: ``[B]`` bool non-finite clean gradients.
+    findings: the batch's :class:`CleanFindings`.
     active: optional ``[B]`` bool rows that are data (``None``: all).
 
   Returns:
-    ``({"non_finite_gradients": [] bool}, {"non_finite_gradient_points": [] int32})``.
+    ``(flags, counts)``: ``[]`` bool flags and ``[]`` int32 counts by name.
 
   Examples:
     >>> import jax.numpy as jnp
-    >>> correct, bad = jnp.array([True, True, False, True]), jnp.array([True, False, True, True])
-    >>> flags, counts = gradient_checks(correct, bad, active=jnp.array([True, True, True, False]))
+    >>> correct = jnp.array([True, True, False, True])
+    >>> found = CleanFindings(jnp.array([True, False, True, True]), jnp.zeros(4, bool),
+    ...                       jnp.zeros(4, bool), jnp.zeros(4, bool))
+    >>> flags, counts = clean_checks(correct, found, active=jnp.array([True, True, True, False]))
     >>> int(counts["non_finite_gradient_points"]), bool(flags["non_finite_gradients"])
     (1, True)
   """
-  counted = correct & bad_gradient
-  if active is not None:
-    counted = counted & active
-  count = jnp.sum(counted, dtype=jnp.int32)
-  return {"non_finite_gradients": count > 0}, {"non_finite_gradient_points": count}
+  real = jnp.ones_like(correct) if active is None else active
+  attacked = correct & real
+  count = lambda rows: jnp.sum(rows, dtype=jnp.int32)
+  counts = {"non_finite_gradient_points": count(attacked & findings.non_finite_gradient),
+            "zero_gradient_points": count(attacked & findings.zero_gradient),
+            "non_finite_logits": count(real & findings.non_finite_logits)}
+  probability = jnp.all(findings.probability_row | ~real) & jnp.any(real)
+  flags = {"non_finite_gradients": counts["non_finite_gradient_points"] > 0,
+           "zero_gradients": counts["zero_gradient_points"] > 0,
+           "non_finite_logits": counts["non_finite_logits"] > 0,
+           "probability_outputs": probability}
+  return flags, counts
 
 
 def clean_correct_mask(samples: int, logits_fn: Callable[..., Array], x: Array, y: Array,
@@ -126,7 +171,7 @@ def round_toward(x_adv: Array, x: Array) -> Array:
 
 def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Array,
           x_adv: Array, y: Array, budget: Budget, keys: Array, target: Array | None, *,
-          todo: Array, clean_correct: Array, bad_gradient: Array | None,
+          todo: Array, clean_correct: Array, findings: CleanFindings | None,
           info: dict, logits_of_todo: Callable[[Array], Array] | None = None,
           active: Array | None = None) -> tuple[AttackResult, Array]:
   """The :class:`jaxrobust.AttackResult` of the point an attack returned, and ``broken`` (``[B]``
@@ -134,9 +179,11 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
 
   ``x_input`` is the user's input (its dtype is the result's), ``x`` the same in the work dtype;
   ``todo`` the rows the attack was run on (the others get ``x_adv = x``). A non-finite returned
-  row falls back to ``x`` and is counted (``non_finite_adversarials``); ``bad_gradient`` (from
-  :func:`clean_diagnosis`) is counted by :func:`gradient_checks` over the clean-correct rows of
-  ``active`` (the rows that are data; ``None``: all).
+  row falls back to ``x`` and is counted (``non_finite_adversarials``), and so is an attacked row
+  whose logits at the returned point are NaN/Inf (``non_finite_adversarial_logits``: scored as
+  broken, since such logits are never a correct prediction); ``findings`` (from
+  :func:`clean_diagnosis`) become :func:`clean_checks`' flags and counts over ``active`` (the rows
+  that are data; ``None``: all).
   A minimum-norm attack's ``todo`` rows that come back without success at ``eps = inf`` are
   counted (``minimum_norm_not_found``): with no budget, "no adversarial point" is the attack's
   failure, not a verdict of robustness (at a finite eps it is the verdict, and is not counted).
@@ -180,10 +227,14 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
   flags, counts = dict(info.pop("flags", {})), dict(info.pop("counts", {}))
   counts["non_finite_adversarials"] = jnp.sum(todo & ~finite, dtype=jnp.int32)
   flags["non_finite_adversarials"] = counts["non_finite_adversarials"] > 0
-  if bad_gradient is not None:
-    gradient_flags, gradient_counts = gradient_checks(clean_correct, bad_gradient, active)
-    flags.update(gradient_flags)
-    counts.update(gradient_counts)
+  attacked_rows = todo if active is None else todo & active
+  counts["non_finite_adversarial_logits"] = jnp.sum(attacked_rows & ~rows_finite(logits),
+                                                    dtype=jnp.int32)
+  flags["non_finite_adversarial_logits"] = counts["non_finite_adversarial_logits"] > 0
+  if findings is not None:
+    clean_flags, clean_counts = clean_checks(clean_correct, findings, active)
+    flags.update(clean_flags)
+    counts.update(clean_counts)
   if attack.minimum_norm:
     missed = todo & ~success & jnp.isinf(jnp.asarray(budget.eps))
     counts["minimum_norm_not_found"] = jnp.sum(missed, dtype=jnp.int32)

@@ -32,8 +32,9 @@ from jaxrobust.evaluation.device_step import EvalSums, _Trace, hash_array
 from jaxrobust.metrics import CurveCounts
 from jaxrobust.model import Model
 
-VERSION = 4  # 2: model fingerprint, reliability counts; 3: the state is EvalSums; 4: attacks
-# identified by their recorded config (attack_digest)
+VERSION = 5  # 2: model fingerprint, reliability counts; 3: the state is EvalSums; 4: attacks
+# identified by their recorded config (attack_digest); 5: the clean pass's checks for every attack
+# (zero_gradient_points, non_finite_logits: once per grid, where AutoAttack counted them per eps)
 
 
 _PRIMITIVE = (bool, int, float, str, bytes, type(None))

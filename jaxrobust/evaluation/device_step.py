@@ -152,12 +152,12 @@ def _build_step(rebuild: Callable[[Any], Callable[[Array], Array]],
     key = jax.random.wrap_key_data(key_data, impl=key_impl)
     keys = jax.vmap(lambda i: jax.random.fold_in(key, i))(index)
     y, mask, epsilons = y.astype(jnp.int32), mask.astype(bool), epsilons.astype(jnp.float32)
-    # The clean verdict (for a randomized model, a majority vote) and the non-finite gradient
-    # check, once for every attack, on x as given (bfloat16 stays bfloat16). Padding is never
+    # The clean verdict (for a randomized model, a majority vote) and the clean pass's checks
+    # (scoring.clean_checks), once for every attack, on x as given (bfloat16 stays bfloat16). Padding is never
     # attacked (it costs nothing with chunk_size) and never counted.
-    correct, bad_gradient = clean_diagnosis(max(a.samples for a in items), logits_fn, x, y, keys)
+    correct, findings = clean_diagnosis(max(a.samples for a in items), logits_fn, x, y, keys)
     results = [robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
-                            correct=correct, bad_gradient=bad_gradient, active=mask,
+                            correct=correct, findings=findings, active=mask,
                             options=options, max_propagations=max_propagations)
                for attack in items]
     robust = jnp.stack([r.robust for r in results])  # [A, K, B]

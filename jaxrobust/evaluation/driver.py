@@ -73,9 +73,8 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       per core (``jax_num_cpu_devices``) puts every core to work (README, "A note on CPU speed").
     checkpoint: optional path of a checkpoint file to write after every batch and resume from
       (its folder is created if missing).
-    progress: show a progress bar (``tqdm`` if installed, else a text line) with examples/s and
-      the running clean and worst-case robust accuracy (at the largest eps), saying so while the
-      first batch compiles the program; process 0 only.
+    progress: a progress bar (``tqdm`` if installed, else a text line): examples/s, the running
+      clean and worst-case robust accuracy (largest eps), "compiling" first; process 0 only.
     lower, upper: the box.
     batch_axis: the mesh axis to shard the batch over (default: the first).
     use_shard_map: run the step per device under ``jax.shard_map`` (requires ``mesh``).
@@ -158,8 +157,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
       if ckpt is not None:  # the data fingerprint is only needed to resume
         host.hash_batch(hasher, x, y, index)
       if step_fn is None:  # first batch: budgets checked, then the model compiled as it is now
-        if bar is not None:  # compiling takes seconds to minutes before the bar first moves
-          bar.set_postfix(status="compiling the evaluation program", refresh=True)
+        _show_compiling(bar)
         constants = _constants(plan, x, allow_large_eps, max_propagations)
         step_fn, num_classes, diagnosis = _compile(model, logits_fn, plan, x, keep_per_example,
                                                    ckpt, certifiers, diagnose)
@@ -338,6 +336,12 @@ def _evaluate_batch(step_fn, model, plan: host.Plan, batch: host.HostBatch, cons
   clock["evaluated"] += n
   state.add(sums, per)
   return n
+
+
+def _show_compiling(bar) -> None:
+  """Says on the bar that the first batch compiles the program (seconds to minutes at 0)."""
+  if bar is not None:
+    bar.set_postfix(status="compiling the evaluation program", refresh=True)
 
 
 def _show(bar, n: int, state: EvalState, plan: host.Plan) -> None:
