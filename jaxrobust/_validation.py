@@ -260,8 +260,13 @@ def check_x_in_box(x: Any, lower: Any, upper: Any) -> None:
         "normalisation inside the model (logits_fn) and pass raw [0, 1] inputs.")
 
 
+LARGE_EPS_HINT = "Pass allow_large_eps=True if this is intended."
+"""How a front door that takes ``allow_large_eps`` says a budget covering the box is allowed."""
+
+
 def check_eps(eps: Any, batch: int, norm: str, *, lower: Any, upper: Any, input_size: int,
-              minimum_norm: bool, allow_large_eps: bool, name: str = "eps") -> None:
+              minimum_norm: bool, allow_large_eps: bool, name: str = "eps",
+              large_eps_hint: str = LARGE_EPS_HINT) -> None:
   """Checks the budget: shape ``[]`` / ``[B]`` (or ``[K]`` for a curve), sign, finiteness, units.
 
   Args:
@@ -273,7 +278,10 @@ def check_eps(eps: Any, batch: int, norm: str, *, lower: Any, upper: Any, input_
     minimum_norm: minimum-norm attacks accept ``inf`` ("no bound").
     allow_large_eps: skip the check that flags budgets covering the whole box.
     name: how to call the value in messages.
+    large_eps_hint: the message's last sentence for such a budget (how to allow it, where the
+      caller can).
   """
+  check_bool("allow_large_eps", allow_large_eps)
   shape = np.shape(eps)
   if len(shape) > 1 or (len(shape) == 1 and batch is not None and shape[0] != batch):
     expected = "a scalar or a per-example [B] array" if batch is not None else "[K]"
@@ -301,15 +309,14 @@ def check_eps(eps: Any, batch: int, norm: str, *, lower: Any, upper: Any, input_
             if norm == "linf" and biggest >= 2 and width <= 1 else "")
     raise ValueError(
         f"{name} = {biggest:g} covers the whole box [{float(lower)}, {float(upper)}] in {norm} "
-        f"(the largest meaningful budget is < {largest:g}).{hint} Pass allow_large_eps=True if "
-        "this is intended.")
+        f"(the largest meaningful budget is < {largest:g}).{hint} {large_eps_hint}")
 
 
 def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, budget: Budget,
                  *, norm: str, target: Any = None, targeted: bool = False,
                  minimum_norm: bool = False, allow_large_eps: bool = False,
                  samples: int = 0, name: str = "this attack",
-                 front_door: str = "jr.run") -> int:
+                 front_door: str = "jr.run", large_eps_hint: str = LARGE_EPS_HINT) -> int:
   """Validates one attack call; returns the number of classes.
 
   Shape checks always run; value checks run on concrete inputs only (see the module docstring).
@@ -357,5 +364,6 @@ def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, bu
   check_bounds(lower, upper)
   check_x_in_box(x, lower, upper)
   check_eps(eps, batch, norm, lower=lower, upper=upper, input_size=int(np.prod(x.shape[1:])),
-            minimum_norm=minimum_norm, allow_large_eps=allow_large_eps)
+            minimum_norm=minimum_norm, allow_large_eps=allow_large_eps,
+            large_eps_hint=large_eps_hint)
   return num_classes

@@ -149,6 +149,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   budget = Budget(jnp.max(epsilons) if attack.minimum_norm else 0.0, lower, upper)
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
                targeted=attack.targeted, minimum_norm=attack.minimum_norm,
+               allow_large_eps=allow_large_eps,
                samples=attack.samples, front_door="jr.robustness_curve")
   check_cap(max_propagations)
   check_eps(epsilons, None, attack.norm, lower=lower, upper=upper,

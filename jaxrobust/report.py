@@ -105,6 +105,53 @@ class AttackSummary:
             "counts": {k: np.asarray(v).tolist() for k, v in sorted(self.counts.items())}}
 
 
+def _integers(name: str, values: Any, shape: tuple[int, ...]) -> np.ndarray:
+  """``values`` as int64 of ``shape``; floats, bools and other shapes refused (5.7 is no count)."""
+  array = np.asarray(values)
+  if array.dtype.kind not in "iu" or array.shape != shape:
+    raise ValueError(f"{name} must be integer counts of shape {list(shape)}, got "
+                     f"{array.dtype} {list(array.shape)}.")
+  return array.astype(np.int64)
+
+
+def _check_counts(epsilons: np.ndarray, n: Any, clean_correct: Any,
+                  robust: Mapping[str, Any], worst_case: Any,
+                  info: Mapping[str, Any], certified: Mapping[str, Any]) -> None:
+  """The counts a report is built from are counts some evaluation gives: integers with
+  ``0 <= robust <= clean_correct <= n`` at every eps, robust counts non-increasing in eps (a
+  point broken at an eps is broken at every larger one), the worst case at most every attack's,
+  certified counts in ``[0, n]``, and a description for every attack (a ``ValueError`` naming
+  what is wrong)."""
+  if epsilons.ndim != 1:
+    raise ValueError(f"epsilons must be [K], got shape {list(epsilons.shape)}.")
+  shape = epsilons.shape
+  n = int(_integers("n", n, ()))
+  correct = int(_integers("clean_correct", clean_correct, ()))
+  if not 0 <= correct <= n:
+    raise ValueError(f"clean_correct must lie in [0, n] = [0, {n}], got {correct}.")
+  order = np.argsort(epsilons, kind="stable")
+  curves = {name: _integers(f"robust[{name!r}]", c, shape) for name, c in robust.items()}
+  worst = _integers("worst_case", worst_case, shape)
+  for name, c in [*curves.items(), ("worst_case", worst)]:
+    if np.any(c < 0) or np.any(c > correct):
+      raise ValueError(f"{name}'s robust counts must lie in [0, clean_correct] = [0, {correct}], "
+                       f"got {c.tolist()}.")
+    if np.any(np.diff(c[order]) > 0):
+      raise ValueError(f"{name}'s robust counts grow with eps ({c[order].tolist()} at eps "
+                       f"{epsilons[order].tolist()}): a point broken at an eps is broken at "
+                       "every larger one.")
+    if name != "worst_case" and np.any(worst > c):
+      raise ValueError(f"worst_case {worst.tolist()} exceeds {name}'s robust counts "
+                       f"{c.tolist()}: a point robust under every attack is robust under each.")
+  missing = sorted(set(curves) - set(info))
+  if missing:
+    raise ValueError(f"info has no (description, norm, minimum_norm) for {missing}.")
+  for name, (_, _, c) in certified.items():
+    c = _integers(f"certified[{name!r}]", c, shape)
+    if np.any(c < 0) or np.any(c > n):
+      raise ValueError(f"certified[{name!r}] counts must lie in [0, n] = [0, {n}], got "
+                       f"{c.tolist()}.")
+
 def provenance(attacks: Mapping[str, Attack], *, epsilons: Any, lower: float, upper: float,
                key_data: Any = None, key_impl: Any = None,
                **extra: Any) -> dict[str, Any]:
@@ -245,12 +292,17 @@ class Report:
 
     Returns:
       A :class:`Report`.
+
+    Raises:
+      ValueError: counts that no evaluation gives (:func:`_check_counts`), a ``confidence``
+        outside ``(0, 1)``.
     """
     epsilons = np.asarray(epsilons, np.float32)
     counts = counts or {}
     certified = certified or {}
     if not 0.0 < float(confidence) < 1.0:
       raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
+    _check_counts(epsilons, n, clean_correct, robust, worst_case, info, certified)
     curves = {name: np.asarray(c, np.int64) for name, c in robust.items()}
     every = [np.array([clean_correct], np.int64), *curves.values(),
              np.asarray(worst_case, np.int64),

@@ -249,6 +249,7 @@ def test_max_propagations_caps_every_attack(workspace, reference):
     ("normalised data", "(normalised by a mean and std? save the images in [0, 1] and normalise "
      "inside the model"),
     ("float labels", "y must hold integer labels, got dtype float32; save y.astype('int64')"),
+    ("labels past int32", "y must hold class indices >= 0, got min 0, max 4294967297"),
     (".npy data", "x.npy is a single .npy array; save x and y together with np.savez("),
     ("out is a file", "--out " + "{root}" + "/data.npz is a file; give a folder"),
     ("train mode", "TraceContextError: Cannot mutate BatchStat"),
@@ -276,6 +277,10 @@ def test_user_mistakes_exit_2_with_one_clear_line(workspace, capsys, monkeypatch
     data = root / "normalised.npz"
   elif case == "float labels":
     data = root / "float_labels.npz"
+  elif case == "labels past int32":  # 2**32 + 1 wrapped to label 1 and ran
+    data = root / "wide_labels.npz"
+    with np.load(root / "data.npz") as f:
+      np.savez(data, x=f["x"], y=np.where(np.arange(len(f["y"])) == 0, 2**32 + 1, 0))
   elif case == ".npy data":
     data = root / "x.npy"
   elif case == "out is a file":

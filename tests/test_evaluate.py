@@ -899,3 +899,19 @@ def test_a_hand_built_attack_is_identified_by_what_its_functions_capture():
   assert digest(flagging_attack(0.5)) == digest(flagging_attack(0.5))
   assert digest(flagging_attack(0.5)) != digest(flagging_attack(0.25))
   assert digest(jr.attacks.fgsm()) != digest(jr.attacks.fgsm("l2"))
+
+
+def test_a_minimum_norm_grid_ending_at_inf_has_a_finite_auc():
+  """eps = inf is allowed for minimum-norm attacks ("no bound"): the report's AUC covers the
+  finite eps (it was NaN, and NumPy's inf / inf warning failed the run under -W error)."""
+  x = np.array([[0.6, 0.4], [0.9, 0.1], [0.3, 0.7]], np.float32)
+  model = lambda v: v @ jnp.array([[1.0, -1.0], [-1.0, 1.0]])
+  report = jr.evaluate(model, (x, np.array([0, 0, 1])), attacks={"fmn": jr.attacks.fmn("linf",
+                       steps=5)}, epsilons=[0.15, np.inf], key=jax.random.key(0), batch_size=3,
+                       progress=False)
+  finite = jr.metrics.curve_auc(np.array([0.15], np.float32),
+                                report.attacks["fmn"].robust_accuracy[:1],
+                                report.clean_accuracy)
+  assert report.attacks["fmn"].robust_count.tolist()[1] == 0  # unbounded: every point broken
+  assert np.isfinite(report.worst_case.auc)
+  np.testing.assert_allclose(report.attacks["fmn"].auc, float(finite), rtol=1e-6)

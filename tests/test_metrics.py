@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from jaxrobust import metrics
+from jaxrobust.metrics import formulas
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -392,6 +393,20 @@ def test_curve_auc_matches_numpy_and_is_order_free(seed, k):
 def test_curve_auc_degenerate():
   close(AUC(jnp.zeros((2,)), jnp.array([0.3, 0.4]), 0.9), 0.9)
   close(AUC(jnp.zeros((0,)), jnp.zeros((0,)), 0.9), 0.9)
+
+
+def test_curve_auc_leaves_unbounded_eps_out_and_refuses_nan_or_negative():
+  """A minimum-norm grid may end at eps = inf ("no bound"): the area covers the finite eps (it
+  was inf / inf = NaN, and NumPy's warning about it crashed jr.evaluate under -W error)."""
+  eps, acc = jnp.array([1.0, jnp.inf, 2.0, 4.0]), jnp.array([0.8, 0.0, 0.4, 0.0])
+  close(AUC(eps, acc, 1.0), 1.9 / 4)
+  host = formulas.trapezoid_auc(np.asarray(eps), np.asarray(acc), np.float32(1.0))  # NumPy
+  assert isinstance(host, np.floating | np.ndarray)
+  close(host, 1.9 / 4)
+  close(AUC(jnp.array([jnp.inf]), jnp.array([0.0]), 0.7), 0.7)  # no finite eps: clean
+  for bad in ([0.1, float("nan")], [0.1, -0.2]):
+    with pytest.raises(ValueError, match="epsilons must be >= 0"):
+      metrics.curve_auc(jnp.array(bad), jnp.array([0.5, 0.5]), 1.0)  # concrete: checked
 
 
 # ------------------------------------------------------------------------------------------------

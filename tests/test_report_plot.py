@@ -62,10 +62,10 @@ def test_every_accuracy_has_its_exact_interval():
     assert np.all(s.robust_interval[:, 0] <= s.robust_accuracy)
     assert np.all(s.robust_accuracy <= s.robust_interval[:, 1])
   narrow = jr.Report.from_counts(epsilons=EPS, n=N, clean_correct=45, robust={"a": np.array(
-      [10, 20, 30])}, worst_case=np.array([10, 20, 30]), info={"a": ("a", "linf", False)},
-      flags={}, confidence=0.5)
+      [10, 30, 20])}, worst_case=np.array([10, 30, 20]), info={"a": ("a", "linf", False)},
+      flags={}, confidence=0.5)  # EPS = [0.3, 0.1, 0.2]: non-increasing in eps
   np.testing.assert_allclose(narrow.worst_case.robust_interval,
-                             clopper_pearson([10, 20, 30], N, 0.5), atol=2e-6)
+                             clopper_pearson([10, 30, 20], N, 0.5), atol=2e-6)
   with pytest.raises(ValueError, match="confidence"):
     jr.Report.from_counts(epsilons=EPS, n=N, clean_correct=45, robust={}, worst_case=np.zeros(3),
                           info={}, flags={}, confidence=1.0)
@@ -126,6 +126,27 @@ def test_binomial_interval_table_refuses_bad_counts_and_levels():
       jr.metrics.binomial_interval_table(1, 4, confidence)
   with pytest.raises(TypeError, match="confidence"):
     jr.metrics.binomial_interval_table(1, 4, 1)
+
+
+def test_from_counts_refuses_counts_no_evaluation_gives():
+  """Robust above clean, counts growing with eps, a worst case above an attack's, float counts
+  (5.7 was truncated to 5), a missing description: each a ValueError naming it."""
+  base = dict(epsilons=np.array([0.2, 0.1], np.float32), n=10, clean_correct=8,
+              robust={"a": np.array([3, 5])}, worst_case=np.array([3, 5]),
+              info={"a": ("a", "linf", False)}, flags={})
+  jr.Report.from_counts(**base)  # valid: eps unsorted, counts non-increasing in eps
+  for change, match in [
+      ({"robust": {"a": np.array([3, 9])}, "worst_case": np.array([3, 5])},
+       r"must lie in \[0, clean_correct\] = \[0, 8\]"),
+      ({"robust": {"a": np.array([5, 3])}, "worst_case": np.array([3, 3])}, "grow with eps"),
+      ({"worst_case": np.array([4, 5])}, "worst_case .* exceeds 'a'|worst_case .* exceeds a"),
+      ({"robust": {"a": np.array([3.0, 5.7])}}, "integer counts"),
+      ({"clean_correct": 11}, r"clean_correct must lie in \[0, n\]"),
+      ({"info": {}}, r"info has no .* for \['a'\]"),
+      ({"certified": {"c": ("c", "linf", np.array([3, 12]))}}, r"certified\['c'\]"),
+  ]:
+    with pytest.raises(ValueError, match=match):
+      jr.Report.from_counts(**{**base, **change})
 
 
 def test_with_certified_save_load_and_refusals(tmp_path):

@@ -596,6 +596,14 @@ def test_bad_hyperparameters_and_attacks_are_refused(problem):
   ]:
     with pytest.raises(ValueError, match=match):
       bad()
+  # A budget in 0-255 units: the message does not point to an option the losses do not have.
+  for loss in (lambda b: training.adversarial_loss(model, x, y, b, key),
+               lambda b: training.ibp_loss(model, x, y, b),
+               lambda b: training.robust_counts(model, x, y, b, key)):
+    with pytest.raises(ValueError, match="0-255 units") as caught:
+      loss(jr.Budget(8.0))
+    assert "take no allow_large_eps" in str(caught.value)
+    assert "Pass allow_large_eps=True" not in str(caught.value)
 
 
 def test_non_finite_logits_give_a_non_finite_loss_and_finite_points(problem):

@@ -122,6 +122,26 @@ def test_integer_x_is_a_type_error():
 def test_large_eps_allowed_explicitly():
   result = run(eps=1.0, allow_large_eps=True)
   assert np.asarray(result.success).shape == (4,)
+  # The minimum-norm curve too (it checked its largest eps without the option).
+  fmn = jr.attacks.fmn("linf", steps=2)
+  curve = jr.robustness_curve(fmn, logits_fn, X, Y, jnp.array([0.1, 1.0]), KEY,
+                              allow_large_eps=True)
+  assert curve.robust_accuracy.shape == (2,)
+  with pytest.raises(ValueError, match="covers the whole box"):
+    jr.robustness_curve(fmn, logits_fn, X, Y, jnp.array([0.1, 1.0]), KEY)
+
+
+def test_switches_are_bools_not_truthy_values():
+  """``allow_large_eps="no"`` is truthy: it ran at eps 8; now refused, as evaluate's switches."""
+  with pytest.raises(ValueError, match="allow_large_eps must be a bool"):
+    run(eps=8.0, allow_large_eps="no")
+  with pytest.raises(ValueError, match="allow_large_eps must be a bool"):
+    jr.robustness_curve(PGD, logits_fn, X, Y, jnp.array([0.1]), KEY, allow_large_eps=1)
+  data = (np.asarray(X), np.asarray(Y))
+  for switch in ("progress", "diagnose", "keep_per_example", "allow_large_eps"):
+    with pytest.raises(ValueError, match=f"{switch} must be a bool"):
+      jr.evaluate(logits_fn, data, attacks=PGD, epsilons=[0.1], key=KEY, batch_size=4,
+                  **{"progress": False, switch: "no"})
 
 
 def test_targeting_mistakes():

@@ -28,7 +28,7 @@ from jax import lax
 
 from jaxrobust._batch import expand, like_batch, predict
 from jaxrobust._types import NORMS, Budget, Certificate
-from jaxrobust._validation import check_bool, check_inputs, check_number
+from jaxrobust._validation import check_inputs, check_number
 from jaxrobust.certify._jaxpr import check_deterministic
 from jaxrobust.certify._linear import check_examples_per_pass
 from jaxrobust.certify._margins import check_method, margin_bounds
@@ -110,7 +110,7 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
   budget = Budget(*budget)
   largest = budget.eps if max_eps is None else max_eps
   check_inputs(logits_fn, x, y, Budget(largest, budget.lower, budget.upper), norm=norm,
-               allow_large_eps=check_bool("allow_large_eps", allow_large_eps),
+               allow_large_eps=allow_large_eps,
                name="certify_bounds", front_door="jr.certify.certify_bounds")
   lower = jnp.asarray(budget.lower, jnp.float32)
   upper = jnp.asarray(budget.upper, jnp.float32)

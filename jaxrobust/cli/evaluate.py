@@ -265,7 +265,9 @@ def load_data(path: pathlib.Path, *, lower: float, upper: float,
             "model, so that eps is in the images' units)" if low < 0 <= lower else "")
     raise UserError(f"x has values in [{low:g}, {high:g}], outside the box [{lower:g}, "
                     f"{upper:g}] given by --lower/--upper{hint}")
-  return x, y.astype(np.int32), digest
+  if int(y.min()) < 0 or int(y.max()) > np.iinfo(np.int32).max:
+    raise UserError(f"y must hold class indices >= 0, got min {int(y.min())}, max {int(y.max())}")
+  return x, y.astype(np.int32), digest  # in range: the cast keeps every label
 
 
 def build_attacks(names: Sequence[str], norm: str, steps: int | None) -> dict[str, Any]:

@@ -19,7 +19,8 @@ from jax.sharding import PartitionSpec as P
 from jaxrobust._findings import Diagnosis, warn_if_masked
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack
-from jaxrobust._validation import check_eps, check_labels, check_logits, check_x_in_box, logits_shape
+from jaxrobust._validation import (check_bool, check_eps, check_labels, check_logits,
+                                   check_x_in_box, logits_shape)
 from jaxrobust.evaluation import host
 from jaxrobust.evaluation.checkpointing import (Checkpoint, EvalState, fingerprint,
                                                model_fingerprint)
@@ -124,7 +125,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     worst case over attacks).
   """
   start_time = time.perf_counter()
-  _check_cap(max_propagations)
+  _check_arguments(max_propagations, progress, diagnose, keep_per_example, allow_large_eps)
   options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, unroll=unroll,
                        eps_batch_size=eps_batch_size)
   plan = host.plan_run(attacks, epsilons, key, batch_size, mesh, batch_axis, use_shard_map, lower,
@@ -298,8 +299,13 @@ def _diagnose(forward: Any, num_inputs: int) -> Diagnosis | None:
   return diagnosis
 
 
-def _check_cap(max_propagations: Any) -> None:
-  """A ``ValueError`` for a cap other than ``None`` or a non-negative int."""
+def _check_arguments(max_propagations: Any, progress: Any, diagnose: Any, keep_per_example: Any,
+                     allow_large_eps: Any) -> None:
+  """A ``ValueError`` for a cap other than ``None`` or a non-negative int, and for switches that
+  are not bools (a string such as ``"no"`` is truthy: it is refused, not guessed at)."""
+  for name, value in (("progress", progress), ("diagnose", diagnose),
+                      ("keep_per_example", keep_per_example), ("allow_large_eps", allow_large_eps)):
+    check_bool(name, value)
   check_cap(max_propagations)
   if max_propagations is not None and np.ndim(max_propagations) != 0:
     raise ValueError("jr.evaluate's max_propagations is one int for every example, got shape "

@@ -29,8 +29,10 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrobust import projections
+from jaxrobust._validation import is_concrete
 from jaxrobust.metrics.conventions import (array_namespace, as_predictions, count_true, int_like,
                                            masked_sum, matches, ratio, row_mask)
 
@@ -398,10 +400,12 @@ def curve_auc(epsilons: ArrayLike, accuracies: ArrayLike, clean_accuracy: ArrayL
   by eps (the input may be in any order; duplicates are allowed). With the sorted points
   ``(e_0 = 0, a_0), ..., (e_K, a_K)``:
   ``AUC = sum_j (e_{j+1} - e_j) (a_j + a_{j+1}) / 2 / max_k eps_k``,
-  so a curve that stays at ``c`` scores ``c``. Epsilons must be non-negative.
+  so a curve that stays at ``c`` scores ``c``. Epsilons must be non-negative; ``inf`` (the "no
+  bound" entry a minimum-norm grid may hold) is left out of the area, which covers the finite
+  eps.
 
-  If the largest eps is 0 (or ``K = 0``) the area is empty and the result is ``clean_accuracy``,
-  the limit of the normalized area as the largest eps shrinks to 0.
+  If the largest finite eps is 0 (or there is none) the area is empty and the result is
+  ``clean_accuracy``, the limit of the normalized area as the largest eps shrinks to 0.
 
   Args:
     epsilons: ``[K]`` budgets, non-negative, in any order.
@@ -411,12 +415,21 @@ def curve_auc(epsilons: ArrayLike, accuracies: ArrayLike, clean_accuracy: ArrayL
   Returns:
     A scalar with the float dtype of ``accuracies`` (float32 if they are not floating).
 
+  Raises:
+    ValueError: concrete ``epsilons`` with a NaN or negative entry.
+
   Examples:
     >>> import jax.numpy as jnp
     >>> from jaxrobust import metrics
     >>> float(metrics.curve_auc(jnp.array([2.0, 1.0]), jnp.array([0.0, 0.5]), 1.0))
     0.5
+    >>> float(metrics.curve_auc(jnp.array([2.0, 1.0, jnp.inf]), jnp.array([0.0, 0.5, 0.0]), 1.0))
+    0.5
   """
+  if is_concrete(epsilons):
+    values = np.asarray(epsilons, np.float64)
+    if np.any(np.isnan(values)) or np.any(values < 0):
+      raise ValueError(f"epsilons must be >= 0 (inf allowed), got {values.tolist()}.")
   return trapezoid_auc(*(jnp.asarray(v) for v in (epsilons, accuracies, clean_accuracy)))
 
 
@@ -442,8 +455,10 @@ def trapezoid_auc(epsilons, accuracies, clean_accuracy):
   order = xp.argsort(eps, stable=True)
   e = xp.concatenate([xp.zeros((1,), dtype), eps[order]])
   a = xp.concatenate([clean[None], acc[order]])
-  area = xp.sum((e[1:] - e[:-1]) * (a[1:] + a[:-1])) / 2
-  top = e[-1]
+  finite = xp.isfinite(e)  # sorted: any inf entries come last, and add no area
+  e = xp.where(finite, e, 0)
+  area = xp.sum(xp.where(finite[1:], e[1:] - e[:-1], 0) * (a[1:] + a[:-1])) / 2
+  top = xp.max(e)
   positive = top > 0
   return xp.where(positive, area / xp.where(positive, top, 1), clean)
 

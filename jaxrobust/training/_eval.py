@@ -17,6 +17,7 @@ from jaxrobust.metrics import Counts
 from jaxrobust.training._adversarial import DEFAULT_STEPS
 from jaxrobust.training._inner import check_attack
 from jaxrobust.training._model import roles
+from jaxrobust.training._options import LARGE_EPS_HINT
 
 Array = jax.Array
 
@@ -79,7 +80,7 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   budget = Budget(*budget)
   model = roles(logits_fn).frozen
   check_inputs(model, x, y, budget, norm=attack.norm, minimum_norm=attack.minimum_norm,
-               name=attack.name)
+               name=attack.name, large_eps_hint=LARGE_EPS_HINT)
   logits_clean = model(x)
   clean_correct = is_correct(logits_clean, y)
   active = None if mask is None else jnp.asarray(mask, bool)

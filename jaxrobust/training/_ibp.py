@@ -15,7 +15,7 @@ from jaxrobust._validation import check_inputs
 from jaxrobust.training._adversarial import mean_cross_entropy
 from jaxrobust.training._aux import Aux
 from jaxrobust.training._model import roles
-from jaxrobust.training._options import check_choice, check_weight
+from jaxrobust.training._options import LARGE_EPS_HINT, check_choice, check_weight
 
 Array = jax.Array
 
@@ -106,7 +106,8 @@ def ibp_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: Bu
   check_choice("norm", norm, ("linf",))
   budget = Budget(*budget)
   model = roles(logits_fn)
-  check_inputs(model.pure, x, y, budget, norm=norm, name="ibp_loss")
+  check_inputs(model.pure, x, y, budget, norm=norm, name="ibp_loss",
+               large_eps_hint=LARGE_EPS_HINT)
   dtype = work_dtype(x)
   xw = x.astype(dtype)
   eps = jnp.broadcast_to(jnp.asarray(budget.eps, dtype), (x.shape[0],))

@@ -37,6 +37,7 @@ from jaxrobust._validation import check_inputs
 from jaxrobust.engine.attack_loop import run_attack
 from jaxrobust.engine.canonical_conv import on_cpu_canonical
 from jaxrobust.engine.scoring import round_toward
+from jaxrobust.training._options import LARGE_EPS_HINT
 
 Array = jax.Array
 
@@ -93,7 +94,8 @@ def attack_every_point(attack: Attack, logits_fn: Callable[[Array], Array], x: A
   rounded towards ``x`` in ``x``'s dtype). ``options``: :func:`inner_options` for a loss.
   """
   check_attack(attack)
-  check_inputs(logits_fn, x, y, budget, norm=attack.norm, name=attack.name)
+  check_inputs(logits_fn, x, y, budget, norm=attack.norm, name=attack.name,
+               large_eps_hint=LARGE_EPS_HINT)
   every_row = rows_like(x, True, bool)  # carries x's batch sharding
   result, _ = run_attack(attack, logits_fn, x, y, budget, key, options=options,
                          clean_correct=every_row)

@@ -16,6 +16,11 @@ import numpy as np
 from jaxrobust._validation import check_number, check_positive_int, is_concrete
 
 
+LARGE_EPS_HINT = ("The training losses take no allow_large_eps: give eps in the units of x "
+                  "(e.g. 8/255 for pixels in [0, 1]).")
+"""The end of :func:`jaxrobust.check_inputs`' message for a budget that covers the whole box."""
+
+
 def check_weight(name: str, value: Any, *, high: float = math.inf) -> Any:
   """A loss weight in ``[0, high]``: returned as a Python float when it can be read, else as the
   traced array it is (unchecked).
