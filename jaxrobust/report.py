@@ -152,6 +152,7 @@ def _check_counts(epsilons: np.ndarray, n: Any, clean_correct: Any,
       raise ValueError(f"certified[{name!r}] counts must lie in [0, n] = [0, {n}], got "
                        f"{c.tolist()}.")
 
+
 def provenance(attacks: Mapping[str, Attack], *, epsilons: Any, lower: float, upper: float,
                key_data: Any = None, key_impl: Any = None,
                **extra: Any) -> dict[str, Any]:
