@@ -246,12 +246,17 @@ def check_bounds(lower: Any, upper: Any) -> None:
     raise ValueError(f"lower must be < upper, got lower={lo}, upper={hi}.")
 
 
+def check_finite(x: Any) -> None:
+  """A concrete ``x`` holds no NaN/Inf (traced: nothing to check)."""
+  if is_concrete(x) and not np.all(np.isfinite(np.asarray(x))):
+    raise ValueError(f"x contains {int(np.sum(~np.isfinite(np.asarray(x))))} NaN/Inf value(s).")
+
+
 def check_x_in_box(x: Any, lower: Any, upper: Any) -> None:
   if not is_concrete(x, lower, upper):
     return
+  check_finite(x)
   values = np.asarray(x)
-  if not np.all(np.isfinite(values)):
-    raise ValueError(f"x contains {int(np.sum(~np.isfinite(values)))} NaN/Inf value(s).")
   lo, hi = float(values.min()), float(values.max())
   if lo < float(lower) or hi > float(upper):
     raise ValueError(

@@ -127,21 +127,17 @@ def _checks(norm, version, n_target_classes, has_square):
   def checks(logits_fn, x, y, budget, keys, target, todo, robust_after, members, active=None):
     """``todo``: the rows attacked (clean-correct and active); ``active``: the rows of the batch
     that are real data (``None``: all of them; a padded batch marks its padding ``False``)."""
-    del y, budget, target, members, todo
-    if version == "rand":
-      logits = jax.eval_shape(logits_fn, x, keys)
-      randomized = jnp.zeros((), bool)
-    else:
+    del y, budget, keys, target, members, todo
+    randomized, too_few = jnp.zeros((), bool), False  # rand: a randomized model, no targets
+    if version != "rand":
       logits = logits_fn(x)
       again = logits_fn(x)
       scale = jnp.linalg.norm(logits.astype(jnp.float32), axis=-1, keepdims=True) + 1e-10
       diff = jnp.max(jnp.abs(logits.astype(jnp.float32) - again.astype(jnp.float32)) / scale)
       randomized = diff > 1e-4
-    found = {
-        "randomized": checks_lib.Check(randomized),
-        "too_few_classes_for_targets": checks_lib.Check(jnp.asarray(
-            version != "rand"
-            and logits.shape[-1] - 1 < max(_targets(norm, version, n_target_classes))))}
+      too_few = logits.shape[-1] - 1 < max(_targets(norm, version, n_target_classes))
+    found = {"randomized": checks_lib.Check(randomized),
+             "too_few_classes_for_targets": checks_lib.Check(jnp.asarray(too_few))}
     if has_square:
       real = jnp.ones(x.shape[:1], bool) if active is None else active
       index = 3  # Square follows APGD-CE, APGD-T/-DLR and FAB in both deterministic versions

@@ -50,8 +50,9 @@ def certified_curve(certificate: Certificate, y: Array, radii: Array) -> Curve:
   """
   batch = certificate.prediction.shape[0]
   check_label_shape("y", y, batch, f"the certificate has {batch} predictions")
-  if is_concrete(y) and batch and int(np.min(np.asarray(y))) < 0:
-    raise ValueError(f"y must hold class indices >= 0, got min {int(np.min(np.asarray(y)))}: -1 "
+  lowest = int(np.min(np.asarray(y))) if is_concrete(y) and batch else 0
+  if lowest < 0:
+    raise ValueError(f"y must hold class indices >= 0, got min {lowest}: -1 "
                      "is the prediction of an abstention, so a label -1 would count it correct. "
                      "Drop the unlabelled examples first.")
   if np.ndim(radii) != 1:

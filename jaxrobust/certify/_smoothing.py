@@ -44,12 +44,11 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from jaxrobust._batch import as_keys, fold_in, like_batch, one_hot_mask, predict
 from jaxrobust._types import Certificate
-from jaxrobust._validation import (check_batch, check_logits, check_number,
+from jaxrobust._validation import (check_batch, check_finite, check_logits, check_number,
                                    check_positive_int, is_concrete, logits_shape)
 from jaxrobust.metrics import binomial_interval
 
@@ -95,10 +94,7 @@ def _check_model_inputs(logits_fn: Callable[[Array], Array], x: Array) -> None:
   or a NaN input would certify a classifier that was never smoothed), and ``logits_fn(x)`` is
   ``[B, C]`` with ``C >= 2``."""
   check_batch(x, None)
-  if is_concrete(x):
-    bad = int(np.sum(~np.isfinite(np.asarray(x))))
-    if bad:
-      raise ValueError(f"x contains {bad} NaN/Inf value(s).")
+  check_finite(x)
   check_logits(logits_shape(logits_fn, x), x.shape[0])
 
 

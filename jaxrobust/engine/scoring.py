@@ -227,9 +227,7 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
   flags, counts = dict(info.pop("flags", {})), dict(info.pop("counts", {}))
   counts["non_finite_adversarials"] = jnp.sum(todo & ~finite, dtype=jnp.int32)
   flags["non_finite_adversarials"] = counts["non_finite_adversarials"] > 0
-  attacked_rows = todo if active is None else todo & active
-  counts["non_finite_adversarial_logits"] = jnp.sum(attacked_rows & ~rows_finite(logits),
-                                                    dtype=jnp.int32)
+  counts["non_finite_adversarial_logits"] = jnp.sum(todo & ~rows_finite(logits), dtype=jnp.int32)
   flags["non_finite_adversarial_logits"] = counts["non_finite_adversarial_logits"] > 0
   if findings is not None:
     clean_flags, clean_counts = clean_checks(clean_correct, findings, active)

@@ -301,12 +301,17 @@ def alpha_of(confidence) -> Array:
     if is_concrete(c) and c.is_fully_addressable:
       check_confidence(np.asarray(c))
     return 1.0 - c
+  return jnp.asarray(_host_alpha(confidence).astype(np.float32))
+
+
+def _host_alpha(confidence) -> np.ndarray:
+  """``1 - confidence`` in float64 for a host float ``confidence`` in ``(0, 1)`` (checked)."""
   c = np.asarray(confidence)
   if c.dtype.kind != "f":
     raise TypeError(f"confidence must be a float in (0, 1), got {confidence!r}.")
   c = c.astype(np.float64)
   check_confidence(c)
-  return jnp.asarray((1.0 - c).astype(np.float32))
+  return 1.0 - c
 
 
 def hoeffding_half_width(confidence: ArrayLike, square_weights, dtype=np.float32):
@@ -477,12 +482,7 @@ def host_binomial_interval(successes: ArrayLike, trials: ArrayLike,
   from scipy import special  # scipy comes with jax; imported here, where reports need it
 
   k, n = _host_int64_counts(successes, trials)
-  c = np.asarray(confidence)
-  if c.dtype.kind != "f":
-    raise TypeError(f"confidence must be a float in (0, 1), got {confidence!r}.")
-  c = c.astype(np.float64)
-  check_confidence(c)
-  tail = (1.0 - c) / 2.0
+  tail = _host_alpha(confidence) / 2.0
   rest = n - k
   with np.errstate(all="ignore"):  # the entries fixed by convention are computed, then dropped
     lower = np.where(k == 0, 0.0, special.betaincinv(np.maximum(k, 1), rest + 1, tail))
