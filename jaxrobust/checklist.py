@@ -28,12 +28,13 @@ fixed budget vs minimum norm  no example that a minimum-norm attack broke within
                               grid survives every fixed-budget attack there (per-example arrays)
 ============================  ==================================================================
 
-The clean pass's checks (gradients, clean logits, probabilities) and the returned points' come
-with every attack on a deterministic model (:func:`jaxrobust.engine.scoring.clean_checks`);
-items that need AutoAttack's own checks are ``n/a`` without an ``auto_attack`` attack; the last
-needs ``keep_per_example=True``. Robust accuracy non-increasing in eps holds by construction in a
-report (a point broken at an eps counts as broken at every larger one) and across iterations is
-not recorded: neither is a line here.
+The clean pass's checks (gradients, clean logits, probabilities) come with every attack on a
+deterministic model (:func:`jaxrobust.engine.scoring.clean_checks`; a randomized model's are
+``n/a``: one draw's gradient says nothing of the expectation its attacks ascend), the returned
+points' with every attack; items that need AutoAttack's own checks are ``n/a`` without an
+``auto_attack`` attack; the last needs ``keep_per_example=True``. Robust accuracy non-increasing
+in eps holds by construction in a report (a point broken at an eps counts as broken at every
+larger one) and across iterations is not recorded: neither is a line here.
 
 Examples:
   >>> import numpy as np
@@ -64,6 +65,8 @@ import numpy as np
 
 PASS, WARN, NOT_AVAILABLE = "pass", "warn", "n/a"
 SECTION = "Checklist"
+# The clean pass's checks are skipped for a randomized model (scoring.clean_diagnosis): "n/a".
+DETERMINISTIC = "every jr.run on a deterministic model"
 
 
 class Item(NamedTuple):
@@ -155,9 +158,9 @@ def collect(report: Any) -> tuple[Item, ...]:
       _static(report),
       _flagged(report, "non_finite_gradients", "non_finite_gradient_points", "points",
                "finite gradients", "no clean-correct example with a non-finite gradient",
-               "every jr.run"),
+               DETERMINISTIC),
       _flagged(report, "non_finite_logits", "non_finite_logits", "examples",
-               "finite clean logits", "no example with a NaN/Inf clean logit", "every jr.run"),
+               "finite clean logits", "no example with a NaN/Inf clean logit", DETERMINISTIC),
       _flagged(report, "non_finite_adversarials", "non_finite_adversarials", "points",
                "finite adversarial points", "every attacked example came back finite",
                "every jr.run"),
@@ -165,11 +168,11 @@ def collect(report: Any) -> tuple[Item, ...]:
                "points", "finite adversarial logits", "every returned point has finite logits",
                "every jr.run"),
       _flagged(report, "zero_gradients", "zero_gradient_points", "points", "zero gradients",
-               "no clean-correct point with an exactly zero gradient", "every jr.run"),
+               "no clean-correct point with an exactly zero gradient", DETERMINISTIC),
       _flagged(report, "randomized", None, "", "deterministic model",
                "two clean passes agree"),
       _flagged(report, "probability_outputs", None, "", "logits, not probabilities",
-               "the outputs are not probability rows", "every jr.run"),
+               "the outputs are not probability rows", DETERMINISTIC),
       _flagged(report, "square_beats_white_box", "square_only_points", "points",
                "black box below white box", "Square broke at most 0.2% beyond the gradient "
                                             "attacks", "auto_attack standard or plus"),

@@ -84,6 +84,13 @@ def test_verdicts_are_majorities_not_single_draws():
   # P(Binomial(21, 0.2) >= 11) < 1e-3 per point; the keys are fixed, so this is deterministic.
   assert not bool(jnp.any(mostly_right.success))
   assert bool(jnp.all(mostly_wrong.success))
+  # One draw's clean gradient says nothing of the expectation: the clean pass's checks are not
+  # reported (a report's checklist says "n/a"), never "passed" unchecked; the returned points'
+  # checks are.
+  flags = mostly_right.info["flags"]
+  assert not {"zero_gradients", "probability_outputs", "non_finite_gradients",
+              "non_finite_logits"} & set(flags)
+  assert {"non_finite_adversarials", "non_finite_adversarial_logits"} <= set(flags)
   # A single draw would have judged about a fifth of the robust points broken.
   one_draw = jr.predict(coin_model(0.2)(x, jax.random.split(jax.random.key(5), 32)))
   assert int(jnp.sum(one_draw != 0)) > 0
