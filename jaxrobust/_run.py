@@ -7,7 +7,7 @@ from typing import Callable
 import jax
 
 from jaxrobust._options import RunOptions
-from jaxrobust._types import Attack, AttackResult, Budget
+from jaxrobust._types import Attack, AttackResult, Budget, as_budget
 from jaxrobust._validation import check_inputs
 from jaxrobust.engine.attack_loop import run_attack
 from jaxrobust.engine.propagations import check_cap
@@ -101,7 +101,7 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
     >>> result.success.tolist(), [round(float(n), 4) for n in result.norm]
     ([True, True], [0.2, 0.0])
   """
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   check_inputs(logits_fn, x, y, budget, norm=attack.norm, target=target,
                targeted=attack.targeted, minimum_norm=attack.minimum_norm,
                allow_large_eps=allow_large_eps, samples=attack.samples, name=attack.name)

@@ -44,6 +44,28 @@ class Budget(NamedTuple):
   upper: ArrayLike = 1.0
 
 
+def as_budget(budget: Any) -> Budget:
+  """``budget`` as a :class:`Budget`: a ``Budget`` as is, a tuple or list ``(eps[, lower[,
+  upper]])`` converted; anything else (a bare eps, most often) is a ``TypeError`` that shows how
+  to write one.
+
+  Examples:
+    >>> as_budget((0.1, -1.0, 1.0))
+    Budget(eps=0.1, lower=-1.0, upper=1.0)
+    >>> as_budget(0.1)
+    Traceback (most recent call last):
+    ...
+    TypeError: budget must be a jr.Budget(eps, lower=0.0, upper=1.0) or a tuple (eps, lower, upper); got float. Write jr.Budget(eps) for inputs in [0, 1].
+  """
+  if isinstance(budget, Budget):
+    return budget
+  if isinstance(budget, (tuple, list)) and 1 <= len(budget) <= 3:
+    return Budget(*budget)
+  raise TypeError("budget must be a jr.Budget(eps, lower=0.0, upper=1.0) or a tuple (eps, lower, "
+                  f"upper); got {type(budget).__name__}. Write jr.Budget(eps) for inputs in "
+                  "[0, 1].")
+
+
 class Attack(NamedTuple):
   """A pure, jit-compatible attack: static configuration plus ``init``/``step``/``finalize``.
 

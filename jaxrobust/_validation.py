@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._types import Budget
+from jaxrobust._types import Budget, as_budget
 from jaxrobust.model import captured_constants, trace_model, tracing, warn_if_captured
 from jaxrobust.projections import check_norm
 
@@ -227,6 +227,8 @@ def check_labels(name: str, labels: Any, num_classes: int) -> None:
   if labels is None or not is_concrete(labels):
     return
   values = np.asarray(labels)
+  if values.size == 0:
+    return
   lo, hi = int(values.min()), int(values.max())
   if lo < 0 or hi >= num_classes:
     raise ValueError(f"{name} must lie in [0, {num_classes}) for a model with {num_classes} "
@@ -365,7 +367,7 @@ def check_inputs(logits_fn: Callable[[jax.Array], jax.Array], x: Any, y: Any, bu
     if same:
       raise ValueError(f"target equals the true label y for {same} example(s); a targeted attack "
                        "needs target != y.")
-  eps, lower, upper = budget
+  eps, lower, upper = as_budget(budget)
   check_bounds(lower, upper)
   check_x_in_box(x, lower, upper)
   check_eps(eps, batch, norm, lower=lower, upper=upper, input_size=int(np.prod(x.shape[1:])),

@@ -15,14 +15,23 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxrobust._validation import check_label_shape, check_labels
+
 Array = jax.Array
 
 LossFn = Callable[..., Array]
 
 
 def _label_mask(logits: Array, labels: Array) -> Array:
-  """``[B, C]`` bool mask, True at each example's label column."""
+  """``[B, C]`` bool mask, True at each example's label column: the one place every loss reads
+  its labels, so the one place they are checked. Shapes always (also while tracing); the range
+  ``[0, C)`` of concrete labels (a label outside it would match no column, and the loss would
+  silently read a logit of 0)."""
   labels = jnp.asarray(labels)  # NumPy's int64 labels become JAX's default integer (no warning)
+  if logits.ndim != 2:
+    raise ValueError(f"losses take logits [B, C]; got shape {logits.shape}.")
+  check_label_shape("labels", labels, logits.shape[0], f"logits have {logits.shape[0]} rows")
+  check_labels("labels", labels, logits.shape[1])
   classes = jnp.arange(logits.shape[-1], dtype=labels.dtype)
   return labels[:, None] == classes[None, :]
 

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrobust._types import NORMS, Array, ArrayLike
 
@@ -76,8 +77,16 @@ def _per_example(eps: ArrayLike, ndim: int, dtype=None, batch: int | None = None
 
   A scalar becomes shape ``[1] * ndim``; a ``[B]`` vector becomes ``[B, 1, ..., 1]``. The result
   has the same rank as the arrays it is combined with, as strict rank promotion requires. With
-  ``batch`` given, a vector must have exactly ``batch`` entries.
+  ``batch`` given, a vector must have exactly ``batch`` entries. A concrete ``eps`` must be
+  ``>= 0`` (``inf`` allowed): a negative radius is an empty ball, and the L1 projection's
+  threshold, the L2 scale and the Linf clip would each return a different wrong point for it.
+  Traced radii (inside an attack) are the callers' to check, at their front doors.
   """
+  if not any(isinstance(v, jax.core.Tracer) for v in jax.tree.leaves(eps)):
+    values = np.asarray(eps, np.float64)
+    if values.size and not np.all(values >= 0):  # also refuses NaN
+      raise ValueError(f"eps must be >= 0 (inf allowed); got min {np.min(values):g} (NaN: "
+                       f"{int(np.sum(np.isnan(values)))} entries).")
   eps = jnp.asarray(eps, dtype=dtype)
   if eps.ndim == 0:
     return eps.reshape((1,) * ndim)
@@ -236,7 +245,8 @@ def project(delta: ArrayLike, eps: ArrayLike, norm: str) -> Array:
     An array with the shape and dtype of ``delta``.
 
   Raises:
-    ValueError: for an unknown norm name, or an ``eps`` that is neither a scalar nor ``[B]``.
+    ValueError: for an unknown norm name, an ``eps`` that is neither a scalar nor ``[B]``, or a
+      concrete ``eps`` that is negative or NaN.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -445,8 +455,8 @@ def sample_ball(
     ``shape`` array of samples, each example inside its eps-ball (up to rounding).
 
   Raises:
-    ValueError: for an unknown norm name, an empty ``shape`` or an ``eps`` that is neither a
-      scalar nor ``[B]``.
+    ValueError: for an unknown norm name, an empty ``shape``, an ``eps`` that is neither a
+      scalar nor ``[B]``, or a concrete ``eps`` that is negative or NaN.
 
   Examples:
     >>> import jax

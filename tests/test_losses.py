@@ -234,3 +234,30 @@ def test_numpy_int64_labels_need_no_conversion():
     warnings.simplefilter("error")
     logits = jnp.asarray(x)
     np.testing.assert_allclose(jr.losses.margin(logits, y), [-0.2, -0.3], rtol=1e-6)  # z_j - z_y
+
+
+@pytest.mark.parametrize("name", ["cross_entropy", "margin", "dlr", "probability_margin"])
+def test_bad_labels_are_refused_not_read_as_a_zero_logit(name):
+  """A label outside ``[0, C)`` matches no column of the one-hot look-up: ``z_y`` would read 0
+  and the loss a wrong number. Concrete labels are range-checked; shapes and dtypes always are,
+  also while tracing."""
+  loss = getattr(jr.losses, name)
+  z = jnp.asarray(Z[:2])
+  with pytest.raises(ValueError, match=r"labels must lie in \[0, 10\).*got min 0, max 10"):
+    loss(z, jnp.array([0, 10]))
+  with pytest.raises(ValueError, match="got min -1, max 3"):
+    loss(z, np.array([-1, 3]))
+  with pytest.raises(ValueError, match="1-D int array"):
+    loss(z, jnp.array([0.0, 1.0]))
+  with pytest.raises(ValueError, match="Batch sizes differ: logits have 2 rows, labels has 3"):
+    jax.jit(loss)(z, jnp.array([0, 1, 2]))
+  # Traced labels cannot be range-checked; in-range ones give the eager answer.
+  np.testing.assert_allclose(jax.jit(loss)(z, jnp.asarray(Y[:2])), loss(z, Y[:2]), rtol=1e-6)
+
+
+def test_targeted_losses_check_their_target():
+  z = jnp.asarray(Z[:2])
+  with pytest.raises(ValueError, match=r"must lie in \[0, 10\)"):
+    jr.losses.targeted_margin(z, jnp.asarray(Y[:2]), jnp.array([3, 12]))
+  with pytest.raises(ValueError, match="Batch sizes differ"):
+    jr.losses.targeted_cross_entropy(z, jnp.asarray(Y[:2]), jnp.array([3]))

@@ -363,6 +363,25 @@ def test_bad_eps_shape_raises(name):
     P.sample_ball(jax.random.key(0), (2, 5), np.ones((3,), np.float32), name)
 
 
+@pytest.mark.parametrize("name", NORMS)
+def test_negative_or_nan_eps_raises_when_concrete(name):
+  """A negative radius is an empty ball: each norm's formula would return a different wrong
+  point. Concrete radii are refused; ``inf`` and 0 are legitimate."""
+  x = np.full(ROWS.shape, 0.5, np.float32)
+  with pytest.raises(ValueError, match="eps must be >= 0.*min -0.1"):
+    P.project(ROWS, np.array([1.0, -0.1], np.float32), name)
+  with pytest.raises(ValueError, match="NaN: 1 entries"):
+    P.project(ROWS, float("nan"), name)
+  with pytest.raises(ValueError, match="eps must be >= 0"):
+    P.sample_ball(jax.random.key(0), (2, 5), -1.0, name)
+  with pytest.raises(ValueError, match="eps must be >= 0"):
+    P.project_l1_box(ROWS, x, -1.0, 0.0, 1.0)
+  np.testing.assert_array_equal(P.project(ROWS, np.array([0.0, np.inf], np.float32), name)[1],
+                                ROWS[1])
+  # Traced radii are not checked here (the attacks' front doors check eps): no error.
+  jax.jit(lambda e: P.project(ROWS, e, name))(jnp.float32(-1.0))
+
+
 # ---------------------------------------------------------------------------------------------
 # project: properties
 

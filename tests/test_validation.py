@@ -176,6 +176,13 @@ def test_too_few_classes_for_dlr():
     (lambda: jr.attacks.pgd(step_size=0.0), r"step_size must be a finite number > 0"),
     (lambda: jr.attacks.pgd(step_size=-1.0), r"step_size must be a finite number > 0"),
     (lambda: jr.attacks.pgd("l1", l1_sparsity=0.0), r"l1_sparsity must be None or in \(0, 1\]"),
+    (lambda: jr.attacks.pgd("linf", l1_sparsity=0.5), r"l1_sparsity is an option of the L1 "
+                                                      r"attack; got it with norm 'linf'"),
+    (lambda: jr.attacks.fgsm("l2", l1_sparsity=0.5), r"got it with norm 'l2'"),
+    (lambda: jr.attacks.pgd(steps=4, step_size=lambda t: 0.5 - 0.25 * t.astype(jnp.float32)),
+     r"step_size\(t\) must be finite and >= 0 .* got step_size\(3\) = -0.25"),
+    (lambda: jr.attacks.pgd(steps=4, step_size=lambda t: jnp.where(t == 4, jnp.nan, 0.1)),
+     r"got step_size\(4\) = nan"),
 ])
 def test_bad_factory_options(factory, message):
   with pytest.raises(ValueError, match=message):
@@ -232,3 +239,16 @@ def test_check_number_and_check_bool_accept():
   for bad in (1, "yes", None):
     with pytest.raises(ValueError, match="targeted must be a bool"):
       check_bool("targeted", bad)
+
+
+def test_a_bare_eps_instead_of_a_budget_says_how_to_write_one():
+  message = r"budget must be a jr.Budget\(eps, lower=0.0, upper=1.0\) .* got float"
+  with pytest.raises(TypeError, match=message):
+    jr.run(PGD, logits_fn, X, Y, 0.1, KEY)
+  with pytest.raises(TypeError, match="got ArrayImpl"):
+    jr.check_inputs(logits_fn, X, Y, jnp.float32(0.1), norm="linf")
+  with pytest.raises(TypeError, match="got dict"):
+    jr.certify.certify_bounds(logits_fn, X, Y, {"eps": 0.1})
+  # Tuples stay accepted: (eps,), (eps, lower, upper).
+  a, b = jr.run(PGD, logits_fn, X, Y, (0.1,), KEY), run(eps=0.1)
+  np.testing.assert_array_equal(np.asarray(a.x_adv), np.asarray(b.x_adv))

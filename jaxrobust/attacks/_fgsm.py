@@ -64,7 +64,7 @@ def fgsm(norm: str = "linf", *, loss: str | Callable[..., jax.Array] = "ce",
     linear maximisation oracle of an L1 ball).
   """
   check_norm(norm)
-  l1_sparsity = check_l1_sparsity(l1_sparsity)
+  l1_sparsity = check_l1_sparsity(l1_sparsity, norm)
   losses_lib.resolve(loss, targeted)
   return gradient_attack(
       norm=norm, loss=loss, steps=1, step_size=lambda index: jnp.ones((), jnp.float32),

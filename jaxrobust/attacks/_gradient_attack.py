@@ -50,6 +50,7 @@ from jaxrobust import projections
 from jaxrobust._batch import expand, fold_in, is_success
 from jaxrobust._types import Attack, Budget
 from jaxrobust._validation import check_number
+from jaxrobust.projections import check_norm
 from jaxrobust.attacks import _ascent
 from jaxrobust.attacks._common import (Best, Runs, apply_loss, l1_box_point, loss_grad_logits,
                                        score_last_iterate, unpack_budget)
@@ -187,10 +188,14 @@ def _done(state: GradientAttackState) -> Array:
   return state.best.success
 
 
-def check_l1_sparsity(l1_sparsity) -> float | None:
-  """``None`` (the exact L1 step), or the fraction of coordinates a sparse L1 step moves."""
+def check_l1_sparsity(l1_sparsity, norm: str) -> float | None:
+  """``None`` (the exact L1 step), or the fraction of coordinates a sparse L1 step moves; only
+  for ``norm = "l1"`` (another norm's attack would otherwise take L1 steps in its ball)."""
   if l1_sparsity is None:
     return None
+  if check_norm(norm) != "l1":
+    raise ValueError(f"l1_sparsity is an option of the L1 attack; got it with norm {norm!r}. "
+                     "Drop l1_sparsity, or use norm='l1'.")
   try:
     return check_number("l1_sparsity", l1_sparsity, low=0.0, high=1.0, low_open=True)
   except ValueError:

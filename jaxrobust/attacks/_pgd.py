@@ -7,6 +7,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrobust import losses as losses_lib
 from jaxrobust._types import Attack
@@ -67,6 +68,25 @@ def cosine_step_size(steps: int, initial: float = INITIAL_STEP) -> Callable[[jax
 
 def _constant(step_size: float) -> Callable[[jax.Array], jax.Array]:
   return lambda index: jnp.full((), step_size, jnp.float32)
+
+
+def _checked_schedule(schedule: Callable[[jax.Array], jax.Array], steps: int
+                      ) -> Callable[[jax.Array], jax.Array]:
+  """A user's ``schedule``, after checking ``schedule(t)`` for ``t = 0, ..., steps`` is finite and
+  ``>= 0``: a negative step descends the loss, so the attack would report robustness it never
+  tested. Evaluated once, vectorised, where it can be (a schedule that only traces inside the
+  attack's loop, or closes over a tracer, is left to the user)."""
+  try:
+    values = np.asarray(jax.vmap(schedule)(jnp.arange(steps + 1, dtype=jnp.int32)), np.float64)
+  except Exception:  # noqa: BLE001 - what cannot be evaluated here is not checked here
+    return schedule
+  bad = ~np.all(np.isfinite(values) & (values >= 0), axis=tuple(range(1, values.ndim)))
+  if np.any(bad):
+    t = int(np.argmax(bad))
+    row = np.ravel(values[t])
+    raise ValueError(f"step_size(t) must be finite and >= 0 (a fraction of eps) for t = 0, ..., "
+                     f"steps; got step_size({t}) = {row[~(np.isfinite(row) & (row >= 0))][0]:g}.")
+  return schedule
 
 
 def pgd(norm: str = "linf", *, steps: int = 10,
@@ -175,10 +195,10 @@ def pgd(norm: str = "linf", *, steps: int = 10,
   if step_size is None:
     schedule = cosine_step_size(steps)
   elif callable(step_size):
-    schedule = step_size
+    schedule = _checked_schedule(step_size, steps)
   else:
     schedule = _constant(check_step_size(step_size))
-  l1_sparsity = check_l1_sparsity(l1_sparsity)
+  l1_sparsity = check_l1_sparsity(l1_sparsity, norm)
   losses_lib.resolve(loss, targeted)
   return gradient_attack(
       norm=norm, loss=loss, steps=steps, step_size=schedule, random_start=random_start,

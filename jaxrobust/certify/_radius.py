@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from jaxrobust._batch import expand, like_batch, predict
-from jaxrobust._types import NORMS, Budget, Certificate
+from jaxrobust._types import NORMS, Budget, Certificate, as_budget
 from jaxrobust._validation import check_inputs, check_number
 from jaxrobust.certify._jaxpr import check_deterministic
 from jaxrobust.certify._linear import check_examples_per_pass
@@ -107,7 +107,7 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
   check_examples_per_pass(examples_per_pass)
   tol = check_number("tol", tol, low=0.0, high=1.0, low_open=True, high_open=True)
   steps = math.ceil(math.log2(1.0 / tol))
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   largest = budget.eps if max_eps is None else max_eps
   check_inputs(logits_fn, x, y, Budget(largest, budget.lower, budget.upper), norm=norm,
                allow_large_eps=allow_large_eps,

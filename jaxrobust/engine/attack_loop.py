@@ -25,7 +25,7 @@ import numpy as np
 
 from jaxrobust._batch import as_keys, expand, like_batch, work_dtype
 from jaxrobust._options import RunOptions
-from jaxrobust._types import Attack, AttackResult, Budget, Suite
+from jaxrobust._types import Attack, AttackResult, Budget, Suite, as_budget
 from jaxrobust._validation import logits_shape
 from jaxrobust.metrics import checks as checks_lib
 from jaxrobust.engine import canonical_conv, compaction, early_exit as early_exit_lib
@@ -116,7 +116,7 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
                 options: RunOptions, clean_correct: Array | None, findings: CleanFindings | None,
                 active: Array | None, max_propagations: Array | None
                 ) -> tuple[AttackResult, Array]:
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   x_input = x
   x = x.astype(work_dtype(x))
   batch = x.shape[0]
@@ -233,7 +233,7 @@ def run_suite(suite: Suite, samples: int, logits_fn: Callable[..., Array], x: Ar
     suite.check_input(x)
   members = list(suite.members(logits_shape(logits_fn, x, samples)[-1]))
   check_members(members)
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   x_adv, robust_after, spent = run_members(members, logits_fn, x, y, budget, keys, target, todo,
                                            options, max_propagations)
   info = {"robust_after": robust_after}

@@ -73,7 +73,7 @@ import numpy as np
 
 from jaxrobust import _jaxpr_walk
 from jaxrobust._batch import rows_like
-from jaxrobust._types import Attack, Budget
+from jaxrobust._types import Attack, Budget, as_budget
 from jaxrobust.metrics.model_evaluations import instrument
 
 Array = jax.Array
@@ -192,7 +192,7 @@ def measure(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Array,
     return None
   marked = instrument(logits_fn, forward=_marker(_FORWARD), gradient=_marker(_GRADIENT),
                       backward=_marker(_BACKWARD))
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   batch = x.shape[0]
   try:
     # init's trace also gives the state's shapes, on which step and finalize are traced.

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust import losses
-from jaxrobust._types import Attack, Budget
+from jaxrobust._types import Attack, Budget, as_budget
 from jaxrobust.attacks import pgd
 from jaxrobust.training._aux import Aux
 from jaxrobust.training._inner import attack_every_point, check_attack, inner_options
@@ -89,7 +89,7 @@ def adversarial_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array,
     resistant to adversarial attacks. ICLR 2018.
   """
   attack = check_attack(pgd("linf", steps=DEFAULT_STEPS) if attack is None else attack)
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   model = roles(logits_fn)
   attacker = model.frozen if attack_logits_fn is None else roles(attack_logits_fn).frozen
   x_adv = attack_every_point(attack, attacker, x, y, budget, key, options=inner_options(unroll))

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from jaxrobust._batch import is_correct, predict
 from jaxrobust._options import RunOptions
-from jaxrobust._types import Attack, Budget
+from jaxrobust._types import Attack, Budget, as_budget
 from jaxrobust._validation import check_inputs
 from jaxrobust.attacks import pgd
 from jaxrobust.engine.attack_loop import run_attack
@@ -77,7 +77,7 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   attack = pgd("linf", steps=DEFAULT_STEPS) if attack is None else attack
   check_attack(attack, training=False)
   options = RunOptions(early_exit=early_exit, unroll=unroll)
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   model = roles(logits_fn).frozen
   check_inputs(model, x, y, budget, norm=attack.norm, minimum_norm=attack.minimum_norm,
                name=attack.name, large_eps_hint=LARGE_EPS_HINT)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from jaxrobust import certify
 from jaxrobust._batch import expand, like_batch, one_hot_mask, work_dtype
-from jaxrobust._types import Budget
+from jaxrobust._types import Budget, as_budget
 from jaxrobust._validation import check_inputs
 from jaxrobust.training._adversarial import mean_cross_entropy
 from jaxrobust.training._aux import Aux
@@ -104,7 +104,7 @@ def ibp_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: Bu
   """
   kappa = check_weight("kappa", kappa, high=1.0)
   check_choice("norm", norm, ("linf",))
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   model = roles(logits_fn)
   check_inputs(model.pure, x, y, budget, norm=norm, name="ibp_loss",
                large_eps_hint=LARGE_EPS_HINT)

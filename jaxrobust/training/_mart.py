@@ -10,7 +10,7 @@ import jax.numpy as jnp
 
 from jaxrobust import losses
 from jaxrobust._batch import one_hot_mask
-from jaxrobust._types import Attack, Budget
+from jaxrobust._types import Attack, Budget, as_budget
 from jaxrobust._validation import check_inputs
 from jaxrobust.training._adversarial import mean_cross_entropy
 from jaxrobust.training._aux import Aux
@@ -133,7 +133,7 @@ def mart_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: B
     revisiting misclassified examples. ICLR 2020.
   """
   beta = check_weight("beta", beta)
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   model = roles(logits_fn)
   attacker = model.frozen if attack_logits_fn is None else roles(attack_logits_fn).frozen
   if attack is None:

@@ -8,7 +8,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from jaxrobust._types import Budget
+from jaxrobust._types import Budget, as_budget
 from jaxrobust._validation import check_inputs
 from jaxrobust.training._adversarial import mean_cross_entropy
 from jaxrobust.training._aux import Aux
@@ -123,7 +123,7 @@ def trades_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget:
   steps = check_steps(steps)
   norm = check_choice("norm", norm, ("linf", "l2"))
   step_size = check_step_size(step_size, LINF_STEP_SIZE if norm == "linf" else 2 / steps)
-  budget = Budget(*budget)
+  budget = as_budget(budget)
   model = roles(logits_fn)
   attacker = model.frozen if attack_logits_fn is None else roles(attack_logits_fn).frozen
   check_inputs(attacker, x, y, budget, norm=norm, name="trades_loss")
