@@ -377,6 +377,13 @@ def test_swap_curve_refuses_budgets_the_run_never_searched():
     text.swap_curve(result, y, jnp.array([0.5]))
   with pytest.raises(ValueError, match=r"y must be the \[B\] = \[2\]"):
     text.swap_curve(result, jnp.array([0, 0, 0]), jnp.array([0]))
+  with pytest.raises(ValueError, match=r"y must lie in \[0, 2\)"):
+    text.swap_curve(result, jnp.array([0, 2]), jnp.array([0]))
+  with pytest.raises(ValueError, match="1-D int array"):
+    text.swap_curve(result, jnp.array([0.0, 0.0]), jnp.array([0]))
+  # Point 1 was broken (success) and is predicted 1: labels [0, 1] are not the run's.
+  with pytest.raises(ValueError, match=r"not the labels given to run: 1 point\(s\).*row 1"):
+    text.swap_curve(result, jnp.array([0, 1]), jnp.array([0]))
   assert text.swap_curve(result, y, jnp.array([0, 2])).robust_accuracy.tolist() == [1.0, 0.5]
   # Traced, nothing can raise: at a budget above the max_swaps of a point the run did not break
   # (point 0, searched up to 2) the accuracy is unknown, NaN, never "robust". A broken point is

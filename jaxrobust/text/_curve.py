@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxrobust._batch import is_correct
 from jaxrobust._types import Curve
-from jaxrobust._validation import is_concrete
+from jaxrobust._validation import check_label_shape, check_labels, is_concrete
 from jaxrobust.metrics import curve_auc
 from jaxrobust.text._types import Result, TextFoolerResult
 
@@ -51,7 +51,9 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
 
   Raises:
     ValueError: ``budgets`` not a 1-D int array, negative, or (concrete) larger than the smallest
-      ``max_swaps`` of the run; ``y`` not matching the result's batch.
+      ``max_swaps`` of the run; ``y`` not ``[B]`` int labels matching the result's batch, out of
+      ``[0, C)``, or (concrete) not the labels given to ``run`` (a point the run broke is
+      classified as ``y``).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -97,6 +99,16 @@ def _check(result: Result, y: Array, budgets: Array) -> Array:
   if not hasattr(y, "shape") or y.shape != (batch,):
     raise ValueError(f"y must be the [B] = [{batch}] labels given to run, got shape "
                      f"{getattr(y, 'shape', None)}.")
+  check_label_shape("y", y, batch, f"the result has {batch} rows")
+  check_labels("y", y, result.logits.shape[-1])
+  if is_concrete(y, result.success, result.logits):
+    # A point the run broke is misclassified under the run's labels: one predicted as y here
+    # means y is not what run was given, and every verdict read from it would be wrong.
+    claimed = np.asarray(result.success) & (np.argmax(np.asarray(result.logits), axis=-1)
+                                            == np.asarray(y))
+    if np.any(claimed):
+      raise ValueError(f"y is not the labels given to run: {int(np.sum(claimed))} point(s) the "
+                       f"run broke (first: row {int(np.argmax(claimed))}) are classified as y.")
   if budgets.shape[0] and is_concrete(budgets, result.max_swaps):
     lo, hi = int(np.min(np.asarray(budgets))), int(np.max(np.asarray(budgets)))
     if lo < 0:
