@@ -254,6 +254,63 @@ def check_finite(x: Any) -> None:
     raise ValueError(f"x contains {int(np.sum(~np.isfinite(np.asarray(x))))} NaN/Inf value(s).")
 
 
+def check_values(name: str, values: Any, *, low: float = -math.inf, high: float = math.inf,
+                 where: Any = None, hint: str = "") -> None:
+  """Concrete ``values`` only (traced: nothing to check): no entry is NaN or outside
+  ``[low, high]`` (``inf`` passes where the interval reaches it). Entries where ``where`` (an
+  array of ``values``' shape, e.g. a row mask) is ``False`` are not read: padding may hold
+  anything. The message gives the rule, how many entries break it, the first few with their
+  index, then ``hint`` (how to fix it).
+
+  Raises:
+    ValueError: for a NaN entry or one outside the interval.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> check_values("q", jnp.array([0.5, 1.5, jnp.nan]), low=0.0, high=1.0)
+    Traceback (most recent call last):
+    ...
+    ValueError: q must lie in [0, 1], got 2 of 3 entries that do not: q[1] = 1.5, q[2] = nan.
+    >>> check_values("q", jnp.array([0.5, 1.5, jnp.nan]), low=0.0, high=1.0,
+    ...              where=jnp.array([True, False, False]))  # only q[0] is read: passes
+  """
+  if not is_concrete(values, where):
+    return
+  array = np.asarray(values, np.float64)
+  bad = np.isnan(array) | (array < low) | (array > high)
+  if where is not None:
+    bad &= np.asarray(where, bool)
+  if not bad.any():
+    return
+  if low == -math.inf and high == math.inf:
+    rule = "must not be NaN"
+  elif high == math.inf:
+    rule = f"must be >= {low:g} (inf allowed) and not NaN"
+  elif low == -math.inf:
+    rule = f"must be <= {high:g} (-inf allowed) and not NaN"
+  else:
+    rule = f"must lie in [{low:g}, {high:g}]"
+  if array.ndim == 0:
+    observed = f"got {float(array):g}"
+  else:
+    first = [np.unravel_index(i, array.shape) for i in np.flatnonzero(bad)[:3]]
+    shown = ", ".join(f"{name}[{', '.join(map(str, i))}] = {array[i]:g}" for i in first)
+    more = ", ..." if int(bad.sum()) > len(first) else ""
+    observed = f"got {int(bad.sum())} of {array.size} entries that do not: {shown}{more}"
+  raise ValueError(f"{name} {rule}, {observed}." + (f" {hint}" if hint else ""))
+
+
+def check_min_norms(norms: Any, where: Any = None, *, name: str = "norms") -> None:
+  """Concrete minimal adversarial norms (``AttackResult.norm``; traced: nothing to check): each
+  ``>= 0`` or ``inf``, none NaN (:func:`check_values`, with the fix in the message). ``where`` is
+  the row mask of a function that takes ``mask=`` (padded rows are not read, and the message
+  points to ``mask=``); ``None`` reads every row."""
+  hint = ("A minimal adversarial norm is 0 for a point misclassified on the clean input and inf "
+          "where no adversarial point was found, as jr.run reports"
+          + ("; padded rows belong under mask=False." if where is not None else "."))
+  check_values(name, norms, low=0.0, where=where, hint=hint)
+
+
 def check_x_in_box(x: Any, lower: Any, upper: Any) -> None:
   if not is_concrete(x, lower, upper):
     return

@@ -18,7 +18,7 @@ from jaxrobust import metrics
 from jaxrobust._batch import as_keys, like_batch
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget, Curve
-from jaxrobust._validation import check_eps, check_inputs
+from jaxrobust._validation import check_eps, check_inputs, check_min_norms, check_values
 from jaxrobust.engine.curve_kernel import robust_flags
 from jaxrobust.engine.propagations import check_cap
 from jaxrobust.engine.scoring import clean_diagnosis
@@ -32,16 +32,18 @@ def curve_from_norms(norms: Array, correct: Array, epsilons: Array) -> Curve:
   A point is robust at eps iff it is clean-correct and :math:`\epsilon^*(x) > \epsilon`.
 
   Args:
-    norms: ``[B]`` smallest adversarial perturbation found per example (``inf`` where none).
+    norms: ``[B]`` smallest adversarial perturbation found per example, each ``>= 0`` (``inf``
+      where none).
     correct: ``[B]`` bool, clean prediction correct.
-    epsilons: ``[K]`` budgets.
+    epsilons: ``[K]`` budgets, each ``>= 0`` (``inf`` allowed).
 
   Returns:
     A :class:`jaxrobust.Curve`.
 
   Raises:
     ValueError: ``norms`` and ``correct`` not both ``[B]`` (one entry per example), or
-      ``epsilons`` not ``[K]``.
+      ``epsilons`` not ``[K]``; for concrete values (not under ``jax.jit``), a NaN or negative
+      eps or norm.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -50,12 +52,14 @@ def curve_from_norms(norms: Array, correct: Array, epsilons: Array) -> Curve:
     >>> c.robust_accuracy
     Array([0.75, 0.5 , 0.25], dtype=float32)
   """
-  norms, correct = jnp.asarray(norms), jnp.asarray(correct)
+  norms, correct = jnp.asarray(norms), jnp.asarray(correct, bool)
   epsilons = jnp.asarray(epsilons, jnp.float32)
   if norms.ndim != 1 or correct.shape != norms.shape or epsilons.ndim != 1:
     raise ValueError(f"curve_from_norms takes norms [B] and correct [B] (one entry per example) "
                      f"and epsilons [K]; got norms {norms.shape}, correct {correct.shape}, "
                      f"epsilons {epsilons.shape}.")
+  check_values("epsilons", epsilons, low=0.0)
+  check_min_norms(norms)
   robust = correct[None, :] & (norms.astype(jnp.float32)[None, :] > epsilons[:, None])
   return _curve(epsilons, correct, robust)
 
@@ -197,6 +201,12 @@ def curve_consistency(norms: Array, correct: Array, curve: Curve) -> CurveConsis
   Returns:
     A :class:`CurveConsistency`.
 
+  Raises:
+    TypeError: ``curve`` is not a :class:`jaxrobust.Curve`.
+    ValueError: ``norms`` and ``correct`` not both ``[B]`` with the ``B`` of ``curve.robust``
+      (``[K, B]``), e.g. a report's curve without per-example flags; for a concrete ``norms``
+      (not under ``jax.jit``), a NaN or negative norm.
+
   Examples:
     >>> import jax.numpy as jnp
     >>> eps = jnp.array([0.1, 0.2])
@@ -205,9 +215,23 @@ def curve_consistency(norms: Array, correct: Array, curve: Curve) -> CurveConsis
     >>> c.norm_attack_weaker.tolist(), c.budget_attack_weaker.tolist()
     ([0, 0], [0, 1])
   """
-  within = correct[None, :] & (norms.astype(jnp.float32)[None, :] <= curve.epsilons[:, None])
-  broken = correct[None, :] & ~curve.robust
+  if not isinstance(curve, Curve):
+    raise TypeError(f"curve must be a jaxrobust.Curve (from jr.robustness_curve, "
+                    f"jr.curve_from_norms or Report.curve), got {type(curve).__name__}.")
+  norms, correct = jnp.asarray(norms, jnp.float32), jnp.asarray(correct, bool)
+  robust, epsilons = jnp.asarray(curve.robust, bool), jnp.asarray(curve.epsilons, jnp.float32)
+  if norms.ndim != 1 or correct.shape != norms.shape or robust.shape != (*epsilons.shape,
+                                                                         norms.shape[0]):
+    hint = (" A report's curve has per-example flags only from jr.evaluate(..., "
+            "keep_per_example=True)." if robust.ndim == 2 and robust.shape[1] == 0 else "")
+    raise ValueError(f"curve_consistency takes norms [B] and correct [B] of the curve's examples, "
+                     f"in its order (curve.robust is [K, B], curve.epsilons [K]); got norms "
+                     f"{norms.shape}, correct {correct.shape}, curve.robust {robust.shape}, "
+                     f"curve.epsilons {epsilons.shape}.{hint}")
+  check_min_norms(norms)
+  within = correct[None, :] & (norms[None, :] <= epsilons[:, None])
+  broken = correct[None, :] & ~robust
   return CurveConsistency(
       epsilons=curve.epsilons,
       norm_attack_weaker=jnp.sum(broken & ~within, axis=1, dtype=jnp.int32),
-      budget_attack_weaker=jnp.sum(within & curve.robust, axis=1, dtype=jnp.int32))
+      budget_attack_weaker=jnp.sum(within & robust, axis=1, dtype=jnp.int32))

@@ -29,10 +29,9 @@ from typing import Optional
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from jaxrobust import projections
-from jaxrobust._validation import is_concrete
+from jaxrobust._validation import check_min_norms, check_values
 from jaxrobust.metrics.conventions import (array_namespace, as_predictions, count_true, int_like,
                                            masked_sum, matches, ratio, row_mask)
 
@@ -426,10 +425,7 @@ def curve_auc(epsilons: ArrayLike, accuracies: ArrayLike, clean_accuracy: ArrayL
     >>> float(metrics.curve_auc(jnp.array([2.0, 1.0, jnp.inf]), jnp.array([0.0, 0.5, 0.0]), 1.0))
     0.5
   """
-  if is_concrete(epsilons):
-    values = np.asarray(epsilons, np.float64)
-    if np.any(np.isnan(values)) or np.any(values < 0):
-      raise ValueError(f"epsilons must be >= 0 (inf allowed), got {values.tolist()}.")
+  check_values("epsilons", epsilons, low=0.0)
   return trapezoid_auc(*(jnp.asarray(v) for v in (epsilons, accuracies, clean_accuracy)))
 
 
@@ -479,12 +475,18 @@ def perturbation_quantiles(norms: ArrayLike, q: ArrayLike, mask: Optional[ArrayL
   ``inf`` is ``inf``.
 
   Args:
-    norms: ``[B]`` minimal adversarial norms.
-    q: a quantile in ``[0, 1]`` or an array of them.
-    mask: optional ``[B]`` bool; only ``True`` entries count. NaN if none do.
+    norms: ``[B]`` minimal adversarial norms: each ``>= 0`` or ``inf``.
+    q: a quantile in ``[0, 1]`` or a ``[Q]`` array of them.
+    mask: optional ``[B]`` bool; only ``True`` entries count (the others may hold anything, even
+      NaN). NaN if none do, as for an empty ``norms`` (``B = 0``).
 
   Returns:
-    An array of the shape of ``q``.
+    A float32 array of the shape of ``q``.
+
+  Raises:
+    ValueError: ``norms`` not 1-D, ``q`` not a scalar or 1-D, ``mask`` not ``[B]``; and, for
+      concrete values (not under ``jax.jit``), a ``q`` outside ``[0, 1]`` or NaN, or a norm of a
+      selected entry that is NaN or negative.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -492,18 +494,33 @@ def perturbation_quantiles(norms: ArrayLike, q: ArrayLike, mask: Optional[ArrayL
     >>> perturbation_quantiles(norms, jnp.array([0.0, 0.5, 1.0])).tolist()
     [0.10000000149011612, 0.30000001192092896, inf]
   """
-  norms = jnp.asarray(norms, jnp.float32)
+  norms, q = jnp.asarray(norms, jnp.float32), jnp.asarray(q, jnp.float32)
+  if norms.ndim != 1:
+    raise ValueError(f"norms must be a 1-D array [B] of minimal adversarial norms (one per "
+                     f"example), got shape {norms.shape}.")
+  if q.ndim > 1:
+    raise ValueError(f"q must be a quantile or a 1-D array [Q] of them, got shape {q.shape}.")
   keep = row_mask(mask, norms.shape[0])
+  check_values("q", q, low=0.0, high=1.0,
+               hint="Quantiles are fractions: the median is q=0.5, not 50.")
+  check_min_norms(norms, keep)
+  if norms.shape[0] == 0:  # no entry counts, as under an all-False mask
+    return jnp.full(q.shape, jnp.nan, jnp.float32)
   big = jnp.finfo(jnp.float32).max
   finite = jnp.where(jnp.isinf(norms), big, norms)
   values = jnp.where(keep, finite, jnp.nan)
-  out = jnp.nanquantile(values, jnp.asarray(q, jnp.float32))
+  out = jnp.nanquantile(values, q)
   # Any interpolation that involved the stand-in for inf is at least big / 2.
   return jnp.where(out >= big / 2, jnp.inf, out)
 
 
 def median_perturbation(norms: ArrayLike, mask: Optional[ArrayLike] = None) -> Array:
-  r"""The median of :math:`\epsilon^*(x)` (see :func:`perturbation_quantiles`).
+  r"""The median of :math:`\epsilon^*(x)` (see :func:`perturbation_quantiles`): a float32
+  scalar, NaN if no entry is selected by ``mask`` (or ``norms`` is empty).
+
+  Raises:
+    ValueError: as :func:`perturbation_quantiles` (``norms`` not ``[B]``, ``mask`` not ``[B]``,
+      a concrete selected norm that is NaN or negative).
 
   Examples:
     >>> import jax.numpy as jnp

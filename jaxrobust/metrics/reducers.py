@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrobust import projections
+from jaxrobust._validation import check_min_norms, check_positive_int, check_values
 from jaxrobust.metrics.conventions import (NO_PREDICTION, array_namespace, as_predictions,
                                            count_true, int_like, masked_sum, matches, ratio,
                                            row_mask)
@@ -70,6 +71,21 @@ def _check_same_shapes(a, b) -> None:
                        f"{jax.tree_util.keystr(path)} has shape {np.shape(left)} in this one and "
                        f"{np.shape(right)} in the other (sums are added, never broadcast)."
                        f"{getattr(a, '_MERGE_HINT', '')}")
+
+
+def _robust_above(norms: ArrayLike, correct: ArrayLike, grid: ArrayLike, mask: Optional[ArrayLike],
+                  grid_name: str, grid_size: str) -> Array:
+  """``[K, B]`` flags ``norms_i > grid_k``, after the checks :meth:`CurveCounts.from_norms` and
+  :meth:`NormHistogram.from_batch` share: shapes (static), then concrete values (the grid >= 0,
+  the norms of the rows in ``mask`` >= 0, none NaN; ``inf`` is allowed in both)."""
+  norms, grid = jnp.asarray(norms, jnp.float32), jnp.asarray(grid, jnp.float32)
+  if norms.ndim != 1 or np.shape(correct) != norms.shape or grid.ndim != 1:
+    raise ValueError(f"norms and correct must both be [B] (one entry per example) and {grid_name} "
+                     f"[{grid_size}]; got norms {norms.shape}, correct {np.shape(correct)}, "
+                     f"{grid_name} {grid.shape}.")
+  check_values(grid_name, grid, low=0.0)
+  check_min_norms(norms, row_mask(mask, norms.shape[0]))
+  return norms[None, :] > grid[:, None]
 
 
 def psum(counts, axis_name: str):
@@ -409,7 +425,12 @@ class CurveCounts(_CurveSums, Reducer):
 
   @classmethod
   def empty(cls, num_eps: int) -> CurveCounts:
-    """Zero counts over ``num_eps`` budgets: the identity of :meth:`merge`."""
+    """Zero counts over ``num_eps`` budgets: the identity of :meth:`merge`.
+
+    Raises:
+      ValueError: ``num_eps`` not an int >= 0 (a bool or a float is refused, not rounded).
+    """
+    num_eps = check_positive_int("num_eps", num_eps, minimum=0)
     return cls(_zero_int(), _zero_int(), jnp.zeros((num_eps,), jnp.int32))
 
   @classmethod
@@ -422,11 +443,17 @@ class CurveCounts(_CurveSums, Reducer):
         only clean-correct examples count as robust.
       correct: ``[B]`` bool, clean prediction correct.
       mask: optional ``[B]`` bool; ``False`` rows (padding) are not counted.
+
+    Raises:
+      ValueError: ``robust`` not ``[K, B]`` with the ``B`` of ``correct`` and ``mask`` (``[B]``).
     """
-    correct = jnp.asarray(correct, bool)
+    correct, robust = jnp.asarray(correct, bool), jnp.asarray(robust, bool)
+    if correct.ndim != 1 or robust.ndim != 2 or robust.shape[1] != correct.shape[0]:
+      raise ValueError(f"robust must be [K, B] and correct [B] (one entry per example); got "
+                       f"robust {robust.shape}, correct {correct.shape}.")
     keep = row_mask(mask, correct.shape[0])
     good = keep & correct
-    robust = jnp.asarray(robust, bool) & good[None, :]
+    robust = robust & good[None, :]
     return cls(count_true(keep), count_true(good), jnp.sum(robust, axis=1, dtype=jnp.int32))
 
   @classmethod
@@ -434,10 +461,22 @@ class CurveCounts(_CurveSums, Reducer):
                  mask: Optional[ArrayLike] = None) -> CurveCounts:
     r"""The counts of one batch from minimal adversarial norms :math:`\epsilon^*` (``inf``
     where none was found): an example is robust at eps iff it is clean-correct and
-    :math:`\epsilon^* > \epsilon`."""
-    norms = jnp.asarray(norms, jnp.float32)
-    epsilons = jnp.asarray(epsilons, jnp.float32)
-    return cls.from_flags(norms[None, :] > epsilons[:, None], correct, mask)
+    :math:`\epsilon^* > \epsilon`.
+
+    Args:
+      norms: ``[B]`` minimal adversarial norms, each ``>= 0`` (``inf`` where none was found).
+      correct: ``[B]`` bool, clean prediction correct.
+      epsilons: ``[K]`` budgets, each ``>= 0`` (``inf`` allowed).
+      mask: optional ``[B]`` bool; ``False`` rows (padding, which may hold anything, even NaN)
+        are not counted.
+
+    Raises:
+      ValueError: ``norms``, ``correct`` or ``mask`` not ``[B]``, or ``epsilons`` not ``[K]``;
+        and, for concrete values (not under ``jax.jit``), a NaN or negative eps, or a NaN or
+        negative norm in a row of ``mask``.
+    """
+    return cls.from_flags(_robust_above(norms, correct, epsilons, mask, "epsilons", "K"), correct,
+                          mask)
 
   def compute(self, epsilons: ArrayLike) -> dict[str, Array]:
     """``clean_accuracy`` ``[]``, ``robust_accuracy`` ``[K]`` (float32, NaN when ``n == 0``) and
@@ -493,7 +532,12 @@ class NormHistogram(CurveCounts):
 
   @classmethod
   def empty(cls, num_edges: int) -> NormHistogram:
-    """Zero counts for ``num_edges`` edges: the identity of :meth:`merge`."""
+    """Zero counts for ``num_edges`` edges: the identity of :meth:`merge`.
+
+    Raises:
+      ValueError: ``num_edges`` not an int >= 0 (a bool or a float is refused, not rounded).
+    """
+    num_edges = check_positive_int("num_edges", num_edges, minimum=0)
     return cls(*CurveCounts.empty(num_edges))
 
   @classmethod
@@ -504,10 +548,13 @@ class NormHistogram(CurveCounts):
     Args:
       norms: ``[B]`` minimal adversarial norms (``inf`` where none was found).
       correct: ``[B]`` bool, clean prediction correct.
-      edges: ``[E]`` bin edges (the eps grid of the curve).
-      mask: optional ``[B]`` bool for padded batches.
+      edges: ``[E]`` bin edges (the eps grid of the curve), each ``>= 0`` (``inf`` allowed).
+      mask: optional ``[B]`` bool for padded batches (rows under ``False`` may hold anything).
+
+    Raises:
+      ValueError: as :meth:`CurveCounts.from_norms`, naming ``edges``.
     """
-    return cls(*CurveCounts.from_norms(norms, correct, edges, mask))
+    return cls.from_flags(_robust_above(norms, correct, edges, mask, "edges", "E"), correct, mask)
 
   def compute(self, edges: ArrayLike) -> dict[str, Array]:
     """The curve at the edges and the histogram of :math:`\\epsilon^*` over clean-correct points.
