@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import operator
 
 from typing import Any, Callable
 
@@ -28,9 +29,18 @@ def is_concrete(*values: Any) -> bool:
 
 
 def check_positive_int(name: str, value: Any, minimum: int = 1) -> int:
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+  """``value`` as a Python int: an integral number ``>= minimum`` (a Python or NumPy int, or a
+  concrete JAX integer scalar: anything :func:`operator.index` takes); a bool, float or string is
+  refused, not converted."""
+  number = None
+  if not isinstance(value, (bool, np.bool_)) and getattr(value, "dtype", None) != np.bool_:
+    try:
+      number = operator.index(value)
+    except TypeError:
+      pass
+  if number is None or number < minimum:
     raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}.")
-  return int(value)
+  return number
 
 
 def check_step_size(step_size: Any) -> float:

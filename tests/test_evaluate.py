@@ -794,9 +794,11 @@ def test_bad_inputs_raise_clear_errors(setup):
   with pytest.raises(ValueError, match=r"\[0, 4\)"):
     run(setup, data=(x, y + 4))
   # A bad value in a later batch names that batch (the earlier ones are done and checkpointed).
-  with pytest.raises(ValueError, match=r"^batch 2 of the data: y must lie in \[0, 4\)"):
+  with pytest.raises(ValueError,
+                     match=r"^batch 2 of the data \(counting from 1\): y must lie in \[0, 4\)"):
     run(setup, data=[(x[:8], y[:8]), (x[8:16], y[8:16] + 4)], batch_size=8)
-  with pytest.raises(ValueError, match=r"^batch 2 of the data: Batch sizes differ"):
+  with pytest.raises(ValueError,
+                     match=r"^batch 2 of the data \(counting from 1\): Batch sizes differ"):
     run(setup, data=[(x[:8], y[:8]), (x[8:16], y[8:15])], batch_size=8)
   with pytest.raises(ValueError, match="batch_size"):
     run(setup, batch_size=0)

@@ -38,6 +38,7 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import math
 import os
 import pathlib
 import sys
@@ -61,26 +62,41 @@ ATTACKS = ("pgd", "fgsm", "apgd", "apgd_t", "auto_attack", "square", "fab", "fab
 
 
 def parse_eps(text: str) -> tuple[list[float], list[str]]:
-  """``"0.01,0.02"`` or ``"2/255,8/255"`` -> the budgets and their text as given.
+  """``"0.01,0.02"`` or ``"2/255,8/255"`` -> the budgets and their text as given. Each is ``>= 0``;
+  ``inf`` (no bound) is taken here and refused later for a fixed-budget attack
+  (:func:`check_eps_for_attacks`), as :func:`jaxrobust.evaluate` does.
 
   Examples:
     >>> parse_eps("2/255, 8/255")[1], round(parse_eps("8/255")[0][0], 6)
     (['2/255', '8/255'], 0.031373)
+    >>> parse_eps("0,0.5,inf")[0]
+    [0.0, 0.5, inf]
   """
   values, texts = [], []
   for part in text.split(","):
     part = part.strip()
     try:
-      value = float(Fraction(part))
+      value = (math.inf if part.lower().lstrip("+") in ("inf", "infinity")
+               else float(Fraction(part)))
     except (ValueError, ZeroDivisionError):
       raise argparse.ArgumentTypeError(
-          f"expected numbers or fractions separated by commas (0.01,0.02 or 8/255), got "
-          f"{part!r}") from None
-    if not value > 0 or value == float("inf"):
-      raise argparse.ArgumentTypeError(f"every eps must be positive and finite, got {part}")
+          f"expected numbers or fractions separated by commas (0.01,0.02 or 8/255; inf: no "
+          f"bound, for minimum-norm attacks), got {part!r}") from None
+    if value < 0:
+      raise argparse.ArgumentTypeError(f"every eps must be >= 0, got {part}")
     values.append(value)
     texts.append(part)
   return values, texts
+
+
+def check_eps_for_attacks(epsilons: Sequence[float], attacks: dict[str, Any]) -> None:
+  """``--eps inf`` (no bound) only with minimum-norm attacks, as :func:`jaxrobust.evaluate`
+  accepts it; a :class:`UserError` names the fixed-budget attacks otherwise."""
+  fixed = [name for name, attack in attacks.items() if not attack.minimum_norm]
+  if math.inf in epsilons and fixed:
+    raise UserError(f"--eps inf (no bound) is only meaningful for minimum-norm attacks (e.g. fmn, "
+                    f"ddn, fab), but --attack {', '.join(fixed)} has a fixed budget: drop inf "
+                    "from --eps or run those attacks with finite budgets")
 
 
 def parse_attacks(text: str) -> list[str]:
@@ -114,7 +130,8 @@ def add_parser(commands: Any) -> None:
                  help="an .npz file with arrays x [N, ...] (floats in [--lower, --upper]) and "
                  "y [N] (integer labels)")
   p.add_argument("--eps", required=True, type=parse_eps, metavar="EPS[,EPS...]",
-                 help="budgets in the units of x, numbers or fractions: 0.01,0.02 or 8/255")
+                 help="budgets in the units of x, numbers or fractions: 0.01,0.02 or 8/255 (0 "
+                 "allowed; inf, no bound, for minimum-norm attacks only)")
   p.add_argument("--attack", type=parse_attacks, default=["pgd"], metavar="NAME[,NAME...]",
                  help=f"attacks, worst case taken per example: {', '.join(ATTACKS)} "
                  "(default: pgd)")
@@ -136,7 +153,7 @@ def add_parser(commands: Any) -> None:
                  help="output directory (default: ./jaxrobust-report)")
   p.add_argument("--checkpoint", type=pathlib.Path, default=None,
                  help="checkpoint file: written after every batch, resumed from if present (its "
-                 "folder is created)")
+                 "folder is created; it must lie in a writable folder)")
   p.add_argument("--devices", type=int_at_least(1), default=None,
                  help="shard every batch over this many devices (default: on a CPU one JAX "
                  f"CPU device per usable core, at most {MAX_AUTO_CPU_DEVICES}, since XLA:CPU "
@@ -394,9 +411,11 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
   if not args.lower < args.upper:
     raise UserError(f"--lower {args.lower} must be below --upper {args.upper}")
   _check_out_folder(args.out)  # before the run, which a bad --out would otherwise waste
+  _check_checkpoint(args.checkpoint)
   mesh = _use_devices(args.devices)
   epsilons, eps_text = args.eps
   attacks = build_attacks(args.attack, args.norm, args.steps)
+  check_eps_for_attacks(epsilons, attacks)
   if (args.model is None) == (args.torch is None):
     raise UserError("give the model either as MODULE:FUNCTION (a JAX model) or as --torch "
                     "MODULE:FUNCTION (a PyTorch module), not " + ("both" if args.model else
@@ -417,6 +436,11 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     message = one_line(error).removeprefix("ValueError: ")
     raise UserError(message.replace("Pass allow_large_eps=True", "Pass --allow-large-eps")) \
         from error
+  except OSError as error:  # the checkpoint's folder, if it changed since _check_checkpoint
+    if args.checkpoint is None or not _concerns(error, args.checkpoint):
+      raise
+    raise UserError(f"--checkpoint {args.checkpoint} cannot be written: {one_line(error)}") \
+        from error
   provenance = dict(report.provenance, command=["jaxrobust", *argv],
                     model=args.model or f"--torch {args.torch}",
                     seed=args.seed, eps_text=eps_text,
@@ -434,11 +458,43 @@ def _check_out_folder(path: pathlib.Path) -> None:
   if path.exists() and not path.is_dir():
     raise UserError(f"--out {path} is a file; give a folder (it will hold report.json, "
                     "per_example.npz, summary.md and curves.png)")
-  ancestor = path.absolute()
-  while not ancestor.exists():
-    ancestor = ancestor.parent
+  ancestor = _nearest_existing(path)
   if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
     raise UserError(f"--out {path} cannot be created: {ancestor} is not a writable folder")
+
+
+def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
+  """``path`` (made absolute) or its nearest ancestor that exists."""
+  path = path.absolute()
+  while not path.exists():
+    path = path.parent
+  return path
+
+
+def _check_checkpoint(path: pathlib.Path | None) -> None:
+  """Raises :class:`UserError` when ``--checkpoint`` could not be written after the first batch:
+  a folder, or a file whose folder (or, if missing, its nearest existing ancestor, where the
+  folder will be created) is not a writable folder. Creates nothing."""
+  if path is None:
+    return
+  if path.is_dir():
+    raise UserError(f"--checkpoint {path} is a folder; give a file in it, e.g. "
+                    f"--checkpoint {path / 'run.ckpt'}")
+  ancestor = _nearest_existing(path.absolute().parent)
+  if not ancestor.is_dir():
+    raise UserError(f"--checkpoint {path} cannot be written: {ancestor} is a file, not a "
+                    "folder; give a path in a folder you can write to")
+  if not os.access(ancestor, os.W_OK | os.X_OK):
+    raise UserError(f"--checkpoint {path} cannot be written: the folder {ancestor} is not "
+                    "writable; give a path in a folder you can write to")
+
+
+def _concerns(error: OSError, path: pathlib.Path) -> bool:
+  """Whether ``error`` is about ``path``'s folder, a file in it or one of its ancestors."""
+  if not error.filename:
+    return False
+  named, folder = pathlib.Path(os.fsdecode(error.filename)).absolute(), path.absolute().parent
+  return named == folder or folder in named.parents or named in folder.parents
 
 
 def write_outputs(report: Any, out: pathlib.Path) -> list[pathlib.Path]:

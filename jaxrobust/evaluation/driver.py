@@ -65,11 +65,11 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     logits_fn: ``x [B, ...] -> logits [B, C]``, treating examples independently.
     data: ``(x, y)`` (or ``(x, y, index)``) arrays, split into batches here; or any iterable of
       such NumPy batches of at most ``batch_size`` examples (per process), e.g. a generator over
-      a data set that does not fit in memory. ``index`` holds int global example indices.
+      a data set that does not fit in memory. ``index``: int global indices, each used once.
     attacks: one untargeted :class:`jaxrobust.Attack`, or a mapping name -> attack (one norm).
     epsilons: ``[K]`` budgets (eps is data: a new grid never recompiles an attack).
     key: a PRNG key (``jax.random.key`` or raw ``uint32[2]``).
-    batch_size: the global batch size (all processes together).
+    batch_size: the global batch size (all processes together): an int, a NumPy one too.
     mesh: an optional :class:`jax.sharding.Mesh` to shard batches over; on a CPU, one over a device
       per core (``jax_num_cpu_devices``) puts every core to work (README, "A note on CPU speed").
     checkpoint: optional path of a checkpoint file to write after every batch and resume from
@@ -135,7 +135,7 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
     plan = plan._replace(use_shard_map=True)
   state = EvalState(tuple(plan.attacks), plan.min_norm, keep_per_example)
   ckpt = None if checkpoint is None else Checkpoint(checkpoint, fingerprint(
-      plan.attacks, plan.epsilons, plan.key_data, jax.random.key_impl(plan.key), batch_size,
+      plan.attacks, plan.epsilons, plan.key_data, jax.random.key_impl(plan.key), plan.batch_size,
       plan.lower, plan.upper, keep_per_example, plan.options,
       (plan.process_index, plan.num_processes), certifiers, max_propagations), state)
   resume_at = 0 if ckpt is None else ckpt.resume_at
@@ -145,14 +145,14 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
                           progress and plan.process_index == 0)
   hasher, step_fn, x_spec, num_classes, constants, diagnosis = hashlib.sha256(), *[None] * 5
   clock = {"compile": 0.0, "step": 0.0, "evaluated": 0, "first_n": 0, "after_first": None}
-  position = 0
+  position, indices = 0, host.Indices(plan)
   with contextlib.ExitStack() as stack:
     if mesh is not None:
       stack.enter_context(jax.set_mesh(mesh))
     if bar is not None:
       stack.callback(bar.close)
     for batch in stream:
-      x, y, index = _read_batch(batch, plan, x_spec, position + 1)
+      x, y, index = _read_batch(batch, plan, x_spec, position + 1, indices)
       del batch
       x_spec = (x.shape[1:], x.dtype)
       if ckpt is not None:  # the data fingerprint is only needed to resume
@@ -181,24 +181,30 @@ def evaluate(logits_fn: Callable[[Array], Array], data: Any, *,
   _check_batches_seen(position, resume_at, ckpt)
   timing = host.timing(start_time, time.perf_counter(), clock["after_first"], clock["compile"],
                        clock["step"], clock["evaluated"], clock["first_n"])
-  run = _run_provenance(plan, batch_size, keep_per_example, use_shard_map, mesh, max_propagations)
+  run = _run_provenance(plan, keep_per_example, use_shard_map, mesh, max_propagations)
   return _report(plan, state, timing, run, certifiers, diagnosis)
 
 
 @contextlib.contextmanager
 def _in_batch(number: int):
-  """A ``ValueError`` about one batch's data names the batch (1-based, in the data's order); the
-  batches before it stay in the checkpoint."""
+  """A ``ValueError`` or ``TypeError`` about one batch's data names the batch (counting from 1,
+  in the data's order; the same type, the original chained); the batches before it stay in the
+  checkpoint."""
   try:
     yield
-  except ValueError as error:
-    raise ValueError(f"batch {number} of the data: {error}") from error
+  except (TypeError, ValueError) as error:
+    kind = TypeError if isinstance(error, TypeError) else ValueError
+    raise kind(f"batch {number} of the data (counting from 1): {error}") from error
 
 
-def _read_batch(batch: Any, plan: host.Plan, x_spec: Any, number: int) -> tuple:
-  """:func:`host.read_batch`, its errors naming batch ``number``."""
+def _read_batch(batch: Any, plan: host.Plan, x_spec: Any, number: int,
+                indices: host.Indices) -> tuple:
+  """:func:`host.read_batch`, its global indices recorded in ``indices`` (an index given twice is
+  refused), its errors naming batch ``number``."""
   with _in_batch(number):
-    return host.read_batch(batch, plan, x_spec)
+    x, y, index = host.read_batch(batch, plan, x_spec)
+    indices.add(index, x.shape[0])
+    return x, y, index
 
 
 def _check_batch(x: np.ndarray, y: np.ndarray, plan: host.Plan, num_classes: int,
@@ -218,10 +224,10 @@ def _check_batches_seen(position: int, resume_at: int, ckpt: Checkpoint | None) 
                      f"only {position}. Pass the same data, or delete the checkpoint.")
 
 
-def _run_provenance(plan, batch_size: int, keep_per_example: bool, use_shard_map: Any,
-                    mesh: Any, max_propagations: int | None) -> dict[str, Any]:
+def _run_provenance(plan, keep_per_example: bool, use_shard_map: Any, mesh: Any,
+                    max_propagations: int | None) -> dict[str, Any]:
   """How the run was configured, as the report's provenance records it."""
-  return {"batch_size": batch_size, "keep_per_example": keep_per_example,
+  return {"batch_size": plan.batch_size, "keep_per_example": keep_per_example,
           **plan.options.provenance(), "use_shard_map": use_shard_map,
           "devices": 1 if mesh is None else int(mesh.size), "processes": plan.num_processes,
           **({} if max_propagations is None else {"max_propagations": int(max_propagations)})}
@@ -260,7 +266,8 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, keep_per_example:
   the model's fingerprint in the checkpoint."""
   spec = jax.ShapeDtypeStruct((plan.local_batch,) + x.shape[1:], x.dtype)
   samples = next(iter(plan.attacks.values())).samples
-  num_classes = check_logits(logits_shape(logits_fn, spec, samples), plan.local_batch)
+  num_classes = check_logits(_first_trace(logits_fn, spec, samples, plan, len(x)),
+                             plan.local_batch)
   sharding = None if plan.mesh is None else NamedSharding(plan.mesh, P(plan.axis))
   trace = _trace_model(
       model, jax.ShapeDtypeStruct((plan.batch_size,) + x.shape[1:], x.dtype, sharding=sharding),
@@ -281,6 +288,47 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, keep_per_example:
   return _jitted_step(model, trace, plan.attacks, jax.random.key_impl(plan.key), keep_per_example,
                       plan.options, plan.mesh, plan.axis, plan.use_shard_map,
                       certifiers), num_classes, diagnosis
+
+
+_BATCH_SIZE_FIX = ("logits_fn must accept x [B, ...] for any batch size B: the attacks also "
+                   "call it on parts of a batch (early exit's chunks, a device's rows with a "
+                   "mesh). A model written for one batch size (e.g. x.reshape(32, -1)) needs "
+                   "x.reshape(x.shape[0], -1).")
+
+
+def _works_on(logits_fn, spec: jax.ShapeDtypeStruct, samples: int, sizes: Any) -> int | None:
+  """The first batch size of ``sizes`` at which ``logits_fn`` traces (examples like ``spec``'s),
+  or ``None``: a probe of whether a failure depends on the batch size."""
+  for size in sizes:
+    try:
+      logits_shape(logits_fn, jax.ShapeDtypeStruct((size,) + spec.shape[1:], spec.dtype), samples)
+    except Exception:  # noqa: BLE001 (a probe: the original error is the one reported)
+      continue
+    return size
+  return None
+
+
+def _first_trace(logits_fn, spec: jax.ShapeDtypeStruct, samples: int, plan: host.Plan,
+                 rows: int) -> tuple:
+  """The shape of the logits at the step's batch (``spec``). A model that fails there but works
+  at another batch size (the first batch's ``rows``, or 1) is refused with a ``ValueError``
+  saying so (the original chained); another failure keeps its type and gets a note naming the
+  batch it was traced at."""
+  try:
+    return logits_shape(logits_fn, spec, samples)
+  except Exception as error:
+    batch = spec.shape[0]
+    where = (f"a batch of {batch} examples (batch_size={plan.batch_size}"
+             + (f" over {plan.num_processes} processes)" if plan.num_processes > 1 else ")"))
+    others = [b for b in dict.fromkeys((rows, 1)) if b != batch]
+    works = _works_on(logits_fn, spec, samples, others)
+    if works is not None:
+      raise ValueError(f"logits_fn fails on {where} but works on a batch of {works}: "
+                       f"{_BATCH_SIZE_FIX} The error at {batch}: {error}") from error
+    error.add_note(f"jaxrobust: jr.evaluate traced logits_fn on x of shape {tuple(spec.shape)} "
+                   f"({spec.dtype}), {where}; it failed at every batch size tried. If it was "
+                   f"written for one batch size: {_BATCH_SIZE_FIX}")
+    raise
 
 
 def _diagnose(forward: Any, num_inputs: int) -> Diagnosis | None:
@@ -331,7 +379,12 @@ def _evaluate_batch(step_fn, model, plan: host.Plan, batch: host.HostBatch, cons
   """Runs the compiled step on one padded batch, merges its sums into ``state`` and returns the
   number of examples it evaluated (over all processes)."""
   t0 = time.perf_counter()
-  out = step_fn(model.arguments, *(host.put(plan, a, True) for a in batch[:4]), *constants)
+  try:
+    out = step_fn(model.arguments, *(host.put(plan, a, True) for a in batch[:4]), *constants)
+  except Exception as error:
+    if clock["after_first"] is None:  # tracing the step: the model at other batch sizes
+      _refuse_fixed_batch(model, plan, batch.x, error)
+    raise
   sums, per = jax.tree.map(host.to_host, out)
   dt = time.perf_counter() - t0
   n = int(sums.worst_case.n)
@@ -342,6 +395,18 @@ def _evaluate_batch(step_fn, model, plan: host.Plan, batch: host.HostBatch, cons
   clock["evaluated"] += n
   state.add(sums, per)
   return n
+
+
+def _refuse_fixed_batch(model, plan: host.Plan, x: np.ndarray, error: Exception) -> None:
+  """After the step failed to compile: a ``ValueError`` (``error`` chained) if the model, which
+  traced at the step's batch size, fails at another one; otherwise nothing (``error`` stands)."""
+  samples = next(iter(plan.attacks.values())).samples
+  spec = jax.ShapeDtypeStruct((1,) + x.shape[1:], x.dtype)
+  if plan.local_batch == 1 or _works_on(model, spec, samples, [1]) is not None:
+    return
+  raise ValueError(f"logits_fn works on a batch of {plan.local_batch} examples (batch_size="
+                   f"{plan.batch_size}) but fails on a batch of 1: {_BATCH_SIZE_FIX} The error "
+                   f"while compiling the evaluation: {error}") from error
 
 
 def _show_compiling(bar) -> None:

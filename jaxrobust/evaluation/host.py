@@ -22,7 +22,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack
-from jaxrobust._validation import check_batch, check_bounds
+from jaxrobust._validation import check_batch, check_bounds, check_positive_int
 
 Array = jax.Array
 
@@ -82,8 +82,7 @@ def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, 
   epsilons = np.asarray(epsilons, np.float32)
   if epsilons.ndim != 1 or epsilons.shape[0] == 0:
     raise ValueError(f"epsilons must be a non-empty 1-D array [K], got shape {epsilons.shape}.")
-  if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-    raise ValueError(f"batch_size must be a positive int, got {batch_size!r}.")
+  batch_size = check_positive_int("batch_size", batch_size)  # a NumPy int too, as a Python int
   for attack in attacks.values():
     options.check_curve(attack)
   check_bounds(lower, upper)
@@ -199,6 +198,59 @@ def default_index(plan: Plan, position: int, seen: int) -> np.ndarray:
   return offset + np.arange(plan.local_batch, dtype=np.int64)
 
 
+class Indices:
+  """The global example indices of the batches read so far (this process's), so that no example
+  is counted twice: given indices are kept in a set, batches numbered by default (unique among
+  themselves, :func:`default_index`) as ranges of indices."""
+
+  def __init__(self, plan: Plan):
+    self.plan, self.batches, self.examples = plan, 0, 0
+    self.given: set[int] = set()
+    self.starts: list[int] = []  # the default-numbered ranges [start, stop), in increasing order
+    self.stops: list[int] = []
+
+  def add(self, index: np.ndarray | None, size: int) -> None:
+    """Records the next batch's ``size`` examples (``index``: as given; ``None``: numbered by
+    default); a ``ValueError`` names an index given twice, in this batch or an earlier one."""
+    if index is None:
+      start = int(default_index(self.plan, self.batches, self.examples)[0])
+      stop = start + size
+      values, counts = np.arange(start, stop, dtype=np.int64), np.ones(size, np.int64)
+      given = (self.given.intersection(range(start, stop)) if size < len(self.given)
+               else {v for v in self.given if start <= v < stop})
+      refuse_repeats(values, counts + np.isin(values, list(given)), size, "so far")
+      if self.stops and self.stops[-1] == start:
+        self.stops[-1] = stop
+      else:
+        self.starts.append(start)
+        self.stops.append(stop)
+    else:
+      values, counts = np.unique(index.astype(np.int64), return_counts=True)
+      # In a default-numbered range: the last range starting at or below the value holds it
+      # (slot -1, no such range, reads the appended 0: never).
+      slot = np.searchsorted(np.asarray(self.starts, np.int64), values, side="right") - 1
+      ranged = (slot >= 0) & (values < np.asarray(self.stops + [0], np.int64)[slot])
+      seen = np.fromiter((v in self.given for v in values.tolist()), bool, len(values))
+      refuse_repeats(values, counts + (ranged | seen), size, "so far")
+      self.given.update(values.tolist())
+    self.batches, self.examples = self.batches + 1, self.examples + size
+
+
+def refuse_repeats(values: np.ndarray, times: np.ndarray, size: int, where: str) -> None:
+  """A ``ValueError`` when a global index of ``values`` is given more than once (``times``:
+  how often each one is given ``where``; ``size``: the examples of the batch or array)."""
+  repeated = times > 1
+  if not repeated.any():
+    return
+  first = int(np.argmax(repeated))
+  raise ValueError(
+      f"index gives {int(np.sum(times[repeated] - 1))} of its {size} examples a global index given "
+      f"before: e.g. {int(values[first])}, given {int(times[first])} times {where}. An index "
+      "identifies one example (its randomness, its row of the report), so a repeated one counts "
+      "an example twice: give every example its own index (e.g. np.arange(N) over the whole data "
+      "set), or leave index out to number the examples in order.")
+
+
 class _TextBar:
   """A minimal progress line on stderr, for when ``tqdm`` is not installed."""
 
@@ -259,6 +311,9 @@ def batches(data: Any, local_batch: int) -> tuple[Iterator[tuple], int | None]:
     for name, a in zip(("y", "index"), data[1:]):
       if len(a) != n:
         raise ValueError(f"Batch sizes differ: x has {n} examples, {name} has {len(a)}.")
+    if len(data) == 3 and np.ndim(data[2]) == 1 and np.issubdtype(data[2].dtype, np.integer):
+      values, counts = np.unique(np.asarray(data[2], np.int64), return_counts=True)
+      refuse_repeats(values, counts, n, "in index")  # before any batch is compiled or evaluated
 
     # Arrays sharded over several devices are read back once (this driver places every batch
     # itself; slicing a sharded array would need its sharding spelled out).
