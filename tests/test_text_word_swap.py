@@ -369,8 +369,13 @@ def test_swap_curve_refuses_budgets_the_run_never_searched():
                                                                               [0.0, 1.0]]),
                        queries=jnp.ones(2, jnp.int32), max_swaps=jnp.array([2, 3], jnp.int32))
   y = jnp.array([0, 0])
-  with pytest.raises(ValueError, match="exceeds the run's max_swaps"):
+  with pytest.raises(ValueError, match=r"budget 3 exceeds the max_swaps \(2\) of row 0, which "
+                                       "the run did not break"):
     text.swap_curve(result, y, jnp.array([0, 3]))
+  # Row 1 was broken (with 1 swap, searched up to 1): known at every budget, as traced below.
+  searched = result._replace(max_swaps=jnp.array([3, 1], jnp.int32))
+  assert text.swap_curve(searched, y, jnp.array([0, 2, 3])).robust_accuracy.tolist() == [1.0, 0.5,
+                                                                                           0.5]
   with pytest.raises(ValueError, match="budgets must be >= 0"):
     text.swap_curve(result, y, jnp.array([-1, 1]))
   with pytest.raises(ValueError, match="budgets must be a 1-D int"):

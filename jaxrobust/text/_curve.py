@@ -31,12 +31,12 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
   One run gives the whole curve: :func:`jaxrobust.text.run` returns each point's first success
   and its search path does not depend on ``max_swaps``, so a point broken with :math:`s` swaps in
   a run at ``max_swaps = steps`` is broken by a run at any budget :math:`k \ge s` and by none at
-  :math:`k < s`. The curve therefore equals separate runs at each budget, provided every budget
-  is at most the run's ``max_swaps`` (a larger one raises: the run never searched there, and its
-  robust accuracy would be overestimated). Inside ``jit``, where the budgets or ``max_swaps`` are
-  traced and nothing can raise, the robust accuracy at a budget is NaN (and so the AUC) when some
-  point the run did not break has a ``max_swaps`` below it: its verdict there is unknown
-  (``robust`` holds only what the run saw).
+  :math:`k < s`. The curve therefore equals separate runs at each budget, provided no point the
+  run did not break was searched (``max_swaps``) below a budget: its verdict there is unknown, and
+  calling it robust would overestimate robust accuracy. With concrete inputs that raises; inside
+  ``jit``, where they are traced and nothing can raise, the robust accuracy at such a budget is
+  NaN (and so the AUC). A broken point is known at every budget (``robust`` holds what the run
+  saw).
 
   Args:
     result: from :func:`jaxrobust.text.run` or :func:`jaxrobust.text.run_textfooler`.
@@ -50,8 +50,8 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
     a point the run did not break (traced inputs only: concrete ones raise).
 
   Raises:
-    ValueError: ``budgets`` not a 1-D int array, negative, or (concrete) larger than the smallest
-      ``max_swaps`` of the run; ``y`` not ``[B]`` int labels matching the result's batch, out of
+    ValueError: ``budgets`` not a 1-D int array, negative, or (concrete) larger than the
+      ``max_swaps`` of a point the run did not break; ``y`` not ``[B]`` int labels matching the result's batch, out of
       ``[0, C)``, or (concrete) not the labels given to ``run`` (a point the run broke is
       classified as ``y``).
 
@@ -72,6 +72,7 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
     adversarial training in NLP. EMNLP 2020 (demos) -- robust accuracy under a word budget.
   """
   budgets = _check(result, y, budgets)
+  _refuse_unsearched(result, y, budgets)
   broken = ~is_correct(result.logits, y)  # re-predicts the returned tokens
   correct = ~(broken & (result.swaps == 0))
   within = result.swaps[None, :] <= budgets[:, None]
@@ -109,14 +110,26 @@ def _check(result: Result, y: Array, budgets: Array) -> Array:
     if np.any(claimed):
       raise ValueError(f"y is not the labels given to run: {int(np.sum(claimed))} point(s) the "
                        f"run broke (first: row {int(np.argmax(claimed))}) are classified as y.")
-  if budgets.shape[0] and is_concrete(budgets, result.max_swaps):
-    lo, hi = int(np.min(np.asarray(budgets))), int(np.max(np.asarray(budgets)))
+  if budgets.shape[0] and is_concrete(budgets):
+    lo = int(np.min(np.asarray(budgets)))
     if lo < 0:
       raise ValueError(f"budgets must be >= 0, got min {lo}.")
-    searched = None if result.max_swaps is None else int(np.min(np.asarray(result.max_swaps)))
-    if searched is not None and hi > searched:
-      raise ValueError(
-          f"budget {hi} exceeds the run's max_swaps (smallest {searched}): "
-          "the run never searched that far, so robust accuracy there would be overestimated. Run "
-          f"with max_swaps >= {hi} (and word_swap(steps >= {hi})).")
   return budgets.astype(jnp.int32)
+
+
+def _refuse_unsearched(result: Result, y: Array, budgets: Array) -> None:
+  """Concrete inputs (read with NumPy, so closed-over arrays under ``jit`` too): a ``ValueError``
+  when a point the run did not break was searched only below a budget; traced ones leave NaN at
+  that budget instead (:func:`swap_curve`)."""
+  if result.max_swaps is None or not is_concrete(result.logits, result.max_swaps, y, budgets):
+    return
+  unbroken = np.argmax(np.asarray(result.logits), axis=-1) == np.asarray(y)
+  budgets, searched = np.asarray(budgets), np.asarray(result.max_swaps)
+  unknown = unbroken[None, :] & (searched[None, :] < budgets[:, None])
+  if np.any(unknown):
+    k, i = (int(v[0]) for v in np.nonzero(unknown))
+    raise ValueError(
+        f"budget {int(budgets[k])} exceeds the max_swaps ({int(searched[i])}) of row {i}, which "
+        "the run did not break: it never searched that far, so robust accuracy there would be "
+        f"overestimated. Run with max_swaps >= {int(budgets[k])} (and word_swap(steps >= "
+        f"{int(budgets[k])})).")
