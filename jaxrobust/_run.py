@@ -8,7 +8,7 @@ import jax
 
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, AttackResult, Budget, as_budget
-from jaxrobust._validation import check_inputs
+from jaxrobust._validation import check_inputs, refuse_fixed_batch
 from jaxrobust.engine.attack_loop import run_attack
 from jaxrobust.engine.propagations import check_cap
 
@@ -107,5 +107,9 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
                allow_large_eps=allow_large_eps, samples=attack.samples, name=attack.name)
   check_cap(max_propagations)
   options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, unroll=unroll)
-  return run_attack(attack, logits_fn, x, y, budget, key, target, options=options,
-                    max_propagations=max_propagations)[0]
+  try:
+    return run_attack(attack, logits_fn, x, y, budget, key, target, options=options,
+                      max_propagations=max_propagations)[0]
+  except Exception as error:  # a model written for one batch size fails on a chunk of rows
+    refuse_fixed_batch(logits_fn, x, attack.samples, error, f"x's batch of {x.shape[0]}")
+    raise

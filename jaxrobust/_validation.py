@@ -111,6 +111,40 @@ def logits_shape(logits_fn: Callable[..., jax.Array], x: jax.Array,
   return trace_logits(logits_fn, x, samples)[0]
 
 
+BATCH_SIZE_FIX = ("logits_fn must accept x [B, ...] for any batch size B: the attacks also call "
+                  "it on parts of a batch (early exit's chunks, a device's rows with a mesh). A "
+                  "model written for one batch size (e.g. x.reshape(32, -1)) needs "
+                  "x.reshape(x.shape[0], -1).")
+"""The fix for a model that only works at one batch size, as every front door words it."""
+
+
+def traces_at(logits_fn: Callable[..., jax.Array], example: jax.ShapeDtypeStruct, samples: int,
+              sizes: Any) -> int | None:
+  """The first batch size of ``sizes`` at which ``logits_fn`` traces on examples like
+  ``example``'s (shape ``[B, ...]``, its ``B`` ignored), or ``None``: a probe, after a failure, of
+  whether it depends on the batch size. Tracing only: nothing is compiled or run."""
+  for size in sizes:
+    try:
+      logits_shape(logits_fn, jax.ShapeDtypeStruct((size,) + tuple(example.shape[1:]),
+                                                   example.dtype), samples)
+    except Exception:  # noqa: BLE001 (a probe: the caller reports the original error)
+      continue
+    return size
+  return None
+
+
+def refuse_fixed_batch(logits_fn: Callable[..., jax.Array], x: Any, samples: int,
+                       error: Exception, where: str) -> None:
+  """After ``error`` while running an attack on ``x`` (``[B, ...]``, at which ``logits_fn``
+  traced): a ``ValueError`` (``error`` chained) when ``logits_fn`` fails on a batch of 1, i.e.
+  only works at one batch size (the engine calls it on chunks of rows); otherwise nothing, and
+  the caller re-raises ``error``. ``where`` names the batch for the message."""
+  if x.shape[0] == 1 or traces_at(logits_fn, x, samples, [1]) is not None:
+    return
+  raise ValueError(f"logits_fn works on {where} but fails on a batch of 1: {BATCH_SIZE_FIX} "
+                   f"The error: {error}") from error
+
+
 def looks_channels_first(example_shape: tuple[int, ...]) -> bool:
   """Whether one example of shape ``example_shape`` looks like a channels-first image ``(C, H, W)``
   (PyTorch's NCHW): at most 4 entries before two axes of at least 8 each. jaxrobust reads 4-D

@@ -18,7 +18,8 @@ from jaxrobust import metrics
 from jaxrobust._batch import as_keys, like_batch
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget, Curve
-from jaxrobust._validation import check_eps, check_inputs, check_min_norms, check_values
+from jaxrobust._validation import (check_eps, check_inputs, check_min_norms, check_values,
+                                   refuse_fixed_batch)
 from jaxrobust.engine.curve_kernel import robust_flags
 from jaxrobust.engine.propagations import check_cap
 from jaxrobust.engine.scoring import clean_diagnosis
@@ -161,9 +162,13 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
             allow_large_eps=allow_large_eps, name="epsilons")
   keys = like_batch(as_keys(key, x.shape[0]), x)
   correct, findings = clean_diagnosis(attack.samples, logits_fn, x, y, keys)
-  flags = robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
-                       correct=correct, findings=findings, target=target,
-                       options=options, max_propagations=max_propagations)
+  try:
+    flags = robust_flags(attack, logits_fn, x, y, epsilons, keys, lower=lower, upper=upper,
+                         correct=correct, findings=findings, target=target,
+                         options=options, max_propagations=max_propagations)
+  except Exception as error:  # a model written for one batch size fails on a chunk of rows
+    refuse_fixed_batch(logits_fn, x, attack.samples, error, f"x's batch of {x.shape[0]}")
+    raise
   return _curve(epsilons, correct, flags.robust, flags.info)
 
 

@@ -252,3 +252,23 @@ def test_a_bare_eps_instead_of_a_budget_says_how_to_write_one():
   # Tuples stay accepted: (eps,), (eps, lower, upper).
   a, b = jr.run(PGD, logits_fn, X, Y, (0.1,), KEY), run(eps=0.1)
   np.testing.assert_array_equal(np.asarray(a.x_adv), np.asarray(b.x_adv))
+
+
+def test_a_model_written_for_one_batch_size_is_named_as_such():
+  """The engine calls the model on chunks of rows: a model that reshapes to a fixed batch fails
+  there with a raw shape error, which the front doors turn into what to change."""
+  fixed = lambda x: logits_fn(x.reshape((4,) + x.shape[1:]))
+  message = (r"logits_fn works on x's batch of 4 but fails on a batch of 1: logits_fn must "
+             r"accept x \[B, \.\.\.\] for any batch size B")
+  with pytest.raises(ValueError, match=message):
+    jax.jit(lambda x, y: jr.run(PGD, fixed, x, y, jr.Budget(0.1), KEY, chunk_size=2))(X, Y)
+  with pytest.raises(ValueError, match=message):
+    jax.jit(lambda x, y: jr.robustness_curve(PGD, fixed, x, y, jnp.array([0.0, 0.1]), KEY,
+                                             chunk_size=2))(X, Y)
+  # A model that works on one row keeps its own error.
+  def odd(x):
+    if x.shape[0] == 2:
+      raise KeyError("not about the batch size")
+    return logits_fn(x)
+  with pytest.raises(KeyError, match="not about the batch size"):
+    jr.run(PGD, odd, X, Y, jr.Budget(0.1), KEY, chunk_size=2)

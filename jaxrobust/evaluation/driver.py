@@ -19,8 +19,9 @@ from jax.sharding import PartitionSpec as P
 from jaxrobust._findings import Diagnosis, warn_if_masked
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack
-from jaxrobust._validation import (check_bool, check_eps, check_labels, check_logits,
-                                   check_x_in_box, logits_shape)
+from jaxrobust._validation import (BATCH_SIZE_FIX, check_bool, check_eps, check_labels,
+                                   check_logits, check_x_in_box, logits_shape,
+                                   refuse_fixed_batch, traces_at)
 from jaxrobust.evaluation import host
 from jaxrobust.evaluation.checkpointing import (Checkpoint, EvalState, fingerprint,
                                                model_fingerprint)
@@ -290,24 +291,6 @@ def _compile(model, logits_fn, plan: host.Plan, x: np.ndarray, keep_per_example:
                       certifiers), num_classes, diagnosis
 
 
-_BATCH_SIZE_FIX = ("logits_fn must accept x [B, ...] for any batch size B: the attacks also "
-                   "call it on parts of a batch (early exit's chunks, a device's rows with a "
-                   "mesh). A model written for one batch size (e.g. x.reshape(32, -1)) needs "
-                   "x.reshape(x.shape[0], -1).")
-
-
-def _works_on(logits_fn, spec: jax.ShapeDtypeStruct, samples: int, sizes: Any) -> int | None:
-  """The first batch size of ``sizes`` at which ``logits_fn`` traces (examples like ``spec``'s),
-  or ``None``: a probe of whether a failure depends on the batch size."""
-  for size in sizes:
-    try:
-      logits_shape(logits_fn, jax.ShapeDtypeStruct((size,) + spec.shape[1:], spec.dtype), samples)
-    except Exception:  # noqa: BLE001 (a probe: the original error is the one reported)
-      continue
-    return size
-  return None
-
-
 def _first_trace(logits_fn, spec: jax.ShapeDtypeStruct, samples: int, plan: host.Plan,
                  rows: int) -> tuple:
   """The shape of the logits at the step's batch (``spec``). A model that fails there but works
@@ -321,13 +304,13 @@ def _first_trace(logits_fn, spec: jax.ShapeDtypeStruct, samples: int, plan: host
     where = (f"a batch of {batch} examples (batch_size={plan.batch_size}"
              + (f" over {plan.num_processes} processes)" if plan.num_processes > 1 else ")"))
     others = [b for b in dict.fromkeys((rows, 1)) if b != batch]
-    works = _works_on(logits_fn, spec, samples, others)
+    works = traces_at(logits_fn, spec, samples, others)
     if works is not None:
       raise ValueError(f"logits_fn fails on {where} but works on a batch of {works}: "
-                       f"{_BATCH_SIZE_FIX} The error at {batch}: {error}") from error
+                       f"{BATCH_SIZE_FIX} The error at {batch}: {error}") from error
     error.add_note(f"jaxrobust: jr.evaluate traced logits_fn on x of shape {tuple(spec.shape)} "
                    f"({spec.dtype}), {where}; it failed at every batch size tried. If it was "
-                   f"written for one batch size: {_BATCH_SIZE_FIX}")
+                   f"written for one batch size: {BATCH_SIZE_FIX}")
     raise
 
 
@@ -401,12 +384,9 @@ def _refuse_fixed_batch(model, plan: host.Plan, x: np.ndarray, error: Exception)
   """After the step failed to compile: a ``ValueError`` (``error`` chained) if the model, which
   traced at the step's batch size, fails at another one; otherwise nothing (``error`` stands)."""
   samples = next(iter(plan.attacks.values())).samples
-  spec = jax.ShapeDtypeStruct((1,) + x.shape[1:], x.dtype)
-  if plan.local_batch == 1 or _works_on(model, spec, samples, [1]) is not None:
-    return
-  raise ValueError(f"logits_fn works on a batch of {plan.local_batch} examples (batch_size="
-                   f"{plan.batch_size}) but fails on a batch of 1: {_BATCH_SIZE_FIX} The error "
-                   f"while compiling the evaluation: {error}") from error
+  spec = jax.ShapeDtypeStruct((plan.local_batch,) + x.shape[1:], x.dtype)
+  refuse_fixed_batch(model, spec, samples, error, f"a batch of {plan.local_batch} examples "
+                     f"(batch_size={plan.batch_size})")
 
 
 def _show_compiling(bar) -> None:
