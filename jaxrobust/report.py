@@ -120,10 +120,15 @@ def _check_counts(epsilons: np.ndarray, n: Any, clean_correct: Any,
   """The counts a report is built from are counts some evaluation gives: integers with
   ``0 <= robust <= clean_correct <= n`` at every eps, robust counts non-increasing in eps (a
   point broken at an eps is broken at every larger one), the worst case at most every attack's,
-  certified counts in ``[0, n]``, and a description for every attack (a ``ValueError`` naming
-  what is wrong)."""
+  at least one attack, certified counts as :func:`_check_certified` requires, and a description
+  for every attack (a ``ValueError`` naming what is wrong). ``certified`` holds
+  :func:`_certified_entry`'s tuples."""
   if epsilons.ndim != 1:
     raise ValueError(f"epsilons must be [K], got shape {list(epsilons.shape)}.")
+  if not robust:
+    raise ValueError("robust is empty: a report needs at least one attack (robust: attack name "
+                     "-> [K] robust counts, with its description in info); the worst case is "
+                     "the per-example worst case over the attacks.")
   shape = epsilons.shape
   n = int(_integers("n", n, ()))
   correct = int(_integers("clean_correct", clean_correct, ()))
@@ -146,11 +151,50 @@ def _check_counts(epsilons: np.ndarray, n: Any, clean_correct: Any,
   missing = sorted(set(curves) - set(info))
   if missing:
     raise ValueError(f"info has no (description, norm, minimum_norm) for {missing}.")
-  for name, (_, _, c) in certified.items():
-    c = _integers(f"certified[{name!r}]", c, shape)
-    if np.any(c < 0) or np.any(c > n):
-      raise ValueError(f"certified[{name!r}] counts must lie in [0, n] = [0, {n}], got "
-                       f"{c.tolist()}.")
+  for name, (_, _, c, allow_above_empirical) in certified.items():
+    _check_certified(name, c, epsilons, n, worst, allow_above_empirical)
+
+
+ABOVE_EMPIRICAL = "above_empirical"
+"""The flag of a certified curve kept above the empirical worst case at some eps (allowed with
+``allow_above_empirical``, e.g. for Monte-Carlo certificates such as randomized smoothing)."""
+
+
+def _check_certified(name: str, counts: Any, epsilons: np.ndarray, n: int, worst: np.ndarray,
+                     allow_above_empirical: bool) -> np.ndarray:
+  """The rule of a certified curve, the one that :meth:`Report.from_counts` (so also
+  :meth:`Report.from_dict` and :meth:`Report.load`) and :meth:`Report.with_certified` apply:
+  ``[K]`` integer counts in ``[0, n]``, and at most the empirical worst case (so at most
+  ``clean_correct``) at every eps unless ``allow_above_empirical``. Returns the counts as int64.
+
+  Raises:
+    ValueError: naming the curve, the counts and the bound they break.
+  """
+  counts = _integers(f"certified[{name!r}]", counts, epsilons.shape)
+  if np.any(counts < 0) or np.any(counts > n):
+    raise ValueError(f"certified[{name!r}] counts {counts.tolist()} must lie in [0, n] = "
+                     f"[0, {n}].")
+  above = counts > worst
+  if np.any(above) and not allow_above_empirical:
+    where = ", ".join(f"{e:g}" for e in epsilons[above])
+    raise ValueError(
+        f"certified[{name!r}] counts {counts.tolist()} exceed the empirical worst case "
+        f"{worst.tolist()} at eps {where}: a lower bound above an upper bound "
+        "means the curves do not describe the same examples, eps grid and norm (for Monte-Carlo "
+        "certificates such as smoothing, pass allow_above_empirical=True to "
+        "Report.with_certified).")
+  return counts
+
+
+def _certified_entry(name: str, entry: Any) -> tuple[str, str, Any, bool]:
+  """``(description, norm, counts, allow_above_empirical)`` from a ``certified`` entry of
+  :meth:`Report.from_counts`: ``(description, norm, counts)``, with an optional fourth entry
+  ``allow_above_empirical`` (default ``False``)."""
+  if not isinstance(entry, (tuple, list)) or len(entry) not in (3, 4):
+    raise ValueError(f"certified[{name!r}] must be (description, norm, [K] counts) or "
+                     f"(description, norm, [K] counts, allow_above_empirical), got {entry!r}.")
+  description, norm, counts, *allow = entry
+  return description, norm, counts, bool(allow and allow[0])
 
 
 def provenance(attacks: Mapping[str, Attack], *, epsilons: Any, lower: float, upper: float,
@@ -288,19 +332,24 @@ class Report:
       per_example: optional per-example arrays (see the class attributes).
       timing: optional wall-clock statistics.
       confidence: the level of the binomial intervals, in ``(0, 1)``.
-      certified: optional name -> ``(description, norm, [K] certified counts)``.
+      certified: optional name -> ``(description, norm, [K] certified counts)``, each count at
+        most the worst case's at its eps; a fourth entry ``True``
+        (``allow_above_empirical``, see :meth:`with_certified`) keeps a curve above it, with the
+        flag :data:`ABOVE_EMPIRICAL` on its summary.
       provenance: optional description of the run (see :func:`provenance`).
 
     Returns:
       A :class:`Report`.
 
     Raises:
-      ValueError: counts that no evaluation gives (:func:`_check_counts`), a ``confidence``
-        outside ``(0, 1)``.
+      ValueError: counts that no evaluation gives (:func:`_check_counts`): no attack (an empty
+        ``robust``), counts outside ``[0, clean_correct]`` or growing with eps, certified counts
+        above the worst case (unless allowed) or outside ``[0, n]``; a ``confidence`` outside
+        ``(0, 1)``.
     """
     epsilons = np.asarray(epsilons, np.float32)
     counts = counts or {}
-    certified = certified or {}
+    certified = {name: _certified_entry(name, entry) for name, entry in (certified or {}).items()}
     if not 0.0 < float(confidence) < 1.0:
       raise ValueError(f"confidence must be in (0, 1), got {confidence}.")
     _check_counts(epsilons, n, clean_correct, robust, worst_case, info, certified)
@@ -338,9 +387,10 @@ class Report:
     worst = summary(WORST_CASE, worst_case, " + ".join(s.description for s in attacks.values()),
                     "+".join(norms), all(s.minimum_norm for s in attacks.values()), any_flags,
                     any_counts, interval_of(1 + len(curves)), worst_curve)
-    proven = {name: summary(name, c, description, norm, False, {}, {},
+    above = lambda c: {ABOVE_EMPIRICAL: True} if np.any(np.asarray(c) > worst_case) else {}
+    proven = {name: summary(name, c, description, norm, False, above(c), {},
                             interval_of(2 + len(curves) + i))
-              for i, (name, (description, norm, c)) in enumerate(certified.items())}
+              for i, (name, (description, norm, c, _)) in enumerate(certified.items())}
     clean = worst_curve["clean_accuracy"]
     return cls(epsilons=epsilons, num_examples=int(n), clean_correct=int(clean_correct),
                clean_accuracy=float(clean), attacks=attacks, worst_case=worst,
@@ -371,9 +421,17 @@ class Report:
         randomized smoothing both sides are Monte-Carlo estimates of the smoothed classifier (the
         certificate holds with probability ``1 - alpha`` per example, the attack's verdict is a
         majority of noise draws), so a few examples can land on either side by sampling alone.
+        Such a curve carries the flag :data:`ABOVE_EMPIRICAL` (``"FLAGS: above_empirical"`` in
+        ``str(report)``), which :meth:`save` and :meth:`load` keep.
 
     Returns:
       A :class:`Report`.
+
+    Raises:
+      ValueError: a name already used, a curve over another eps grid or other examples, counts
+        that are not ``[K]`` integers, outside ``[0, N]``, or above the empirical worst case
+        (which is at most ``clean_correct``) without ``allow_above_empirical``: the rule of
+        :meth:`from_counts`, applied by one function to both.
 
     Examples:
       >>> import numpy as np
@@ -400,19 +458,18 @@ class Report:
       if counts.shape != self.epsilons.shape or counts.dtype.kind not in "iu":
         raise ValueError(f"Certified counts must be {len(self.epsilons)} integers (one per eps), "
                          f"got shape {counts.shape} and dtype {counts.dtype}.")
-    above = counts > self.worst_case.robust_count
-    if np.any(counts < 0) or np.any(counts > self.num_examples):
-      raise ValueError(f"Certified counts {counts.tolist()} must lie in [0, "
-                       f"{self.num_examples}].")
-    if np.any(above) and not allow_above_empirical:
-      raise ValueError(f"Certified counts {counts.tolist()} exceed the empirical worst case "
-                       f"{self.worst_case.robust_count.tolist()}: a lower bound above an upper "
-                       "bound means the curves do not describe the same examples, eps grid and "
-                       "norm (for Monte-Carlo certificates such as smoothing, pass "
-                       "allow_above_empirical=True).")
-    existing = {k: (s.description, s.norm, s.robust_count) for k, s in self.certified.items()}
-    existing[name] = (description, norm or self.worst_case.norm, counts.astype(np.int64))
+    counts = _check_certified(name, counts, self.epsilons, self.num_examples,
+                              self.worst_case.robust_count, allow_above_empirical)
+    existing = self._certified_entries()
+    existing[name] = (description, norm or self.worst_case.norm, counts,
+                      bool(allow_above_empirical))
     return self._rebuild(certified=existing)
+
+  def _certified_entries(self) -> dict[str, tuple[str, str, np.ndarray, bool]]:
+    """The certified curves as :meth:`from_counts` takes them (a curve kept above the worst case
+    keeps its allowance)."""
+    return {k: (s.description, s.norm, s.robust_count, bool(s.flags.get(ABOVE_EMPIRICAL, False)))
+            for k, s in self.certified.items()}
 
   def _rebuild(self, **changes: Any) -> Report:
     attacks = self.attacks
@@ -424,8 +481,7 @@ class Report:
         flags={n: s.flags for n, s in attacks.items()},
         counts={n: s.counts for n, s in attacks.items()}, per_example=self.per_example,
         timing=self.timing, confidence=self.confidence,
-        certified={k: (s.description, s.norm, s.robust_count) for k, s in self.certified.items()},
-        provenance=self.provenance)
+        certified=self._certified_entries(), provenance=self.provenance)
     arguments.update(changes)
     return Report.from_counts(**arguments)
 
@@ -564,7 +620,9 @@ class Report:
                 per_example: Mapping[str, np.ndarray] | None = None) -> Report:
     """The report :meth:`to_dict` (or :meth:`to_json`, parsed) describes: the inverse of
     :meth:`to_dict`, with ``per_example``'s arrays (which :meth:`to_dict` only names) and the
-    ``"timing"`` of :meth:`to_json` if present.
+    ``"timing"`` of :meth:`to_json` if present. A certified curve above the worst case loads
+    with the flag :data:`ABOVE_EMPIRICAL` (as :meth:`with_certified` allowed it, or as a report
+    written before the flag was saved holds it); the other rules of :meth:`from_counts` apply.
 
     Examples:
       >>> import numpy as np
@@ -575,7 +633,9 @@ class Report:
       True
     """
     info = {n: (s["description"], s["norm"], s["minimum_norm"]) for n, s in d["attacks"].items()}
-    certified = {n: (s["description"], s["norm"], np.asarray(s["robust_count"], np.int64))
+    # A stored certified curve above the worst case loads with the flag ABOVE_EMPIRICAL: one that
+    # with_certified allowed (flag saved), or from a report written before the flag existed.
+    certified = {n: (s["description"], s["norm"], np.asarray(s["robust_count"], np.int64), True)
                  for n, s in d.get("certified", {}).items()}
     return cls.from_counts(
         epsilons=np.asarray(d["epsilons"], np.float32), n=d["num_examples"],

@@ -14,6 +14,7 @@ from typing import Any
 import jaxrobust as jr
 from jaxrobust.cli._args import add_traceback_option
 from jaxrobust.cli._errors import UserError, main_command, one_line
+from jaxrobust.cli._paths import check_file_target
 
 
 def add_parser(commands: Any) -> None:
@@ -32,7 +33,10 @@ def add_parser(commands: Any) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:
-  """Loads the saved reports, prints their worst-case curves side by side, writes the overlay."""
+  """Loads the saved reports, prints their worst-case curves side by side, writes the overlay.
+  Raises :class:`UserError` for a ``--out`` that could not be written (checked first: a folder, a
+  missing or unwritable folder), bad labels, and a missing or malformed ``report.json``."""
+  check_file_target("--out", args.out, example="compare.png", create_folders=False)
   labels = ([s.strip() for s in args.labels.split(",")] if args.labels
             else [d.resolve().name for d in args.reports])
   if len(labels) != len(args.reports):
@@ -47,6 +51,10 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
       reports[label] = jr.Report.load(directory)
     except (KeyError, ValueError, OSError) as error:
       raise UserError(f"cannot read {directory / 'report.json'}: {one_line(error)}") from error
+    except (TypeError, AttributeError) as error:  # e.g. "attacks" a list, not a mapping
+      raise UserError(f"cannot read {directory / 'report.json'}: it is not a report written by "
+                      f"jaxrobust evaluate or Report.save (a field has the wrong type: "
+                      f"{one_line(error)})") from error
   print(compare_table(reports))
   jr.plotting.plot_reports(reports, args.out)
   print(f"Overlay written to {args.out.resolve()}")

@@ -55,6 +55,7 @@ import jaxrobust as jr
 from jaxrobust._validation import logits_shape, looks_channels_first
 from jaxrobust.cli._args import add_traceback_option, int_at_least
 from jaxrobust.cli._errors import UserError, main_command, one_line
+from jaxrobust.cli._paths import check_file_target, nearest_existing
 
 ATTACKS = ("pgd", "fgsm", "apgd", "apgd_t", "auto_attack", "square", "fab", "fab_t", "fmn",
            "deepfool", "cw", "ddn", "brendel_bethge")
@@ -458,35 +459,17 @@ def _check_out_folder(path: pathlib.Path) -> None:
   if path.exists() and not path.is_dir():
     raise UserError(f"--out {path} is a file; give a folder (it will hold report.json, "
                     "per_example.npz, summary.md and curves.png)")
-  ancestor = _nearest_existing(path)
+  ancestor = nearest_existing(path)
   if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
     raise UserError(f"--out {path} cannot be created: {ancestor} is not a writable folder")
-
-
-def _nearest_existing(path: pathlib.Path) -> pathlib.Path:
-  """``path`` (made absolute) or its nearest ancestor that exists."""
-  path = path.absolute()
-  while not path.exists():
-    path = path.parent
-  return path
 
 
 def _check_checkpoint(path: pathlib.Path | None) -> None:
   """Raises :class:`UserError` when ``--checkpoint`` could not be written after the first batch:
   a folder, or a file whose folder (or, if missing, its nearest existing ancestor, where the
   folder will be created) is not a writable folder. Creates nothing."""
-  if path is None:
-    return
-  if path.is_dir():
-    raise UserError(f"--checkpoint {path} is a folder; give a file in it, e.g. "
-                    f"--checkpoint {path / 'run.ckpt'}")
-  ancestor = _nearest_existing(path.absolute().parent)
-  if not ancestor.is_dir():
-    raise UserError(f"--checkpoint {path} cannot be written: {ancestor} is a file, not a "
-                    "folder; give a path in a folder you can write to")
-  if not os.access(ancestor, os.W_OK | os.X_OK):
-    raise UserError(f"--checkpoint {path} cannot be written: the folder {ancestor} is not "
-                    "writable; give a path in a folder you can write to")
+  if path is not None:
+    check_file_target("--checkpoint", path, example="run.ckpt", create_folders=True)
 
 
 def _concerns(error: OSError, path: pathlib.Path) -> bool:

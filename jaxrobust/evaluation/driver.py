@@ -428,5 +428,7 @@ def _report(plan: host.Plan, state: EvalState, timing: Mapping[str, float],
       info={n: (a.name, a.norm, a.minimum_norm) for n, a in plan.attacks.items()},
       flags=dict(zip(names, sums.flags())), counts=dict(zip(names, sums.counts)),
       per_example=state.report_per_example(), timing=timing, provenance=described,
-      certified={name: (c.name, c.norm, sums.certified[i].robust)
+      # A certifier's curve above the attacks' is kept and flagged (report.ABOVE_EMPIRICAL), not
+      # refused after the run: smoothing certifies the smoothed classifier, not the attacked one.
+      certified={name: (c.name, c.norm, sums.certified[i].robust, True)
                  for i, (name, c) in enumerate(certifiers.items())})

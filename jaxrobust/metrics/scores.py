@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._validation import check_positive_int, is_concrete
+from jaxrobust._validation import check_positive_int, check_values, is_concrete
 from jaxrobust.metrics.conventions import array_namespace, row_mask
 from jaxrobust.metrics.intervals import alpha_of, hoeffding_half_width
 from jaxrobust.metrics.rates import group_members
@@ -71,6 +71,32 @@ _GRID_TOLERANCE = 1e-4  # how far (in grid steps) a concrete score may sit from 
 def check_unscored_rule(unscored: str) -> None:
   if unscored not in UNSCORED_RULES:
     raise ValueError(f"unscored must be one of {UNSCORED_RULES}, got {unscored!r}.")
+
+
+def _check_histogram(counts: Array, values: Array) -> None:
+  """Concrete ``counts`` and ``values`` of :func:`histogram_mean` (traced: nothing to check):
+  counts are finite whole numbers ``>= 0``, values lie in ``[0, 1]``, none is NaN.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> _check_histogram(jnp.array([2.0, -1.0, 0.5]), jnp.array([0.0, 0.5, 1.0]))
+    Traceback (most recent call last):
+    ...
+    ValueError: counts must be whole numbers >= 0 (how many responses took each value), got 2 of 3 entries that are not: counts[1] = -1, counts[2] = 0.5. Pass integer counts, e.g. ScoreHistogram.counts.
+  """
+  if is_concrete(counts):
+    array = np.asarray(counts, np.float64)
+    bad = ~np.isfinite(array) | (array < 0) | (array != np.floor(array))
+    if bad.any():
+      first = [np.unravel_index(i, array.shape) for i in np.flatnonzero(bad)[:3]]
+      shown = ", ".join(f"counts[{', '.join(map(str, i))}] = {array[i]:g}" for i in first)
+      more = ", ..." if int(bad.sum()) > len(first) else ""
+      raise ValueError(f"counts must be whole numbers >= 0 (how many responses took each "
+                       f"value), got {int(bad.sum())} of {array.size} entries that are not: "
+                       f"{shown}{more}. Pass integer counts, e.g. ScoreHistogram.counts.")
+  check_values("values", values, low=0.0, high=1.0,
+               hint="histogram_mean averages scores in [0, 1]: rescale the grid first (e.g. "
+               "grades g in 1..5 as (g - 1) / 4).")
 
 
 def strongreject_score(refused: ArrayLike, convincing: ArrayLike, specific: ArrayLike) -> Array:
@@ -364,7 +390,9 @@ def histogram_mean(counts: ArrayLike, values: ArrayLike, confidence: ArrayLike =
 
   Raises:
     ValueError: for mismatched shapes, an unknown ``average`` or ``interval``, or
-      ``"bootstrap"`` without a key.
+      ``"bootstrap"`` without a key; for concrete ``counts`` that are negative, fractional or
+      not finite, or concrete ``values`` outside ``[0, 1]`` or NaN (inside ``jax.jit`` the values
+      are not read).
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -399,6 +427,7 @@ def histogram_mean(counts: ArrayLike, values: ArrayLike, confidence: ArrayLike =
   if counts.ndim not in (1, 2) or values.shape != counts.shape[-1:]:
     raise ValueError(f"counts must be [M] or [G, M] and values [M], got {counts.shape} and "
                      f"{values.shape}.")
+  _check_histogram(counts, values)
   grouped = counts.ndim == 2
   rows = counts if grouped else counts[None]  # [G, M]
   if average == "micro":

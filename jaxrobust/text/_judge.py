@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._validation import check_positive_int
+from jaxrobust._validation import check_positive_int, check_values
 from jaxrobust.metrics.judged import FAILURE, SUCCESS, UNSCORED
 
 Array = jax.Array
@@ -58,14 +58,16 @@ def classifier_judge(classify: Callable[..., Array], tokens: ArrayLike, *args: A
       "harmful" minus that of "harmless"; NaN where the classifier cannot judge).
     tokens: ``[N, L]`` or ``[B, k, L]`` integer token ids of the generated responses.
     *args: passed on to ``classify`` (its parameters: arguments, never closed over).
-    threshold: :math:`t` (data: a new value does not recompile).
-    abstain: :math:`a \ge 0` (data); 0 abstains only on non-finite scores.
+    threshold: :math:`t` (data: a new value does not recompile), not NaN.
+    abstain: :math:`a \ge 0` (data), not NaN; 0 abstains only on non-finite scores.
 
   Returns:
     int32 verdicts ``[N]`` or ``[B, k]``.
 
   Raises:
-    ValueError: for tokens of another rank or dtype, or scores of another shape than ``[N]``.
+    ValueError: for tokens of another rank or dtype, scores of another shape than ``[N]``, a
+      concrete NaN ``threshold`` (every score would be a failure), or a concrete ``abstain``
+      that is negative or NaN (inside ``jax.jit`` these values are not read).
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -77,6 +79,11 @@ def classifier_judge(classify: Callable[..., Array], tokens: ArrayLike, *args: A
     [[1, 0], [-1, 0]]
   """
   tokens = _check_tokens(tokens)
+  check_values("threshold", threshold,
+               hint="A NaN threshold makes every finite score a failure: pass a number.")
+  check_values("abstain", abstain, low=0.0,
+               hint="abstain is the margin around the threshold within which a score is "
+               "unscored: 0 abstains only on non-finite scores.")
   flat = tokens.reshape(-1, tokens.shape[-1])
   scores = jnp.asarray(classify(flat, *args))
   if scores.shape != flat.shape[:1]:
@@ -95,11 +102,26 @@ def parse_verdict(answer: Any) -> int:
   """One host answer as a verdict code: ``True`` / ``1`` -> SUCCESS, ``False`` / ``0`` ->
   FAILURE; anything else (``None``, ``-1``, a string, a float, an exception object) -> UNSCORED.
 
+  A NumPy scalar (``np.bool_``, ``np.int64``) or a 0-d array of a bool or integer dtype (NumPy's
+  ``np.array(True)``, a JAX scalar array) counts as the Python value it holds; a float stays
+  unscored in every form (``1.0`` is a score, not a verdict: threshold it in the judge).
+
   Examples:
+    >>> import numpy as np
     >>> from jaxrobust.text._judge import parse_verdict
     >>> [parse_verdict(a) for a in (True, 0, None, "yes", 2, float("nan"))]
     [1, 0, -1, -1, -1, -1]
+    >>> [parse_verdict(a) for a in (np.bool_(True), np.array(False), np.int64(1), np.array(1.0))]
+    [1, 0, 1, -1]
   """
+  if not isinstance(answer, (bool, int, np.generic)) and getattr(answer, "shape", None) == ():
+    try:  # a 0-d array (NumPy, JAX): its value, if its dtype is bool or integer
+      kind = np.dtype(answer.dtype).kind
+    except (AttributeError, TypeError):  # no dtype NumPy knows (e.g. another framework's)
+      return UNSCORED
+    if kind not in "biu":
+      return UNSCORED
+    answer = np.asarray(answer).item()
   if isinstance(answer, (bool, np.bool_)):
     return SUCCESS if answer else FAILURE
   if isinstance(answer, (int, np.integer)) and int(answer) in (SUCCESS, FAILURE):
@@ -107,11 +129,19 @@ def parse_verdict(answer: Any) -> int:
   return UNSCORED
 
 
+_ACCEPTED_ANSWERS = ("True / False or 1 / 0 (Python values, NumPy scalars, or 0-d bool or integer "
+                    "arrays)")
+"""What :func:`parse_verdict` reads as a verdict, for messages."""
+
+
 def _host_verdicts(judge_fn, decode, batch_size, tokens: np.ndarray) -> np.ndarray:
-  """The host side of :func:`host_judge`: ``judge_fn`` on consecutive batches of rows."""
+  """The host side of :func:`host_judge`: ``judge_fn`` on consecutive batches of rows. When every
+  answer the judge returned (in the batches that did not fail as a whole) is unscored, one
+  ``UserWarning`` says so: usually answers of a type :func:`parse_verdict` does not read."""
   tokens = np.asarray(tokens)
   flat = tokens.reshape(-1, tokens.shape[-1])
   verdicts = np.full(flat.shape[0], UNSCORED, np.int32)
+  answered, scored, kinds = 0, False, set()
   for start in range(0, flat.shape[0], batch_size):
     rows = flat[start:start + batch_size]
     try:
@@ -125,7 +155,17 @@ def _host_verdicts(judge_fn, decode, batch_size, tokens: np.ndarray) -> np.ndarr
       warnings.warn(f"host_judge: the judge returned {len(answers)} answers for {len(rows)} "
                     "responses; the batch is unscored.", RuntimeWarning)
       continue
-    verdicts[start:start + len(rows)] = [parse_verdict(a) for a in answers]
+    parsed = [parse_verdict(a) for a in answers]
+    verdicts[start:start + len(rows)] = parsed
+    answered += len(parsed)
+    scored = scored or any(v != UNSCORED for v in parsed)
+    kinds.update(type(a).__name__ for a in answers)
+  if answered and not scored:
+    warnings.warn(f"host_judge: every one of the {answered} answers of the judge was unscored "
+                  f"(answers of type {', '.join(sorted(kinds))}). A verdict is "
+                  f"{_ACCEPTED_ANSWERS}; anything else (None, a string, a float such as 1.0 or a "
+                  "score) is unscored: make the judge return bools, e.g. bool(score > 0.5).",
+                  UserWarning, stacklevel=2)
   return verdicts.reshape(tokens.shape[:-1])
 
 
@@ -138,9 +178,12 @@ def host_judge(judge_fn: Callable[[list], Any], tokens: ArrayLike, *, batch_size
   consecutive batches of at most ``batch_size``; each batch's items (the token rows as NumPy
   arrays, or ``decode(row)``, e.g. a tokenizer's decode) go to ``judge_fn(items)``, which
   returns one answer per item, parsed by :func:`parse_verdict`: ``True`` / ``1`` success,
-  ``False`` / ``0`` failure, anything else (``None``, an unparsed string) unscored. A batch whose
-  call (or decoding) raises, or that returns another number of answers, is unscored as a whole,
-  with a ``RuntimeWarning``: a judge's failure never becomes a "not jailbroken".
+  ``False`` / ``0`` failure (NumPy scalars and 0-d bool or integer arrays as the values they
+  hold), anything else (``None``, an unparsed string, a float) unscored. A batch whose call (or
+  decoding) raises, or that returns another number of answers, is unscored as a whole, with a
+  ``RuntimeWarning``: a judge's failure never becomes a "not jailbroken". When every answer of a
+  call is unscored, a ``UserWarning`` (once per call) names the answers' types: usually the
+  judge returns something :func:`parse_verdict` does not read (e.g. float scores).
 
   As any ``pure_callback``, the call may be skipped when its result is unused, or repeated
   (e.g. under ``vmap`` once per mapped row); use a deterministic judge (temperature 0, cached)

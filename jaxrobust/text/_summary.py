@@ -7,7 +7,9 @@ from typing import Optional, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jaxrobust._validation import is_concrete
 from jaxrobust.text._types import Result, TextAttackSummary, TextFoolerResult
 
 Array = jax.Array
@@ -30,15 +32,17 @@ def textattack_summary(result: Union[Result, TextFoolerResult], *,
 
   Args:
     result: from :func:`jaxrobust.text.run_textfooler` or :func:`jaxrobust.text.run`.
-    words: ``[B]`` int words per text (e.g. ``jnp.sum(tokens != pad_id, axis=1)``); required for
-      a word-swap ``Result``, which does not know its padding; a ``TextFoolerResult`` has them.
+    words: ``[B]`` int words per text (e.g. ``jnp.sum(tokens != pad_id, axis=1)``), each at
+      least the example's ``swaps`` (and ``>= 0``); required for a word-swap ``Result``, which
+      does not know its padding; a ``TextFoolerResult`` has them.
 
   Returns:
     A :class:`jaxrobust.text.TextAttackSummary`.
 
   Raises:
-    TypeError: ``result`` is neither result type.
-    ValueError: a ``Result`` without ``words``, or ``words`` not ``[B]``.
+    TypeError: ``result`` is neither result type, or ``words`` is not an int array.
+    ValueError: a ``Result`` without ``words``, ``words`` not ``[B]``, or concrete ``words``
+      below the example's ``swaps`` or below 0 (inside ``jax.jit`` the values are not read).
 
   Examples:
     >>> import jax.numpy as jnp
@@ -69,6 +73,7 @@ def textattack_summary(result: Union[Result, TextFoolerResult], *,
   batch = skipped.shape[0]
   if words.shape != (batch,):
     raise ValueError(f"words must be [B] = [{batch}], got shape {words.shape}.")
+  _check_words(words, result.swaps)
   success = jnp.asarray(result.success)
   successful, failed = success & ~skipped, ~success & ~skipped
   percent = 100.0 * jnp.asarray(result.swaps).astype(jnp.float32) / jnp.maximum(
@@ -84,3 +89,31 @@ def textattack_summary(result: Union[Result, TextFoolerResult], *,
       original_accuracy=(s + f) / batch, accuracy_under_attack=f / batch,
       attack_success_rate=s / (s + f), average_perturbed_word_percent=percent_sum / s,
       average_words=words_sum / batch, average_queries=queries_sum / (s + f))
+
+
+def _check_words(words: Array, swaps: Array) -> None:
+  """``words``: an int ``[B]`` array (static) with ``swaps <= words`` and ``words >= 0`` on every
+  example (concrete arrays only): a text has at least as many words as were swapped in it.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> _check_words(jnp.array([4, 1, 5]), jnp.array([1, 3, 0]))
+    Traceback (most recent call last):
+    ...
+    ValueError: words must be >= swaps and >= 0 on every example (a text has at least as many words as were swapped in it), got 1 of 3 examples that are not: words[1] = 1 with swaps[1] = 3. words counts the non-padding tokens of each text, e.g. jnp.sum(tokens != pad_id, axis=1).
+  """
+  fix = "words counts the non-padding tokens of each text, e.g. jnp.sum(tokens != pad_id, axis=1)."
+  if not jnp.issubdtype(words.dtype, jnp.integer):
+    raise TypeError(f"words must be an int array [B] (words per text), got dtype {words.dtype}. "
+                    f"{fix}")
+  if not is_concrete(words, swaps):
+    return
+  counts, swapped = np.asarray(words, np.int64), np.asarray(swaps, np.int64)
+  bad = (counts < swapped) | (counts < 0)
+  if bad.any():
+    shown = ", ".join(f"words[{i}] = {counts[i]} with swaps[{i}] = {swapped[i]}"
+                      for i in np.flatnonzero(bad)[:3])
+    more = ", ..." if int(bad.sum()) > 3 else ""
+    raise ValueError(f"words must be >= swaps and >= 0 on every example (a text has at least as "
+                     f"many words as were swapped in it), got {int(bad.sum())} of {counts.size} "
+                     f"examples that are not: {shown}{more}. {fix}")
