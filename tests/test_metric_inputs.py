@@ -242,3 +242,17 @@ def test_curve_consistency_of_good_inputs_incl_inf_lists_and_jit():
   jax.tree.map(np.testing.assert_array_equal, listed, eager)
   jitted = jax.jit(jr.curve_consistency)(norms, jnp.array([True, True, True]), curve)
   jax.tree.map(np.testing.assert_array_equal, jitted, eager)
+
+
+def test_a_float_mask_is_refused_not_read_as_weights():
+  """``mask=[0.5, 1.0]`` would count the first row in full: masks select rows, never weigh
+  them. Bool and 0/1 integer masks give the same counts."""
+  norms, correct = jnp.array([0.1, 0.3]), jnp.array([True, True])
+  with pytest.raises(TypeError, match="mask must be a bool"):
+    jr.metrics.CurveCounts.from_norms(norms, correct, jnp.array([0.2]), mask=jnp.array([0.5, 1.0]))
+  with pytest.raises(TypeError, match="mask must be a bool"):
+    jr.metrics.median_perturbation(norms, mask=np.array([0.0, 1.0]))
+  by_bool = jr.metrics.CurveCounts.from_norms(norms, correct, jnp.array([0.2]),
+                                           mask=jnp.array([False, True]))
+  by_int = jr.metrics.CurveCounts.from_norms(norms, correct, jnp.array([0.2]), mask=np.array([0, 1]))
+  assert int(by_bool.n) == int(by_int.n) == 1 and by_bool.robust.tolist() == by_int.robust.tolist()

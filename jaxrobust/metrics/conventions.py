@@ -71,12 +71,17 @@ def int_like(a: ArrayLike, ref: Array, name: str) -> Array:
 
 
 def row_mask(mask: Optional[ArrayLike], batch: int) -> Array:
-  """``mask`` as a ``[batch]`` bool array, all ``True`` for ``None``."""
+  """``mask`` as a ``[batch]`` bool array, all ``True`` for ``None``. A bool or integer mask
+  (0/1) is taken; a float one is refused, since reading weights such as 0.5 as ``True`` would
+  count every such row in full."""
   if mask is None:
     return jnp.ones((batch,), dtype=bool)
   mask = jnp.asarray(mask)
   if mask.shape != (batch,):
     raise ValueError(f"mask must have shape ({batch},), got {mask.shape}.")
+  if not (mask.dtype == jnp.bool_ or jnp.issubdtype(mask.dtype, jnp.integer)):
+    raise TypeError(f"mask must be a bool [B] array (True: the row counts), got {mask.dtype}; "
+                    "these metrics count rows, they do not weight them.")
   return mask.astype(bool)
 
 
