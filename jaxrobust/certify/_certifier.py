@@ -64,12 +64,18 @@ def smoothing_certifier(*, sigma: float, n0: int = 100, n: int = 100_000, alpha:
   ``i`` is certified at eps when the smoothed prediction is its label and the certified L2
   radius is at least eps. Certifies the smoothed classifier, not the base model.
 
+  Raises:
+    ValueError: what :func:`jaxrobust.certify.smoothing` refuses of the options, at build time:
+      ``sigma`` or ``alpha`` not a real number (a bool, a string, an array), ``sigma <= 0``,
+      ``alpha`` outside ``(0, 1)``, counts below 1, ``n <= log2(1/alpha)`` (every example would
+      abstain).
+
   Examples:
     >>> import jaxrobust as jr
     >>> jr.certify.smoothing_certifier(sigma=0.25, n=1000).name
     'smoothing-l2-sigma0.25-n1000-alpha0.001'
   """
-  _check(sigma, alpha, n0=n0, n=n, batch_size=batch_size)
+  sigma, alpha = _check(sigma, alpha, n0=n0, n=n, batch_size=batch_size)
 
   def certify(logits_fn, x, y, keys, epsilons, lower, upper):
     del lower, upper  # the noise is Gaussian on the whole space (not clipped to the box)

@@ -36,9 +36,10 @@ def certified_curve(certificate: Certificate, y: Array, radii: Array) -> Curve:
     A :class:`jaxrobust.Curve` with ``robust [K, B]``.
 
   Raises:
-    ValueError: ``y`` not a 1-D int array as long as the certificate, a concrete ``y`` with a
-      negative entry (``-1`` is the code of an abstention: a label of ``-1`` would count every
-      abstention as correct), ``radii`` not ``[K]``.
+    ValueError: a certificate whose ``prediction`` is not ``[B]`` or whose ``radius`` has
+      another shape than its ``prediction``; ``y`` not a 1-D int array as long as the
+      certificate, a concrete ``y`` with a negative entry (``-1`` is the code of an abstention:
+      a label of ``-1`` would count every abstention as correct), ``radii`` not ``[K]``.
 
   Examples:
     >>> import jax.numpy as jnp
@@ -48,7 +49,14 @@ def certified_curve(certificate: Certificate, y: Array, radii: Array) -> Curve:
     >>> float(curve.clean_accuracy), curve.robust_accuracy.tolist()
     (0.5, [0.5, 0.25])
   """
-  batch = certificate.prediction.shape[0]
+  prediction_shape, radius_shape = np.shape(certificate.prediction), np.shape(certificate.radius)
+  if len(prediction_shape) != 1 or radius_shape != prediction_shape:
+    raise ValueError(
+        "The certificate must hold one prediction and one radius per example, both [B]; got "
+        f"prediction {prediction_shape} and radius {radius_shape}. Pass the Certificate that "
+        "jr.certify.smoothing or certify_bounds returned for the batch, unchanged (slice both "
+        "fields alike to select examples).")
+  batch = prediction_shape[0]
   check_label_shape("y", y, batch, f"the certificate has {batch} predictions")
   lowest = int(np.min(np.asarray(y))) if is_concrete(y) and batch else 0
   if lowest < 0:

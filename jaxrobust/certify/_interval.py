@@ -22,6 +22,7 @@ from typing import Callable, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxrobust import _validation
 from jaxrobust.certify import _primitives as prim
@@ -117,8 +118,43 @@ def output_interval(graph: Graph, intervals: dict, dtype) -> Interval:
   return intervals[graph.output]
 
 
+def _first(mask: np.ndarray) -> tuple:
+  """The index of the first ``True`` of ``mask``."""
+  return np.unravel_index(int(np.argmax(mask)), mask.shape)
+
+
+def _check_box_values(lower: Array, upper: Array) -> None:
+  """Concrete boxes: finite everywhere, ``lower <= upper`` everywhere."""
+  values = {"lower": np.asarray(lower, np.float64), "upper": np.asarray(upper, np.float64)}
+  for name, side in values.items():
+    bad = ~np.isfinite(side)
+    if bad.any():
+      where = _first(bad)
+      raise ValueError(
+          f"{name} must be finite: {int(bad.sum())} of {bad.size} entries are NaN or inf, the "
+          f"first {name}[{', '.join(map(str, where))}] = {side[where]}. Bounds of a box with a "
+          "NaN or infinite side are NaN: give finite bounds (e.g. the eps-ball around x "
+          "clipped to the input range, jnp.clip(x - eps, 0, 1) and jnp.clip(x + eps, 0, 1)).")
+  above = values["lower"] > values["upper"]
+  if above.any():
+    where = _first(above)
+    index = ", ".join(map(str, where))
+    raise ValueError(
+        f"lower must be <= upper everywhere; {int(above.sum())} element(s) have lower > upper, "
+        f"the first lower[{index}] = {values['lower'][where]:g} > upper[{index}] = "
+        f"{values['upper'][where]:g}. Pass the box as (lower, upper), in that order.")
+
+
 def check_box(lower, upper) -> tuple:
-  """``lower``/``upper`` as floating-point arrays of one shape and dtype (the wider of theirs)."""
+  """``lower``/``upper`` as floating-point arrays of one shape and dtype (the wider of theirs);
+  concrete boxes are checked to be finite with ``lower <= upper`` (traced: shapes and dtypes
+  only).
+
+  Raises:
+    ValueError: boxes of different shapes; concrete boxes with a NaN or infinite entry, or with
+      ``lower > upper`` somewhere.
+    TypeError: a box that is not floating point.
+  """
   lower, upper = jnp.asarray(lower), jnp.asarray(upper)
   if lower.shape != upper.shape:
     raise ValueError(f"lower and upper must have the same shape (the input's), got "
@@ -127,9 +163,8 @@ def check_box(lower, upper) -> tuple:
   if lower.dtype != upper.dtype:
     wider = max(lower.dtype, upper.dtype, key=lambda d: jnp.finfo(d).bits)
     lower, upper = lower.astype(wider), upper.astype(wider)
-  if _validation.is_concrete(lower, upper) and bool(jnp.any(lower > upper)):
-    raise ValueError(f"lower must be <= upper everywhere; {int(jnp.sum(lower > upper))} "
-                     "element(s) have lower > upper")
+  if _validation.is_concrete(lower, upper):
+    _check_box_values(lower, upper)
   return lower, upper
 
 
@@ -159,7 +194,9 @@ def interval_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array) ->
 
   Raises:
     NotImplementedError: naming every primitive of ``fn`` that no rule handles.
-    ValueError: when ``lower`` and ``upper`` differ in shape.
+    ValueError: when ``lower`` and ``upper`` differ in shape, or (concrete box) hold a NaN or
+      infinite entry, or ``lower > upper`` somewhere.
+    TypeError: a box that is not floating point.
 
   Examples:
     >>> import jax.numpy as jnp

@@ -28,7 +28,9 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from jaxrobust import _validation
 from jaxrobust.certify import _primitives as prim
 from jaxrobust.certify._interval import Interval, check_box, interval_bounds, propagate
 from jaxrobust.certify._jaxpr import Const, Equation, Graph, compute_dtype, trace
@@ -225,6 +227,87 @@ def per_example_graph(fn: Callable[[Array], Array], lower: Array, full_shape: tu
   return graph
 
 
+def _first_row(x: Array) -> Array:
+  """``x[:1]``; a batch sharded over an Explicit mesh axis is replicated first (a 1-row slice of
+  it has no sharding type)."""
+  sharding = getattr(jax.typeof(x), "sharding", None)
+  spec = getattr(sharding, "spec", None)
+  if spec and spec[0] is not None:
+    x = jax.reshard(x, jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec()))
+  return x[:1]
+
+
+CENTRE = " (checked at the box centre c = (lower + upper) / 2)"
+"""Where :func:`linear_bounds` and :func:`jaxrobust.certify.margin_bounds` check it."""
+
+MIXING_TOLERANCE = 1e-3
+"""How far ``fn(x[:1])`` may be from ``fn(x)[:1]``, relative to ``1 + max |fn(x)[:1]|``, for a
+model that treats examples independently (float32; :func:`check_rows_independent` allows 16 ulps
+of a lower-precision input or output dtype): batch sizes change only the order of float sums."""
+
+
+def check_rows_independent(fn: Callable[[Array], Array], x: Array, out: Array | None = None, *,
+                           name: str = "logits_fn", rows: str = "x", at: str = "") -> None:
+  """Concrete ``x`` only (traced, or a model that closes over tracers: nothing to check): the
+  first example's output does not depend on the other examples of the batch, i.e.
+  ``fn(x[:1])`` matches ``fn(x)[:1]`` within :data:`MIXING_TOLERANCE` (a batch of 1 is compared
+  with itself duplicated to 2 rows). Bounds are computed one example at a time, which is sound
+  only for such a model; one that uses batch statistics (BatchNorm in training mode, batch
+  centring) would get bounds, and certified radii, that do not hold for it. One extra forward
+  pass of 1 row (of the whole batch too unless ``out = fn(x)`` is given).
+
+  Args:
+    fn: the model, ``[B, ...] -> [B, ...]``.
+    x: the rows to compare on (``[B, ...]``).
+    out: ``fn(x)`` if already computed (``B > 1``), else ``None``.
+    name, rows: how the message calls ``fn`` and ``x``; ``at`` says what ``x`` is, if needed.
+
+  Raises:
+    ValueError: with the largest difference, the values there, and the fix (eval mode).
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> x = jnp.array([[0.6, 0.4], [0.3, 0.7]])
+    >>> check_rows_independent(lambda v: 2 * v, x)  # per example: passes
+    >>> check_rows_independent(lambda v: v - v.mean(0, keepdims=True), x)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: logits_fn's output for an example depends on the other examples of the batch: ...
+  """
+  if not _validation.is_concrete(x, out):
+    return
+  if x.shape[0] == 1:
+    one, full = (fn(x) if out is None else out), fn(jnp.concatenate([x, x]))
+    alone_label, batched_label = f"{name}({rows})", f"{name}(concatenate([{rows}, {rows}]))"
+  else:
+    one, full = fn(_first_row(x)), (fn(x) if out is None else out)
+    alone_label, batched_label = f"{name}({rows}[:1])", f"{name}({rows})"
+  if not _validation.is_concrete(one, full) or tuple(one.shape) != (1, *full.shape[1:]):
+    return  # a closure over tracers (e.g. under jax.grad), or a shape the callers report
+  floats = [jnp.dtype(a.dtype) for a in (x, one) if jnp.issubdtype(a.dtype, jnp.floating)]
+  tolerance = max([MIXING_TOLERANCE] + [16 * float(jnp.finfo(d).eps) for d in floats])
+  alone, batched = np.asarray(one, np.float64), np.asarray(full, np.float64)[:1]
+  finite = np.isfinite(alone) & np.isfinite(batched)
+  gap = np.abs(np.where(finite, alone, 0.0) - np.where(finite, batched, 0.0))
+  scale = 1.0 + float(np.max(np.abs(np.where(finite, batched, 0.0)), initial=0.0))
+  same = np.where(finite, gap <= tolerance * scale,
+                  (alone == batched) | (np.isnan(alone) & np.isnan(batched)))
+  if same.all():
+    return
+  gap = np.where(finite, gap, np.inf)
+  where = np.unravel_index(int(np.argmax(np.where(same, -1.0, gap))), alone.shape)
+  index = ", ".join(map(str, where))
+  raise ValueError(
+      f"{name}'s output for an example depends on the other examples of the batch{at}: "
+      f"{alone_label}[{index}] = {alone[where]:.6g} but {batched_label}[{index}] = "
+      f"{batched[where]:.6g} ({int((~same).sum())} of {same.size} outputs of the first example "
+      f"differ by more than {tolerance:g} * (1 + their largest magnitude)). Bounds are computed "
+      "one example at a time, so for a model that uses batch statistics (e.g. BatchNorm in "
+      "training mode, or centring by the batch mean) they, and the certified radii, would be "
+      "unsound. Put the model in eval mode (nnx: model.eval(); linen: "
+      "use_running_average=True) so that each example's output depends on that example only.")
+
+
 def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array, *,
                   examples_per_pass: int | None = None) -> tuple:
   r"""Sound elementwise bounds on ``fn(x)`` for ``lower <= x <= upper``, by CROWN.
@@ -265,7 +348,11 @@ def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array, *,
 
   Raises:
     NotImplementedError: naming every primitive of ``fn`` that no rule handles.
-    ValueError: for boxes of different shapes, or when ``fn``'s output is not ``[B, ...]``.
+    ValueError: for boxes of different shapes, a concrete box that is NaN, infinite or has
+      ``lower > upper``, when ``fn``'s output is not ``[B, ...]``, or (concrete box) when
+      ``fn``'s output for an example depends on the other examples of the batch (batch
+      statistics, e.g. BatchNorm in training mode: put the model in eval mode), checked at the
+      box centre: ``fn(c[:1])`` against ``fn(c)[:1]``.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -286,6 +373,8 @@ def linear_bounds(fn: Callable[[Array], Array], lower: Array, upper: Array, *,
   lower, upper = check_box(lower, upper)
   ibp_lower, ibp_upper = interval_bounds(fn, lower, upper)
   graph = per_example_graph(fn, lower, ibp_lower.shape)
+  if _validation.is_concrete(lower, upper):
+    check_rows_independent(fn, (lower + upper) / 2, name="fn", rows="c", at=CENTRE)
   dtype = compute_dtype(lower.dtype)
 
   def one_example(example_lower, example_upper):

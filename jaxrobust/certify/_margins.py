@@ -10,8 +10,9 @@ import jax.numpy as jnp
 from jaxrobust import _validation
 from jaxrobust.certify._interval import check_box, propagate
 from jaxrobust.certify._jaxpr import check_deterministic, compute_dtype
-from jaxrobust.certify._linear import (backward_lower, check_examples_per_pass, crown_intervals,
-                                       per_example, per_example_graph)
+from jaxrobust.certify._linear import (CENTRE, backward_lower, check_examples_per_pass,
+                                       check_rows_independent, crown_intervals, per_example,
+                                       per_example_graph)
 
 Array = jax.Array
 METHODS = ("ibp", "crown-ibp", "crown")
@@ -52,7 +53,9 @@ def margin_bounds(logits_fn: Callable[[Array], Array], y: Array, lower: Array, u
   constraint), so ``min`` over classes is the certificate.
 
   Args:
-    logits_fn: ``x [B, ...] -> logits [B, C]``, examples treated independently.
+    logits_fn: ``x [B, ...] -> logits [B, C]``, examples treated independently (on a concrete
+      box this is checked: ``logits_fn(c[:1])`` must match ``logits_fn(c)[:1]`` at the box
+      centre ``c``).
     y: ``[B]`` int labels.
     lower, upper: the box, arrays of ``x``'s full shape.
     method: ``"ibp"``, ``"crown-ibp"`` or ``"crown"`` (static).
@@ -65,7 +68,11 @@ def margin_bounds(logits_fn: Callable[[Array], Array], y: Array, lower: Array, u
 
   Raises:
     ValueError: for an unknown method, labels that are not ``[B]`` ints in ``[0, C)``, logits
-      that are not ``[B, C]``, or an ``examples_per_pass`` that is not a positive int.
+      that are not ``[B, C]``, an ``examples_per_pass`` that is not a positive int, a box that
+      is NaN, infinite or has ``lower > upper`` (concrete), or (concrete box) a model whose
+      output for an example depends on the other examples of the batch (batch statistics, e.g.
+      BatchNorm in training mode: per-example bounds would be unsound; put it in eval mode),
+      checked on the box centre.
     NotImplementedError: naming every primitive of ``logits_fn`` that no rule handles.
 
   Examples:
@@ -84,6 +91,15 @@ def margin_bounds(logits_fn: Callable[[Array], Array], y: Array, lower: Array, u
     H. Zhang et al. Towards stable and efficient training of verifiably robust neural networks
     (CROWN-IBP). ICLR 2020.
   """
+  return bound_margins(logits_fn, y, lower, upper, method=method,
+                       examples_per_pass=examples_per_pass, check_rows=True)
+
+
+def bound_margins(logits_fn: Callable[[Array], Array], y: Array, lower: Array, upper: Array, *,
+                  method: str, examples_per_pass: int | None, check_rows: bool) -> Array:
+  """:func:`margin_bounds`; ``check_rows``: on a concrete box, refuse a model whose output for an
+  example depends on the others (:func:`jaxrobust.certify._linear.check_rows_independent`, on the
+  box centre), which a caller that checked its ``x`` already skips."""
   check_deterministic(logits_fn)
   check_method(method)
   check_examples_per_pass(examples_per_pass)
@@ -95,6 +111,8 @@ def margin_bounds(logits_fn: Callable[[Array], Array], y: Array, lower: Array, u
   num_classes = _validation.check_logits(out_shape, lower.shape[0])
   _validation.check_labels("y", y, num_classes)
   graph = per_example_graph(logits_fn, lower, out_shape)
+  if check_rows and _validation.is_concrete(lower, upper):
+    check_rows_independent(logits_fn, (lower + upper) / 2, rows="c", at=CENTRE)
   dtype = compute_dtype(lower.dtype)
   classes = jnp.arange(num_classes)
 

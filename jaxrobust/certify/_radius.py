@@ -30,8 +30,8 @@ from jaxrobust._batch import expand, like_batch, predict
 from jaxrobust._types import NORMS, Budget, Certificate, as_budget
 from jaxrobust._validation import check_inputs, check_number
 from jaxrobust.certify._jaxpr import check_deterministic
-from jaxrobust.certify._linear import check_examples_per_pass
-from jaxrobust.certify._margins import check_method, margin_bounds
+from jaxrobust.certify._linear import check_examples_per_pass, check_rows_independent
+from jaxrobust.certify._margins import bound_margins, check_method
 
 Array = jax.Array
 
@@ -40,13 +40,14 @@ def certified_at(logits_fn: Callable[[Array], Array], x: Array, y: Array, eps: A
                  lower: Array, upper: Array, method: str,
                  examples_per_pass: int | None = None) -> Array:
   """``[B]`` bool: the bounds prove label ``y`` on the box of radius ``eps`` (``[B]``) around
-  ``x``, intersected with ``[lower, upper]``."""
+  ``x``, intersected with ``[lower, upper]``. The model is not checked for batch statistics
+  here (:func:`certify_bounds` checks its ``x``; traced callers cannot)."""
   radius = expand(eps.astype(jnp.float32), x.ndim)
   xf = x.astype(jnp.float32)
   low = jnp.maximum(xf - radius, lower).astype(x.dtype)
   high = jnp.minimum(xf + radius, upper).astype(x.dtype)
-  bounds = margin_bounds(logits_fn, y, low, high, method=method,
-                         examples_per_pass=examples_per_pass)
+  bounds = bound_margins(logits_fn, y, low, high, method=method,
+                         examples_per_pass=examples_per_pass, check_rows=False)
   return jnp.min(bounds, axis=-1) > 0
 
 
@@ -83,7 +84,10 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
     ValueError: what :func:`jaxrobust.check_inputs` refuses of ``x``, ``y``, the box and the
       largest radius (``max_eps``, else ``budget.eps``): a radius that is NaN, negative or
       infinite (the bisection needs a finite top), ``x`` outside the box or non-finite, labels
-      out of range, logits that are not ``[B, C]``; an unknown ``norm`` or ``method``.
+      out of range, logits that are not ``[B, C]``; an unknown ``norm`` or ``method``; (concrete
+      ``x``) a model whose output for an example depends on the other examples of the batch
+      (``logits_fn(x[:1])`` differs from ``logits_fn(x)[:1]``: batch statistics, e.g. BatchNorm
+      in training mode), for which per-example bounds would be unsound: put it in eval mode.
     TypeError: an integer ``x``.
 
   Examples:
@@ -116,7 +120,9 @@ def certify_bounds(logits_fn: Callable[[Array], Array], x: Array, y: Array, budg
   upper = jnp.asarray(budget.upper, jnp.float32)
   top = jnp.asarray(largest, jnp.float32)
   top = like_batch(jnp.broadcast_to(top, x.shape[:1]), x)
-  prediction = predict(logits_fn(x))
+  logits = logits_fn(x)
+  check_rows_independent(logits_fn, x, logits)  # concrete x only: one more pass, of one row
+  prediction = predict(logits)
   correct = prediction == y
   check = lambda eps: certified_at(logits_fn, x, y, eps, lower, upper, method,
                                    examples_per_pass) & correct

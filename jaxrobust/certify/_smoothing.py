@@ -44,6 +44,7 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from jaxrobust._batch import as_keys, fold_in, like_batch, one_hot_mask, predict
@@ -98,13 +99,68 @@ def _check_model_inputs(logits_fn: Callable[[Array], Array], x: Array) -> None:
   check_logits(logits_shape(logits_fn, x), x.shape[0])
 
 
-def _check(sigma, alpha, **counts: int) -> None:
+def _real(name: str, value, **interval) -> float | None:
+  """A real scalar option (data): a Python or NumPy int or float, or a 0-d int/float array. Its
+  type and shape are checked always, before any conversion (a bool, a string or a list is
+  refused, not converted); a readable value is returned as a Python float inside ``interval``
+  (:func:`jaxrobust._validation.check_number`), a traced one as ``None``.
+
+  Raises:
+    ValueError: naming the option, what was expected and what was given.
+
+  Examples:
+    >>> _real("sigma", "0.5", low=0.0, low_open=True)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: sigma must be a real number (...), not a str: got '0.5'.
+    >>> _real("sigma", 0.0, low=0.0, low_open=True)
+    Traceback (most recent call last):
+    ...
+    ValueError: sigma must be a finite number > 0, got 0.0.
+  """
+  if isinstance(value, (str, bytes, bool, np.bool_)):
+    raise ValueError(f"{name} must be a real number (an int or a float, or a 0-d float array), "
+                     f"not a {type(value).__name__}: got {value!r}.")
+  if isinstance(value, (list, tuple)):
+    value = np.asarray(value)
+  if isinstance(value, (jax.Array, np.ndarray)):
+    if np.ndim(value) != 0:
+      raise ValueError(f"{name} must be one number (a scalar) for the whole batch, got an array "
+                       f"of shape {np.shape(value)}.")
+    if not (jnp.issubdtype(value.dtype, jnp.floating) or jnp.issubdtype(value.dtype, jnp.integer)):
+      raise ValueError(f"{name} must be a real number, got an array of dtype {value.dtype}.")
+    if not is_concrete(value):
+      return None
+    value = value.item()
+  return check_number(name, value, **interval)
+
+
+def _check(sigma, alpha, *, test: str = "certify", **counts: int) -> tuple:
+  """The options shared by :func:`smoothing` (``test="certify"``), :func:`smoothed_predict`
+  (``"predict"``) and :func:`jaxrobust.certify.smoothing_certifier`: counts are ints ``>= 1``,
+  ``sigma > 0`` and ``alpha`` in ``(0, 1)`` are real scalars (:func:`_real`), and (readable
+  ``alpha``) ``n`` draws can decide at all at level ``alpha``. Returns ``(sigma, alpha)`` as
+  Python floats where readable, ``None`` where traced."""
   for name, value in counts.items():
     check_positive_int(name, value)
-  if is_concrete(sigma):
-    check_number("sigma", float(sigma), low=0.0, low_open=True)
-  if is_concrete(alpha):
-    check_number("alpha", float(alpha), low=0.0, high=1.0, low_open=True, high_open=True)
+  sigma = _real("sigma", sigma, low=0.0, low_open=True)
+  alpha = _real("alpha", alpha, low=0.0, high=1.0, low_open=True, high_open=True)
+  n = counts["n"]
+  if alpha is not None and test == "certify" and n <= math.log2(1.0 / alpha):
+    # All n draws on one class give the lower bound alpha^(1/n), certifying only above 1/2.
+    raise ValueError(
+        f"n = {n} draws cannot certify anything at alpha = {alpha:g}: even with every draw on "
+        f"one class the lower confidence bound is alpha^(1/n) = {alpha ** (1 / n):.3f} <= 1/2, "
+        f"so every example would abstain. Use n > log2(1/alpha) = {math.log2(1.0 / alpha):.2f} "
+        "(Cohen et al.: n = 100000).")
+  if alpha is not None and test == "predict" and n < math.log2(2.0 / alpha):
+    # All n draws on one class: the two-sided p-value 2 * 2^-n is the smallest there is.
+    raise ValueError(
+        f"n = {n} draws cannot predict anything at alpha = {alpha:g}: even with every draw on "
+        f"one class the two-sided p-value is 2 * 2^-n = {2.0 * 0.5 ** n:.3g} > alpha, so every "
+        f"example would abstain. Use n >= log2(2/alpha) = {math.log2(2.0 / alpha):.2f} "
+        "(Cohen et al.: n = 100000).")
+  return sigma, alpha
 
 
 def certify_from_counts(top: Array, count: Array, n: int, sigma: Array,
@@ -156,7 +212,8 @@ def smoothing(logits_fn: Callable[[Array], Array], x: Array, key: Array, *, sigm
     A :class:`jaxrobust.Certificate`: class or ``-1`` (abstain), and the certified L2 radius.
 
   Raises:
-    ValueError: ``sigma <= 0``, ``alpha`` outside ``(0, 1)``, counts below 1, or (concrete
+    ValueError: ``sigma`` or ``alpha`` not a real scalar (a bool, a string, an array of another
+      shape), ``sigma <= 0``, ``alpha`` outside ``(0, 1)``, counts below 1, or (concrete
       ``alpha``) ``n <= log2(1/alpha)``: then even ``n`` draws on one class give
       :math:`\underline{p_A} = \alpha^{1/n} \le 1/2` and every example abstains (at the
       default ``alpha = 0.001``, ``n >= 10``).
@@ -179,13 +236,6 @@ def smoothing(logits_fn: Callable[[Array], Array], x: Array, key: Array, *, sigm
   """
   _check(sigma, alpha, n0=n0, n=n, batch_size=batch_size)
   _check_model_inputs(logits_fn, x)
-  if is_concrete(alpha) and n <= math.log2(1.0 / float(alpha)):
-    # All n draws on one class give the lower bound alpha^(1/n), certifying only above 1/2.
-    raise ValueError(
-        f"n = {n} draws cannot certify anything at alpha = {float(alpha):g}: even with every "
-        f"draw on one class the lower confidence bound is alpha^(1/n) = "
-        f"{float(alpha) ** (1 / n):.3f} <= 1/2, so every example would abstain. Use n > "
-        f"log2(1/alpha) = {math.log2(1.0 / float(alpha)):.2f} (Cohen et al.: n = 100000).")
   keys = like_batch(as_keys(key, x.shape[0]), x)
   select = class_counts(logits_fn, x, fold_in(keys, SELECT), sigma, n0, min(batch_size, n0))
   top = jnp.argmax(select, axis=-1).astype(jnp.int32)
@@ -235,7 +285,8 @@ def smoothed_predict(logits_fn: Callable[[Array], Array], x: Array, key: Array, 
     ``[B]`` int32.
 
   Raises:
-    ValueError: ``sigma <= 0``, ``alpha`` outside ``(0, 1)``, ``n`` below 1, or (concrete
+    ValueError: ``sigma`` or ``alpha`` not a real scalar (a bool, a string, an array of another
+      shape), ``sigma <= 0``, ``alpha`` outside ``(0, 1)``, ``n`` below 1, or (concrete
       ``alpha``) ``n < log2(2/alpha)``: then even ``n`` draws on one class have the two-sided
       p-value :math:`2 \cdot 2^{-n} > \alpha` and every example abstains (at the default
       ``alpha = 0.001``, ``n >= 11``).
@@ -255,15 +306,8 @@ def smoothed_predict(logits_fn: Callable[[Array], Array], x: Array, key: Array, 
   References:
     Cohen, Rosenfeld & Kolter, ICML 2019, Algorithm PREDICT.
   """
-  _check(sigma, alpha, n=n, batch_size=batch_size)
+  _check(sigma, alpha, test="predict", n=n, batch_size=batch_size)
   _check_model_inputs(logits_fn, x)
-  if is_concrete(alpha) and n < math.log2(2.0 / float(alpha)):
-    # All n draws on one class: the two-sided p-value 2 * 2^-n is the smallest there is.
-    raise ValueError(
-        f"n = {n} draws cannot predict anything at alpha = {float(alpha):g}: even with every "
-        f"draw on one class the two-sided p-value is 2 * 2^-n = {2.0 * 0.5 ** n:.3g} > alpha, "
-        f"so every example would abstain. Use n >= log2(2/alpha) = "
-        f"{math.log2(2.0 / float(alpha)):.2f} (Cohen et al.: n = 100000).")
   keys = like_batch(as_keys(key, x.shape[0]), x)
   counts = class_counts(logits_fn, x, fold_in(keys, PREDICT), sigma, n, min(batch_size, n))
   values, indices = lax.top_k(counts, 2)
@@ -281,6 +325,10 @@ def gaussian_noise(logits_fn: Callable[[Array], Array], sigma: float) -> Callabl
   2019, on soft logits). Its robust accuracy is an empirical upper bound for the smoothed
   classifier, which :func:`smoothing` bounds from below.
 
+  Raises:
+    ValueError: ``sigma`` not a real scalar (a bool, a string, an array of another shape), or a
+      readable ``sigma <= 0`` (a traced ``sigma`` is used as given).
+
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> import jaxrobust as jr
@@ -293,8 +341,7 @@ def gaussian_noise(logits_fn: Callable[[Array], Array], sigma: float) -> Callabl
     Salman et al., "Provably Robust Deep Learning via Adversarially Trained Smoothed
     Classifiers", NeurIPS 2019.
   """
-  if is_concrete(sigma):  # sigma = 0 would be the deterministic model, which eot refuses
-    check_number("sigma", float(sigma), low=0.0, low_open=True)
+  _real("sigma", sigma, low=0.0, low_open=True)  # 0: the deterministic model, which eot refuses
 
   def noisy(x: Array, keys: Array) -> Array:
     noise = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:], jnp.float32))(keys)

@@ -22,6 +22,27 @@ from jaxrobust.training._options import LARGE_EPS_HINT
 Array = jax.Array
 
 
+def check_mask(mask: Array, x: Array) -> Array:
+  """``mask`` as a ``[B]`` bool array, ``B`` being ``x``'s batch (a static check of its shape).
+
+  Raises:
+    ValueError: a ``mask`` of another shape.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> check_mask(jnp.ones((3, 1), bool), jnp.zeros((3, 2)))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: mask must be a [B] bool array, ...: x has 3 examples ..., the mask has shape (3, 1).
+  """
+  mask = jnp.asarray(mask)
+  if mask.shape != x.shape[:1]:
+    raise ValueError(
+        "mask must be a [B] bool array, one flag per example of x (False for padding rows): x has "
+        f"{x.shape[0]} examples (shape {tuple(x.shape)}), the mask has shape {mask.shape}.")
+  return mask.astype(bool)
+
+
 def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
                   budget: Budget | tuple, key: Array, *, attack: Optional[Attack] = None,
                   mask: Optional[Array] = None, unroll: int | bool = 1,
@@ -60,6 +81,11 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   Returns:
     :class:`jaxrobust.metrics.Counts` of the batch (with the attack-norm perturbation sums).
 
+  Raises:
+    ValueError: inputs that :func:`jaxrobust.check_inputs` refuses, an attack that cannot be
+      used here (targeted, or for a randomized model), or a ``mask`` that is not ``[B]`` (one
+      flag per example of ``x``), refused before the attack runs.
+
   Examples:
     >>> import jax, jax.numpy as jnp
     >>> import jaxrobust as jr
@@ -81,9 +107,9 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   model = roles(logits_fn).frozen
   check_inputs(model, x, y, budget, norm=attack.norm, minimum_norm=attack.minimum_norm,
                name=attack.name, large_eps_hint=LARGE_EPS_HINT)
+  active = None if mask is None else check_mask(mask, x)
   logits_clean = model(x)
   clean_correct = is_correct(logits_clean, y)
-  active = None if mask is None else jnp.asarray(mask, bool)
   result, _ = run_attack(attack, model, x, y, budget, key, options=options,
                          clean_correct=clean_correct, active=active)
   return Counts.from_batch(predict(logits_clean), predict(result.logits), y, x=x,

@@ -61,8 +61,10 @@ def ibp_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: Bu
   here (``eps`` through ``budget``, traced; ``kappa`` may be a traced scalar), so a schedule
   never recompiles. The model is bounded as given, without state updates (a pure copy); a
   BatchNorm model must therefore be bounded in eval mode (batch statistics mix examples, which
-  bounds cannot follow: :class:`NotImplementedError` names the primitive). The forward pass on
-  ``x`` is the model as given (it updates state in train mode).
+  bounds cannot follow: :class:`NotImplementedError` names the primitive, or, called outside
+  ``jit`` on concrete inputs and weights, :func:`jaxrobust.certify.margin_bounds`'
+  :class:`ValueError` says that the output of an example depends on the others). The forward
+  pass on ``x`` is the model as given (it updates state in train mode).
 
   Non-finite logits or bounds give a non-finite loss (nothing is masked; the optimiser sees it).
 
@@ -80,8 +82,9 @@ def ibp_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: Bu
     ``z_hat`` the worst-case logits above (``argmax z_hat == y`` where the box is certified).
 
   Raises:
-    ValueError: ``kappa`` outside ``[0, 1]``, a norm other than ``"linf"``, or inputs that
-      :func:`jaxrobust.check_inputs` refuses.
+    ValueError: ``kappa`` outside ``[0, 1]``, a norm other than ``"linf"``, inputs that
+      :func:`jaxrobust.check_inputs` refuses, or what :func:`jaxrobust.certify.margin_bounds`
+      refuses (outside ``jit``: a model whose output for an example depends on the others).
     NotImplementedError: a primitive of the model that bound propagation does not support.
 
   Examples:

@@ -16,7 +16,7 @@ from jaxrobust.training._adversarial import mean_cross_entropy
 from jaxrobust.training._aux import Aux
 from jaxrobust.training._inner import attack_every_point, gaussian_start_ascent, inner_options
 from jaxrobust.training._model import roles
-from jaxrobust.training._options import check_weight
+from jaxrobust.training._options import LARGE_EPS_HINT, check_weight
 from jaxrobust.training._trades import LINF_STEP_SIZE
 
 Array = jax.Array
@@ -137,7 +137,8 @@ def mart_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget: B
   model = roles(logits_fn)
   attacker = model.frozen if attack_logits_fn is None else roles(attack_logits_fn).frozen
   if attack is None:
-    check_inputs(attacker, x, y, budget, norm="linf", name="mart_loss")
+    check_inputs(attacker, x, y, budget, norm="linf", name="mart_loss",
+                 large_eps_hint=LARGE_EPS_HINT)
     x_adv = gaussian_start_ascent(lambda v: losses.cross_entropy(attacker(v), y), x, budget, key,
                                   steps=DEFAULT_STEPS, step_size=LINF_STEP_SIZE, norm="linf",
                                   unroll=unroll)

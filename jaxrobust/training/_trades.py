@@ -14,7 +14,8 @@ from jaxrobust.training._adversarial import mean_cross_entropy
 from jaxrobust.training._aux import Aux
 from jaxrobust.training._inner import gaussian_start_ascent
 from jaxrobust.training._model import roles
-from jaxrobust.training._options import check_choice, check_step_size, check_steps, check_weight
+from jaxrobust.training._options import (LARGE_EPS_HINT, check_choice, check_step_size,
+                                         check_steps, check_weight)
 
 Array = jax.Array
 
@@ -126,7 +127,8 @@ def trades_loss(logits_fn: Callable[[Array], Array], x: Array, y: Array, budget:
   budget = as_budget(budget)
   model = roles(logits_fn)
   attacker = model.frozen if attack_logits_fn is None else roles(attack_logits_fn).frozen
-  check_inputs(attacker, x, y, budget, norm=norm, name="trades_loss")
+  check_inputs(attacker, x, y, budget, norm=norm, name="trades_loss",
+               large_eps_hint=LARGE_EPS_HINT)
   target_logits = jax.lax.stop_gradient(attacker(x))
   x_adv = gaussian_start_ascent(lambda v: kl_divergence(target_logits, attacker(v)), x, budget,
                                 key, steps=steps, step_size=step_size, norm=norm,
