@@ -75,16 +75,21 @@ def check_number(name: str, value: Any, *, low: float = -math.inf, high: float =
     ok = (value > low if low_open else value >= low) and (value < high if high_open else
                                                           value <= high)
   if not ok:
-    if low == -math.inf and high == math.inf:
-      interval = "(not NaN or inf)"
-    elif high == math.inf:
-      interval = f"{'>' if low_open else '>='} {low:g}"
-    elif low == -math.inf:
-      interval = f"{'<' if high_open else '<='} {high:g}"
-    else:
-      interval = (f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}")
+    interval = _interval_words(low, high, low_open, high_open) or "(not NaN or inf)"
     raise ValueError(f"{name} must be a finite number {interval}, got {value!r}.")
   return float(value)
+
+
+def _interval_words(low: float, high: float, low_open: bool = False,
+                    high_open: bool = False) -> str:
+  """``">= 0"``, ``"< 1"``, ``"in (0, 1]"``: the interval as the messages say it (``""``: all)."""
+  if low == -math.inf and high == math.inf:
+    return ""
+  if high == math.inf:
+    return f"{'>' if low_open else '>='} {low:g}"
+  if low == -math.inf:
+    return f"{'<' if high_open else '<='} {high:g}"
+  return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
 
 
 def check_bool(name: str, value: Any) -> bool:
@@ -326,14 +331,13 @@ def check_values(name: str, values: Any, *, low: float = -math.inf, high: float 
     bad &= np.asarray(where, bool)
   if not bad.any():
     return
-  if low == -math.inf and high == math.inf:
+  interval = _interval_words(low, high)
+  if not interval:
     rule = "must not be NaN"
-  elif high == math.inf:
-    rule = f"must be >= {low:g} (inf allowed) and not NaN"
-  elif low == -math.inf:
-    rule = f"must be <= {high:g} (-inf allowed) and not NaN"
+  elif interval.startswith("in "):
+    rule = f"must lie {interval}"
   else:
-    rule = f"must lie in [{low:g}, {high:g}]"
+    rule = f"must be {interval} ({'-' if low == -math.inf else ''}inf allowed) and not NaN"
   if array.ndim == 0:
     observed = f"got {float(array):g}"
   else:
