@@ -115,19 +115,19 @@ def test_warns_when_weights_or_data_would_be_compiled_in_not_for_arguments(small
   run = lambda f: (lambda x, y, key: jr.run(attack, f, x, y, jr.Budget(0.01), key))
   with warnings.catch_warnings():
     warnings.simplefilter("error", CapturedConstantsWarning)
-    jax.jit(run(logits_fn))(x, y, KEY)  # small: silent
+    jax.jit(run(logits_fn)).trace(x, y, KEY)  # small: silent (traced: the check is there)
     jr.run(attack, big_fn, x, y, jr.Budget(0.01), KEY)  # eager: nothing is compiled in
     apply_w = lambda p, v: v.reshape(v.shape[0], -1) @ p  # the weights as an argument
     jax.jit(lambda p, x, y, key: jr.run(attack, functools.partial(apply_w, p), x, y,
-                                        jr.Budget(0.01), key))(w * 1.0, x, y, KEY)
+                                        jr.Budget(0.01), key)).trace(w * 1.0, x, y, KEY)
   with pytest.warns(CapturedConstantsWarning, match=r"jr\.run: the model captures") as caught:
-    jax.jit(run(big_fn))(x, y, KEY)
+    jax.jit(run(big_fn)).trace(x, y, KEY)
   assert "arguments of the jitted function" in str(caught[0].message)
   big_x = jax.random.uniform(KEY, (16, 64)) * 0.5 + 0.25  # 4 KiB of data closed over
   with pytest.warns(CapturedConstantsWarning,
                     match=r"jr\.robustness_curve: .* and 4\.0 KiB of inputs"):
     jax.jit(lambda key: jr.robustness_curve(attack, logits_fn, big_x, jnp.zeros((16,), jnp.int32),
-                                            jnp.array([0.01]), key))(KEY)
+                                            jnp.array([0.01]), key)).trace(KEY)
   data = (np.asarray(big_x), np.zeros((16,), np.int32))
   with pytest.warns(CapturedConstantsWarning, match=r"jr\.evaluate: the model captures") as caught:
     jr.evaluate(big_fn, data, attacks={"fgsm": attack}, epsilons=[0.01], key=KEY,
