@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import jax
-import jax.numpy as jnp
 
 from jaxrobust._batch import is_correct, predict
 from jaxrobust._options import RunOptions
@@ -14,33 +13,13 @@ from jaxrobust._validation import check_inputs
 from jaxrobust.attacks import pgd
 from jaxrobust.engine.attack_loop import run_attack
 from jaxrobust.metrics import Counts
+from jaxrobust.metrics.conventions import row_mask
 from jaxrobust.training._adversarial import DEFAULT_STEPS
 from jaxrobust.training._inner import check_attack
 from jaxrobust.training._model import roles
 from jaxrobust.training._options import LARGE_EPS_HINT
 
 Array = jax.Array
-
-
-def check_mask(mask: Array, x: Array) -> Array:
-  """``mask`` as a ``[B]`` bool array, ``B`` being ``x``'s batch (a static check of its shape).
-
-  Raises:
-    ValueError: a ``mask`` of another shape.
-
-  Examples:
-    >>> import jax.numpy as jnp
-    >>> check_mask(jnp.ones((3, 1), bool), jnp.zeros((3, 2)))  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: mask must be a [B] bool array, ...: x has 3 examples ..., the mask has shape (3, 1).
-  """
-  mask = jnp.asarray(mask)
-  if mask.shape != x.shape[:1]:
-    raise ValueError(
-        "mask must be a [B] bool array, one flag per example of x (False for padding rows): x has "
-        f"{x.shape[0]} examples (shape {tuple(x.shape)}), the mask has shape {mask.shape}.")
-  return mask.astype(bool)
 
 
 def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
@@ -107,7 +86,7 @@ def robust_counts(logits_fn: Callable[[Array], Array], x: Array, y: Array,
   model = roles(logits_fn).frozen
   check_inputs(model, x, y, budget, norm=attack.norm, minimum_norm=attack.minimum_norm,
                name=attack.name, large_eps_hint=LARGE_EPS_HINT)
-  active = None if mask is None else check_mask(mask, x)
+  active = None if mask is None else row_mask(mask, x.shape[0])  # before the attack runs
   logits_clean = model(x)
   clean_correct = is_correct(logits_clean, y)
   result, _ = run_attack(attack, model, x, y, budget, key, options=options,
