@@ -338,14 +338,25 @@ def check_values(name: str, values: Any, *, low: float = -math.inf, high: float 
     rule = f"must lie {interval}"
   else:
     rule = f"must be {interval} ({'-' if low == -math.inf else ''}inf allowed) and not NaN"
+  raise ValueError(f"{name} {rule}, {bad_entries(name, array, bad, 'do')}."
+                   + (f" {hint}" if hint else ""))
+
+
+def bad_entries(name: str, array: np.ndarray, bad: np.ndarray, verb: str = "do") -> str:
+  """``"got 2 of 3 entries that do not: q[1] = 1.5, q[2] = nan"``: how many entries of ``array``
+  break a rule (``bad``) and the first three, for messages (a 0-d ``array``: ``"got 1.5"``).
+
+  Examples:
+    >>> import numpy as np
+    >>> bad_entries("counts", np.array([2.0, -1.0]), np.array([False, True]), "are")
+    'got 1 of 2 entries that are not: counts[1] = -1'
+  """
   if array.ndim == 0:
-    observed = f"got {float(array):g}"
-  else:
-    first = [np.unravel_index(i, array.shape) for i in np.flatnonzero(bad)[:3]]
-    shown = ", ".join(f"{name}[{', '.join(map(str, i))}] = {array[i]:g}" for i in first)
-    more = ", ..." if int(bad.sum()) > len(first) else ""
-    observed = f"got {int(bad.sum())} of {array.size} entries that do not: {shown}{more}"
-  raise ValueError(f"{name} {rule}, {observed}." + (f" {hint}" if hint else ""))
+    return f"got {float(array):g}"
+  first = [np.unravel_index(i, array.shape) for i in np.flatnonzero(bad)[:3]]
+  shown = ", ".join(f"{name}[{', '.join(map(str, i))}] = {array[i]:g}" for i in first)
+  more = ", ..." if int(bad.sum()) > len(first) else ""
+  return f"got {int(bad.sum())} of {array.size} entries that {verb} not: {shown}{more}"
 
 
 def check_min_norms(norms: Any, where: Any = None, *, name: str = "norms") -> None:

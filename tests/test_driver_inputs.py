@@ -285,7 +285,7 @@ def test_a_checkpoint_folder_failing_in_the_library_is_a_user_error(workspace, c
   check) is refused in one line too."""
   root = workspace
   path = root / "a_file" / "sub" / "run.ckpt"
-  monkeypatch.setattr(cli_evaluate, "_check_checkpoint", lambda path: None)
+  monkeypatch.setattr(cli_evaluate, "check_file_target", lambda *args, **kwargs: None)
   assert run_cli(root, "never", "--eps", "0.1", "--checkpoint", str(path)) == 2
   assert (f"--checkpoint {path} cannot be written: NotADirectoryError: [Errno 20] Not a "
           f"directory: '{root}/a_file/sub'") in one_error_line(capsys)

@@ -412,7 +412,8 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
   if not args.lower < args.upper:
     raise UserError(f"--lower {args.lower} must be below --upper {args.upper}")
   _check_out_folder(args.out)  # before the run, which a bad --out would otherwise waste
-  _check_checkpoint(args.checkpoint)
+  if args.checkpoint is not None:  # before anything compiles: a path it could not write
+    check_file_target("--checkpoint", args.checkpoint, example="run.ckpt", create_folders=True)
   mesh = _use_devices(args.devices)
   epsilons, eps_text = args.eps
   attacks = build_attacks(args.attack, args.norm, args.steps)
@@ -437,7 +438,7 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     message = one_line(error).removeprefix("ValueError: ")
     raise UserError(message.replace("Pass allow_large_eps=True", "Pass --allow-large-eps")) \
         from error
-  except OSError as error:  # the checkpoint's folder, if it changed since _check_checkpoint
+  except OSError as error:  # the checkpoint's folder, if it changed since checked
     if args.checkpoint is None or not _concerns(error, args.checkpoint):
       raise
     raise UserError(f"--checkpoint {args.checkpoint} cannot be written: {one_line(error)}") \
@@ -462,14 +463,6 @@ def _check_out_folder(path: pathlib.Path) -> None:
   ancestor = nearest_existing(path)
   if not ancestor.is_dir() or not os.access(ancestor, os.W_OK | os.X_OK):
     raise UserError(f"--out {path} cannot be created: {ancestor} is not a writable folder")
-
-
-def _check_checkpoint(path: pathlib.Path | None) -> None:
-  """Raises :class:`UserError` when ``--checkpoint`` could not be written after the first batch:
-  a folder, or a file whose folder (or, if missing, its nearest existing ancestor, where the
-  folder will be created) is not a writable folder. Creates nothing."""
-  if path is not None:
-    check_file_target("--checkpoint", path, example="run.ckpt", create_folders=True)
 
 
 def _concerns(error: OSError, path: pathlib.Path) -> bool:

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._validation import check_positive_int, check_values, is_concrete
+from jaxrobust._validation import bad_entries, check_positive_int, check_values, is_concrete
 from jaxrobust.metrics.conventions import array_namespace, row_mask
 from jaxrobust.metrics.intervals import alpha_of, hoeffding_half_width
 from jaxrobust.metrics.rates import group_members
@@ -88,12 +88,9 @@ def _check_histogram(counts: Array, values: Array) -> None:
     array = np.asarray(counts, np.float64)
     bad = ~np.isfinite(array) | (array < 0) | (array != np.floor(array))
     if bad.any():
-      first = [np.unravel_index(i, array.shape) for i in np.flatnonzero(bad)[:3]]
-      shown = ", ".join(f"counts[{', '.join(map(str, i))}] = {array[i]:g}" for i in first)
-      more = ", ..." if int(bad.sum()) > len(first) else ""
       raise ValueError(f"counts must be whole numbers >= 0 (how many responses took each "
-                       f"value), got {int(bad.sum())} of {array.size} entries that are not: "
-                       f"{shown}{more}. Pass integer counts, e.g. ScoreHistogram.counts.")
+                       f"value), {bad_entries('counts', array, bad, 'are')}. Pass integer "
+                       "counts, e.g. ScoreHistogram.counts.")
   check_values("values", values, low=0.0, high=1.0,
                hint="histogram_mean averages scores in [0, 1]: rescale the grid first (e.g. "
                "grades g in 1..5 as (g - 1) / 4).")
