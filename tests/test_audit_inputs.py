@@ -136,9 +136,10 @@ def test_textattack_summary_keeps_its_numbers_and_jits():
     assert float(summary.average_perturbed_word_percent) == 50.0
     assert float(summary.average_queries) == 40.0
   # Traced words are not read (the dtype still is).
-  jax.jit(lambda w: text.textattack_summary(swap_result(), words=w))(jnp.array([0, 0, 0]))
+  summary = jax.jit(lambda r, w: text.textattack_summary(r, words=w))
+  summary(swap_result(), jnp.array([0, 0, 0]))
   with pytest.raises(TypeError, match="int array"):
-    jax.jit(lambda w: text.textattack_summary(swap_result(), words=w))(jnp.ones(3))
+    summary(swap_result(), jnp.ones(3))
 
 
 # ------------------------------------------------------------------------------------------------

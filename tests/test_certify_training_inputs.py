@@ -139,8 +139,8 @@ def test_the_check_does_not_run_on_traced_inputs():
   np.testing.assert_array_equal(run(W, BIAS, X, Y).radius,
                                 certify.certify_bounds(affine(W, BIAS), X, Y,
                                                        jr.Budget(0.5)).radius)
-  margins = jax.jit(lambda w, b, lo, hi: certify.margin_bounds(centred(w, b), Y, lo, hi))
-  assert margins(W, BIAS, X - 0.05, X + 0.05).shape == (3, 2)
+  margins = jax.jit(lambda w, b, y, lo, hi: certify.margin_bounds(centred(w, b), y, lo, hi))
+  assert margins(W, BIAS, Y, X - 0.05, X + 0.05).shape == (3, 2)
   # Under jax.grad the weights are tracers: the model's output cannot be read, nothing refused.
   def worst_margin(w):
     margins = certify.margin_bounds(centred(w, BIAS), Y, X - 0.05, X + 0.05)
@@ -221,8 +221,9 @@ def test_smoothing_of_good_sigmas_gives_the_same_certificate():
   for sigma in (np.float32(0.5), jnp.float32(0.5), np.float64(0.5)):
     jax.tree.map(np.testing.assert_array_equal,
                  certify.smoothing(f, X, KEY, sigma=sigma, n=200), eager)
-  traced = jax.jit(lambda s, a: certify.smoothing(f, X, KEY, sigma=s, n=200, alpha=a))
-  jax.tree.map(np.testing.assert_allclose, traced(0.5, 0.001), eager)
+  traced = jax.jit(lambda w, x, key, s, a: certify.smoothing(affine(w, jnp.zeros(2)), x, key,
+                                                             sigma=s, n=200, alpha=a))
+  jax.tree.map(np.testing.assert_allclose, traced(W, X, KEY, 0.5, 0.001), eager)
   integer = certify.smoothing(f, X, KEY, sigma=1, n=200)  # an int is a real number
   assert integer.prediction.tolist() == [-1, -1, 1]
   certifier = certify.smoothing_certifier(sigma=np.float32(0.25), n=1000)
@@ -283,8 +284,8 @@ def test_robust_counts_refuses_a_mask_of_another_shape_before_attacking(mask, sh
   with pytest.raises(ValueError, match=match):
     training.robust_counts(affine(W, BIAS), X, Y, jr.Budget(0.05), KEY, mask=mask)
   with pytest.raises(ValueError, match=match):  # a shape: checked while tracing too
-    jax.jit(lambda m: training.robust_counts(affine(W, BIAS), X, Y, jr.Budget(0.05), KEY,
-                                             mask=m))(jnp.asarray(mask))
+    jax.jit(lambda w, b, x, y, key, m: training.robust_counts(
+        affine(w, b), x, y, jr.Budget(0.05), key, mask=m))(W, BIAS, X, Y, KEY, jnp.asarray(mask))
 
 
 def test_robust_counts_of_a_good_mask_counts_as_before():
@@ -294,9 +295,10 @@ def test_robust_counts_of_a_good_mask_counts_as_before():
                                     attack=jr.attacks.pgd(steps=2))
     assert {k: float(counts.compute()[k]) for k in expected} == expected
     assert (int(counts.n), int(counts.clean_correct), int(counts.robust)) == (2, 1, 1)
-  step = jax.jit(lambda w, b, m: training.robust_counts(affine(w, b), X, Y, jr.Budget(0.05), KEY,
-                                                        mask=m, attack=jr.attacks.pgd(steps=2)))
-  assert float(step(W, BIAS, jnp.array([True, True, False])).compute()["accuracy"]) == 0.5
+  step = jax.jit(lambda w, b, x, y, key, m: training.robust_counts(
+      affine(w, b), x, y, jr.Budget(0.05), key, mask=m, attack=jr.attacks.pgd(steps=2)))
+  assert float(step(W, BIAS, X, Y, KEY, jnp.array([True, True, False])).compute()["accuracy"]) \
+      == 0.5
 
 
 # ------------------------------------------------------------------------------------------------

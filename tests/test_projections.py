@@ -379,7 +379,7 @@ def test_negative_or_nan_eps_raises_when_concrete(name):
   np.testing.assert_array_equal(P.project(ROWS, np.array([0.0, np.inf], np.float32), name)[1],
                                 ROWS[1])
   # Traced radii are not checked here (the attacks' front doors check eps): no error.
-  jax.jit(lambda e: P.project(ROWS, e, name))(jnp.float32(-1.0))
+  jax.jit(lambda d, e: P.project(d, e, name))(ROWS, jnp.float32(-1.0))
 
 
 # ---------------------------------------------------------------------------------------------

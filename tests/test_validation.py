@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -257,14 +259,16 @@ def test_a_bare_eps_instead_of_a_budget_says_how_to_write_one():
 def test_a_model_written_for_one_batch_size_is_named_as_such():
   """The engine calls the model on chunks of rows: a model that reshapes to a fixed batch fails
   there with a raw shape error, which the front doors turn into what to change."""
-  fixed = lambda x: logits_fn(x.reshape((4,) + x.shape[1:]))
+  fixed = lambda w, x: x.reshape(4, -1) @ w  # the batch of X, hard-wired
   message = (r"logits_fn works on x's batch of 4 but fails on a batch of 1: logits_fn must "
              r"accept x \[B, \.\.\.\] for any batch size B")
   with pytest.raises(ValueError, match=message):
-    jax.jit(lambda x, y: jr.run(PGD, fixed, x, y, jr.Budget(0.1), KEY, chunk_size=2))(X, Y)
+    jax.jit(lambda w, x, y, key: jr.run(PGD, functools.partial(fixed, w), x, y, jr.Budget(0.1),
+                                        key, chunk_size=2))(W, X, Y, KEY)
   with pytest.raises(ValueError, match=message):
-    jax.jit(lambda x, y: jr.robustness_curve(PGD, fixed, x, y, jnp.array([0.0, 0.1]), KEY,
-                                             chunk_size=2))(X, Y)
+    jax.jit(lambda w, x, y, eps, key: jr.robustness_curve(
+        PGD, functools.partial(fixed, w), x, y, eps, key, chunk_size=2))(
+            W, X, Y, jnp.array([0.0, 0.1]), KEY)
   # A model that works on one row keeps its own error.
   def odd(x):
     if x.shape[0] == 2:
