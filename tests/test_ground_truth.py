@@ -148,22 +148,23 @@ TRIES_EVERY_CLASS = {"apgd-t", "auto_attack"}
 # file measured 156 s with it). Targeted variants, the ensemble and PGD without random start share
 # the shaped code. The table (`python -m tests.test_ground_truth`) runs every shape of everything.
 SHAPED = {"fgsm", "pgd", "apgd", "square"}
-# The light groups are compile-bound (a few ms of running after seconds of compiling); XLA:CPU's
-# backend optimisation level 0 halves their compile time (measured 2.8 -> 1.3 s CPU for five
-# Linf attacks, 6.0 -> 2.3 s for L1) at a cost of ~1 s of running. APGD-T and AutoAttack are
-# run-bound (900 APGD-T steps; then FAB-T and Square): compiled apart from the light ones and
-# marked slow, with backend optimisation level 1, which runs them as fast as the default level 2
-# and compiles in 1.4 s less (measured: Linf 8.4 -> 7.0 s, L1 21.6 -> 19.9 s CPU; level 0 runs
-# the L1 group 3.5 times slower).
+# The light groups are compile-bound (a few ms of running after seconds of compiling): each
+# (shape, problem) group compiles apart, with XLA:CPU's backend optimisation level 0 and without
+# its expensive LLVM passes, through the legacy emitters the whole suite uses
+# (tests/xla_options.py). Measured on this 2-core machine (jax 0.10.1, the whole file alone, CPU
+# seconds): 183.5 s with one fusion-emitter program per norm, 159.3 s this way. The legacy
+# emitters compile a small program faster (L1 FGSM 0.55 s against 1.44 s) but grow faster than
+# linearly with it (one Linf program of the five groups: 24.2 s against 16.5 s with the fusion
+# emitters), so the groups stay apart. APGD-T and AutoAttack are run-bound (900 APGD-T steps;
+# then FAB-T and Square): compiled apart from the light ones and marked slow, with backend
+# optimisation level 1 and the fusion emitters, which run them as fast as the default level 2
+# and compile in less (measured: Linf 8.4 -> 7.0 s, L1 21.6 -> 19.9 s CPU; level 0 runs the L1
+# group 3.5 times slower; the legacy emitters, L1 20 -> 26 s).
 # L2's light groups used to be the exception, with L2 Square at its default 5000 queries: 4-6 s
 # of running per group at level 0. With 300 queries (KNOWN_WEAK: judged below d* only) they
 # compile at level 0 like the others.
-# Every program here asks for XLA:CPU's fusion emitters (tests/xla_options.py): the suite compiles
-# with the legacy ones, which compile and run these large programs slower (the whole file, alone
-# on this 2-core machine: 111 s CPU with the fusion emitters, 148 s without).
-FAST_COMPILE = {"xla_backend_optimization_level": 0, **FUSION_EMITTERS}
+LIGHT_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 HEAVY_COMPILE = {"xla_backend_optimization_level": 1, **FUSION_EMITTERS}
-LIGHT_COMPILE = FAST_COMPILE
 HEAVY = {"apgd-t", "auto_attack"}
 
 
@@ -364,32 +365,6 @@ def evaluate_group(attack_ids: tuple[str, ...], norm: str, shape: str,
   return out
 
 
-def evaluate_groups(norm: str, groups: dict[tuple[str, str], tuple[str, ...]]
-                    ) -> dict[tuple[str, str], dict[str, Outcome]]:
-  """Runs several groups ``(shape, problem) -> attack_ids`` of one norm in one program.
-
-  One program for the light groups of a norm instead of one per (shape, problem) costs about 15%
-  less CPU (measured: 9.0 s against 10.5 s for the four Linf two-class shapes). Raises what a
-  group raises; ``evaluate_group`` then finds the attacks responsible.
-  """
-  inputs = {key: _inputs(norm, *key) for key in groups}
-  built = {key: _compile_group(ids, norm) for key, ids in groups.items()}
-  run = jax.jit(lambda args: {key: built[key][1](*args[key]) for key in groups})
-  args = {key: inputs[key][2] for key in groups}
-  start, cpu_start = time.perf_counter(), time.process_time()
-  results = jax.block_until_ready(run.lower(args).compile(LIGHT_COMPILE)(args))
-  seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-  out = {}
-  for key, ids in groups.items():
-    p, eps, _ = inputs[key]
-    targeted = PROBLEMS[key[1]][1]
-    out[key] = {}
-    for attack_id, attack, result in zip(ids, built[key][0], results[key]):
-      assert attack.targeted == targeted and not attack.minimum_norm, attack_id
-      out[key][attack_id] = _judge(p, eps, targeted, result, seconds, cpu_seconds)
-  return out
-
-
 def _suite_ids(norm: str, shape: str, problem: str, heavy: bool) -> tuple[str, ...]:
   return tuple(case.attack_id for case in suite_cases()
                if (case.norm, case.shape, case.problem) == (norm, shape, problem)
@@ -398,15 +373,12 @@ def _suite_ids(norm: str, shape: str, problem: str, heavy: bool) -> tuple[str, .
 
 @functools.lru_cache(maxsize=None)
 def _suite_light(norm: str) -> dict[tuple[str, str], dict[str, Outcome | Exception]]:
-  """The outcomes of every light suite case of ``norm``, computed once, in one program (or, if
-  that raises, one per (shape, problem), so that only the attacks that raise fail)."""
+  """The outcomes of every light suite case of ``norm``, computed once: a program per (shape,
+  problem) (:func:`evaluate_group`, so that only the attacks that raise fail)."""
   keys = dict.fromkeys((case.shape, case.problem) for case in suite_cases()
                        if case.norm == norm and case.attack_id not in HEAVY)
   groups = {key: _suite_ids(norm, *key, heavy=False) for key in keys}
-  try:
-    return evaluate_groups(norm, groups)
-  except Exception:  # noqa: BLE001 - each group's own run reports the attacks that raise
-    return {key: evaluate_group(ids, norm, *key) for key, ids in groups.items()}
+  return {key: evaluate_group(ids, norm, *key) for key, ids in groups.items()}
 
 
 @functools.lru_cache(maxsize=None)
