@@ -32,9 +32,10 @@ from jaxrobust.model import CapturedConstantsWarning
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
 NUM = 8
-EPSILONS = np.array([0.0, 2 / 255, 8 / 255, 32 / 255], np.float32)
-"""Random weights and images: margins near 0.2 and input gradients near 4 in L1, so L-inf 8/255
-breaks few points and 32/255 most."""
+EPSILONS = np.array([0.0, 16 / 255, 24 / 255, 32 / 255], np.float32)
+"""Random weights and images: margins near 0.2 and input gradients near 4 in L1. Measured: fast
+AutoAttack's curve is 1, 0.125, 0, 0; PGD-10's 1, 1, 1, 0.75. (Where no point breaks, every
+attack runs its whole budget: at 2/255 and 8/255 the fast curve took 11 s instead of 5.6 s.)"""
 CERT_EPS = 0.5 / 255
 
 
