@@ -90,12 +90,11 @@ def test_float64_sequences_under_x64(masked_problem):
   d = model.min_distance(flat, y, "l2")
   scale = np.where(np.arange(len(x)) % 2 == 0, 0.97, 1.5)
   with jax.enable_x64(True):
-    w64 = jnp.asarray(model.w)
-    logits_fn = lambda v: v.reshape(v.shape[0], -1) @ w64
     attack = jr.attacks.auto_attack("l2", n_target_classes=3, steps=10, queries=100)
-    result = jax.jit(lambda x, y, eps: jr.run(attack, logits_fn, x, y, jr.Budget(eps),
-                                              jax.random.key(0), chunk_size=16))(
-        jnp.asarray(flat.reshape(len(x), 8, 2)), jnp.asarray(y), jnp.asarray(scale * d))
+    result = jax.jit(lambda w, x, y, eps, key: jr.run(
+        attack, functools.partial(_linear, w), x, y, jr.Budget(eps), key, chunk_size=16))(
+        jnp.asarray(model.w), jnp.asarray(flat.reshape(len(x), 8, 2)), jnp.asarray(y),
+        jnp.asarray(scale * d), jax.random.key(0))
     assert result.x_adv.dtype == jnp.float64 and result.x_adv.shape == (len(x), 8, 2)
     x_adv, success = np.asarray(result.x_adv).reshape(len(x), -1), np.asarray(result.success)
   assert np.all(np.linalg.norm(x_adv - flat, axis=1) <= scale * d * (1 + 1e-12))
