@@ -35,6 +35,15 @@ import jax  # noqa: E402
 jax.config.update("jax_num_cpu_devices", 8)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
+# Weights and data are arguments of every jitted function here, never closure constants (XLA
+# constant-folds them). JAX warns when a program captures more constant bytes than this, and the
+# suite turns the warning into an error. The library's own largest constants are Square's
+# schedule and window tables: 112 KB in the suite's largest case (a run of the whole suite with
+# JAX_CAPTURED_CONSTANTS_WARN_BYTES=16384 failed only in programs holding Square, every other
+# program captured under 16 KB). Older jax releases without the option skip the guard.
+CAPTURED_CONSTANTS_LIMIT_BYTES = 256 * 1024
+if "jax_captured_constants_warn_bytes" in jax.config.values:
+  jax.config.update("jax_captured_constants_warn_bytes", CAPTURED_CONSTANTS_LIMIT_BYTES)
 
 import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
