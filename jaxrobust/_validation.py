@@ -342,21 +342,33 @@ def check_values(name: str, values: Any, *, low: float = -math.inf, high: float 
                    + (f" {hint}" if hint else ""))
 
 
-def bad_entries(name: str, array: np.ndarray, bad: np.ndarray, verb: str = "do") -> str:
+def bad_entries(name: str, array: np.ndarray, bad: np.ndarray, verb: str = "do",
+                beside: tuple[str, np.ndarray] | None = None) -> str:
   """``"got 2 of 3 entries that do not: q[1] = 1.5, q[2] = nan"``: how many entries of ``array``
   break a rule (``bad``) and the first three, for messages (a 0-d ``array``: ``"got 1.5"``).
+  ``beside = (other_name, other)`` shows the entry of ``other`` (``array``'s shape) that the rule
+  compares with each one.
 
   Examples:
     >>> import numpy as np
     >>> bad_entries("counts", np.array([2.0, -1.0]), np.array([False, True]), "are")
     'got 1 of 2 entries that are not: counts[1] = -1'
+    >>> bad_entries("lower", np.array([0.1, 0.5]), np.array([False, True]), "are",
+    ...             beside=("upper", np.array([0.2, 0.3])))
+    'got 1 of 2 entries that are not: lower[1] = 0.5 with upper[1] = 0.3'
   """
   if array.ndim == 0:
     return f"got {float(array):g}"
+
+  def entry(i: tuple) -> str:
+    index = ", ".join(map(str, i))
+    text = f"{name}[{index}] = {array[i]:g}"
+    return text if beside is None else f"{text} with {beside[0]}[{index}] = {beside[1][i]:g}"
+
   first = [np.unravel_index(i, array.shape) for i in np.flatnonzero(bad)[:3]]
-  shown = ", ".join(f"{name}[{', '.join(map(str, i))}] = {array[i]:g}" for i in first)
   more = ", ..." if int(bad.sum()) > len(first) else ""
-  return f"got {int(bad.sum())} of {array.size} entries that {verb} not: {shown}{more}"
+  return (f"got {int(bad.sum())} of {array.size} entries that {verb} not: "
+          f"{', '.join(map(entry, first))}{more}")
 
 
 def check_min_norms(norms: Any, where: Any = None, *, name: str = "norms") -> None:

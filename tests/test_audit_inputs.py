@@ -106,7 +106,7 @@ def swap_result():
 
 @pytest.mark.parametrize("words, error, match", [
     ([2, 1, 4], ValueError, r"words must be >= swaps and >= 0 on every example .*got 1 of 3 "
-                            r"examples that are not: words\[1\] = 1 with swaps\[1\] = 2\. "
+                            r"entries that are not: words\[1\] = 1 with swaps\[1\] = 2\. "
                             r"words counts the non-padding tokens"),
     ([-4, 4, 4], ValueError, r"words\[0\] = -4 with swaps\[0\] = 0"),
     ([2.5, 4.0, 4.0], TypeError, r"words must be an int array \[B\] .*got dtype float32"),

@@ -481,7 +481,7 @@ def test_bad_inputs_get_clear_errors():
     certify.interval_bounds(MLP, lower, upper[:1])
   with pytest.raises(ValueError, match="one example at a time"):
     certify.linear_bounds(lambda x: jnp.sum(x, axis=0), lower, upper)
-  with pytest.raises(ValueError, match="lower > upper"):
+  with pytest.raises(ValueError, match="lower must be <= upper everywhere"):
     certify.interval_bounds(MLP, upper, lower)
   with pytest.raises(TypeError, match="floating-point"):
     certify.interval_bounds(MLP, jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3), jnp.int32))

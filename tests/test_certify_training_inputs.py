@@ -243,12 +243,13 @@ BOUNDS = {  # weights as arguments, for jit
 
 @pytest.mark.parametrize("name", sorted(BOUNDS))
 @pytest.mark.parametrize("lower, upper, match", [
-    ([[0.1, NAN]], [[0.2, 0.3]], r"lower must be finite: 1 of 2 entries are NaN or inf, the first "
-                                 r"lower\[0, 1\] = nan\. .*give finite bounds"),
-    ([[0.1, 0.2]], [[INF, 0.3]], r"upper must be finite: .* upper\[0, 0\] = inf\."),
-    ([[-INF, -INF]], [[INF, INF]], r"lower must be finite: 2 of 2 entries .* = -inf\."),
-    ([[0.1, 0.5]], [[0.2, 0.3]], r"1 element\(s\) have lower > upper, the first lower\[0, 1\] = "
-                                 r"0\.5 > upper\[0, 1\] = 0\.3\. Pass the box as \(lower, upper\)"),
+    ([[0.1, NAN]], [[0.2, 0.3]], r"lower must be finite \(no NaN or inf\), got 1 of 2 entries that "
+                                 r"are not: lower\[0, 1\] = nan\. .*give finite bounds"),
+    ([[0.1, 0.2]], [[INF, 0.3]], r"upper must be finite .* upper\[0, 0\] = inf\."),
+    ([[-INF, -INF]], [[INF, INF]], r"lower must be finite .* got 2 of 2 entries .* = -inf\."),
+    ([[0.1, 0.5]], [[0.2, 0.3]], r"lower must be <= upper everywhere, got 1 of 2 entries that "
+                                 r"are not: lower\[0, 1\] = 0\.5 with upper\[0, 1\] = 0\.3\. "
+                                 r"Pass the box as \(lower, upper\)"),
 ])
 def test_bounds_refuse_a_non_finite_or_inverted_box(name, lower, upper, match):
   with pytest.raises(ValueError, match=match):

@@ -118,31 +118,23 @@ def output_interval(graph: Graph, intervals: dict, dtype) -> Interval:
   return intervals[graph.output]
 
 
-def _first(mask: np.ndarray) -> tuple:
-  """The index of the first ``True`` of ``mask``."""
-  return np.unravel_index(int(np.argmax(mask)), mask.shape)
-
-
 def _check_box_values(lower: Array, upper: Array) -> None:
   """Concrete boxes: finite everywhere, ``lower <= upper`` everywhere."""
   values = {"lower": np.asarray(lower, np.float64), "upper": np.asarray(upper, np.float64)}
   for name, side in values.items():
     bad = ~np.isfinite(side)
     if bad.any():
-      where = _first(bad)
+      shown = _validation.bad_entries(name, side, bad, "are")
       raise ValueError(
-          f"{name} must be finite: {int(bad.sum())} of {bad.size} entries are NaN or inf, the "
-          f"first {name}[{', '.join(map(str, where))}] = {side[where]}. Bounds of a box with a "
-          "NaN or infinite side are NaN: give finite bounds (e.g. the eps-ball around x "
-          "clipped to the input range, jnp.clip(x - eps, 0, 1) and jnp.clip(x + eps, 0, 1)).")
+          f"{name} must be finite (no NaN or inf), {shown}. Bounds of a box with a NaN or "
+          "infinite side are NaN: give finite bounds (e.g. the eps-ball around x clipped to the "
+          "input range, jnp.clip(x - eps, 0, 1) and jnp.clip(x + eps, 0, 1)).")
   above = values["lower"] > values["upper"]
   if above.any():
-    where = _first(above)
-    index = ", ".join(map(str, where))
-    raise ValueError(
-        f"lower must be <= upper everywhere; {int(above.sum())} element(s) have lower > upper, "
-        f"the first lower[{index}] = {values['lower'][where]:g} > upper[{index}] = "
-        f"{values['upper'][where]:g}. Pass the box as (lower, upper), in that order.")
+    shown = _validation.bad_entries("lower", values["lower"], above, "are",
+                                    beside=("upper", values["upper"]))
+    raise ValueError(f"lower must be <= upper everywhere, {shown}. Pass the box as (lower, "
+                     "upper), in that order.")
 
 
 def check_box(lower, upper) -> tuple:

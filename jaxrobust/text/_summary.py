@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._validation import is_concrete
+from jaxrobust._validation import bad_entries, is_concrete
 from jaxrobust.text._types import Result, TextAttackSummary, TextFoolerResult
 
 Array = jax.Array
@@ -100,7 +100,7 @@ def _check_words(words: Array, swaps: Array) -> None:
     >>> _check_words(jnp.array([4, 1, 5]), jnp.array([1, 3, 0]))
     Traceback (most recent call last):
     ...
-    ValueError: words must be >= swaps and >= 0 on every example (a text has at least as many words as were swapped in it), got 1 of 3 examples that are not: words[1] = 1 with swaps[1] = 3. words counts the non-padding tokens of each text, e.g. jnp.sum(tokens != pad_id, axis=1).
+    ValueError: words must be >= swaps and >= 0 on every example (a text has at least as many words as were swapped in it), got 1 of 3 entries that are not: words[1] = 1 with swaps[1] = 3. words counts the non-padding tokens of each text, e.g. jnp.sum(tokens != pad_id, axis=1).
   """
   fix = "words counts the non-padding tokens of each text, e.g. jnp.sum(tokens != pad_id, axis=1)."
   if not jnp.issubdtype(words.dtype, jnp.integer):
@@ -111,9 +111,6 @@ def _check_words(words: Array, swaps: Array) -> None:
   counts, swapped = np.asarray(words, np.int64), np.asarray(swaps, np.int64)
   bad = (counts < swapped) | (counts < 0)
   if bad.any():
-    shown = ", ".join(f"words[{i}] = {counts[i]} with swaps[{i}] = {swapped[i]}"
-                      for i in np.flatnonzero(bad)[:3])
-    more = ", ..." if int(bad.sum()) > 3 else ""
+    shown = bad_entries("words", counts, bad, "are", beside=("swaps", swapped))
     raise ValueError(f"words must be >= swaps and >= 0 on every example (a text has at least as "
-                     f"many words as were swapped in it), got {int(bad.sum())} of {counts.size} "
-                     f"examples that are not: {shown}{more}. {fix}")
+                     f"many words as were swapped in it), {shown}. {fix}")
