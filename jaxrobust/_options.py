@@ -102,7 +102,9 @@ class RunOptions:
       rows and only chunks holding such points are computed (:mod:`jaxrobust.engine.compaction`).
       Results equal the dense run's. ``None``: with early exit, a backend default (and where a
       batch of at least four such chunks would skip fewer than a chunk's rows, the whole batch
-      runs at once, :mod:`jaxrobust.engine.early_exit`); without, no compaction
+      runs at once, :mod:`jaxrobust.engine.early_exit`; a batch of two or three is compacted only
+      for a model that costs enough, :func:`jaxrobust.engine.early_exit.compacts`); without, no
+      compaction
       (:meth:`chunk_rows` says which number is used). A number is kept: at most that many rows
       per model call in the attack's loop. The chunk loop is a
       ``lax.while_loop``, which JAX cannot differentiate in reverse mode: to take ``jax.grad``

@@ -31,7 +31,7 @@ from jax.sharding import PartitionSpec as P
 
 import jaxrobust as jr
 from jaxrobust._options import RunOptions
-from tests.models import linear_logits, mlp_logits, mlp_params, random_linear
+from tests.models import linear_logits, linear_points, mlp_logits, mlp_params, random_linear
 from tests.test_attack_conformance import REGISTRY
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
@@ -198,6 +198,50 @@ def test_a_robust_point_runs_every_step():
   jax.effects_barrier()
   assert not bool(jnp.any(result.success))
   assert counter.gradient == (1 + 30) * batch
+
+
+def test_a_batch_of_a_few_chunks_is_compacted_only_for_a_costly_model(monkeypatch):
+  """With the backend's chunks (64 rows on a CPU) 150 rows are three chunks of 50. A cheap
+  model's run freezes the broken rows and moves none: its rows through the model are those of
+  one chunk of the whole batch (``chunk_size=150``). A model whose batch costs at least
+  ``COMPACTION_MIN_FLOPS`` (here the threshold is lowered to 0) is compacted: its rows are those
+  of explicit chunks of 50, fewer. The verdicts and the points are the same in every run."""
+  from jaxrobust.engine import early_exit
+
+  if jax.default_backend() != "cpu":
+    pytest.skip("the backend's chunk is 64 rows on a CPU")
+  batch = 150
+  model = random_linear(0, 8, 3)
+  x, y, distance = linear_points(model, 2, batch, (8,), "linf", low=0.45, high=0.55)
+  # Half the points out of reach, the others at 1-3x their distance: they break at different
+  # steps, so that whole chunks finish before the run ends.
+  scale = np.where(np.arange(batch) % 2 == 0, 0.9, np.linspace(1.0, 3.0, batch))
+  eps = jnp.asarray(scale * distance, jnp.float32)
+  counted, counter = _counted_linear()
+  attack = jr.attacks.pgd("linf", steps=40)
+  args = (model.weights(), jnp.asarray(x), jnp.asarray(y), eps, jax.random.key(0))
+
+  def rows_and_result(chunk_size):
+    # A new function each time: traced under the threshold in force.
+    run = jax.jit(lambda wb, x, y, eps, key: jr.run(attack, counted(wb), x, y, jr.Budget(eps),
+                                                    key, chunk_size=chunk_size))
+    counter.reset()
+    result = jax.block_until_ready(run(*args))
+    jax.effects_barrier()
+    return counter.gradient, result
+
+  cheap, frozen_only, chunked = (rows_and_result(c) for c in (None, batch, 50))
+  monkeypatch.setattr(early_exit, "COMPACTION_MIN_FLOPS", 0)
+  costly = rows_and_result(None)
+  counts = {"cheap": cheap[0], "frozen_only": frozen_only[0], "costly": costly[0],
+            "chunked": chunked[0]}
+  assert cheap[0] == frozen_only[0] and costly[0] == chunked[0], counts
+  assert costly[0] < 0.8 * cheap[0], (costly[0], cheap[0])
+  success = np.asarray(cheap[1].success)
+  assert 0 < success.sum() < batch // 2 + 1
+  for _, other in (frozen_only, chunked, costly):
+    np.testing.assert_array_equal(np.asarray(other.success), success)
+    np.testing.assert_allclose(np.asarray(other.x_adv), np.asarray(cheap[1].x_adv), atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------

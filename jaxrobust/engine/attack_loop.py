@@ -186,7 +186,8 @@ def _run_attack(attack: Attack, logits_fn: Callable[..., Array], x: Array, y: Ar
   logits_of_todo = None
   if options.early_exit and not options.score_skipped_rows and not attack.samples:
     chunk = options.chunk_rows(batch)
-    if early_exit_lib.compactable(todo, chunk):
+    flops = functools.partial(early_exit_lib.model_flops, attack, logits_fn, x)
+    if early_exit_lib.compacts(options, todo, chunk, flops):
       whole = early_exit_lib.whole_when_crowded(options, batch, chunk)
       logits_of_todo = lambda x_adv: compaction.map_rows(
           lambda _, rows: logits_fn(rows), todo, chunk, (x_adv,), whole_when_crowded=whole)

@@ -14,7 +14,10 @@ follows, instead of one fixed-length ``lax.scan`` over the whole batch:
   ``chunk_size`` or a backend default, balanced over the batch), and only the chunks holding such
   rows run the segment's :math:`R` steps; the results go back to their rows. With :math:`a_s`
   rows left at segment :math:`s`, the model sees about :math:`R \sum_s \lceil a_s / c \rceil c`
-  rows instead of :math:`R\,S\,B`, and the loop ends as soon as no row is left. With the
+  rows instead of :math:`R\,S\,B`, and the loop ends as soon as no row is left. Rows are
+  moved only where that pays (:func:`compacts`): with the backend's chunks, a batch of two or
+  three of them is compacted only for a model that costs at least :data:`COMPACTION_MIN_FLOPS`
+  per evaluation of the batch; elsewhere the broken rows are frozen in place. With the
   backend's chunks (``chunk_size=None``) in a batch of at least four of them, a segment that
   would skip fewer than :math:`c` rows (nothing broken yet: a robust model, the first steps) runs
   the whole batch as one instead, in one loop rather than one per chunk (a third traced shape of
@@ -43,11 +46,13 @@ whole batch (freezing still applies and the loop still ends when every row is do
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
 
+from jaxrobust import _cost as cost
 from jaxrobust._batch import expand
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, Budget
@@ -129,7 +134,7 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   length = block * -(-segment_steps(attack.num_steps) // block)
   total = attack.num_steps
   # Rows are never moved across the devices of an Explicit mesh axis (see the module).
-  compact = compactable(frozen, chunk)
+  compact = compacts(options, frozen, chunk, functools.partial(model_flops, attack, logits_fn, x))
   # Smaller chunks for the rows left over cost a second traced shape of the step: worth it only
   # where the run dominates, a batch of at least four chunks (see remainder_rows).
   small = remainder_rows(chunk) if many_chunks(x.shape[0], chunk) else chunk
@@ -183,6 +188,13 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
   return jax.lax.cond(jnp.any(~frozen), run_all, nothing)
 
 
+def model_flops(attack: Attack, logits_fn: Callable[..., Array], x: Array) -> float:
+  """What one evaluation of the model on the batch ``x`` costs, in floating-point operations
+  (:func:`jaxrobust._cost.model_flops`). A randomized model (``attack.samples``: the attacks on
+  one, EOT's, do not exit early today) is not priced: counted as costly, so compacted as before."""
+  return math.inf if attack.samples else cost.model_flops(logits_fn, x)
+
+
 def whole_when_crowded(options: RunOptions, batch: int, chunk: int) -> bool:
   """Whether the batch runs as one where chunks would skip fewer than ``chunk`` rows (the
   segments, ``init`` and ``finalize``, the scoring of the attacked rows): with the backend's chunks
@@ -209,6 +221,47 @@ def compactable(rows: Array, chunk: int) -> bool:
   """Whether rows may be moved within the batch here: the batch is not sharded over an Explicit
   mesh axis (see the module) and holds more than one chunk."""
   return compaction.batch_axis(rows) is None and chunk < rows.shape[0]
+
+
+COMPACTION_MIN_FLOPS = 10**9
+"""Floating-point operations of one model evaluation of the whole batch from which a batch of two
+or three of the backend's chunks is compacted (:func:`compacts`)."""
+
+
+def compacts(options: RunOptions, rows: Array, chunk: int, flops: Callable[[], float]) -> bool:
+  r"""Whether this run moves its rows (compaction, :func:`compactable` here) where that pays.
+
+  With an explicit ``chunk_size`` always: it is a promise of at most that many rows per model
+  call. With the backend's chunks (``chunk_size=None``), in a batch of at least four chunks, or
+  of two or three when one model evaluation of the whole batch costs at least
+  :data:`COMPACTION_MIN_FLOPS` (``flops()``, :func:`jaxrobust._cost.model_flops`, called only
+  then). Elsewhere broken rows are frozen and the loop still ends once none is left, but no row
+  moves: the verdicts and every row's result are the same (see the module), the machinery of the
+  chunk loops is not compiled at all, and the model evaluates the frozen rows too.
+
+  Why: the chunk loops roughly double the program that XLA compiles, and in a batch of a few
+  chunks of a cheap model they save nothing. Measured on a 2-core CPU, PGD-10 at 128 rows, two
+  chunks of 64 (``benchmarks/bench_compaction.py``; ``benchmarks/RESULTS.md``, "Compaction where
+  it pays"): on the digits CNN (0.03 GFLOP per batch) and MLP the program compiled in 1.1-1.4 s
+  without compaction against 1.9-2.6 s with it, and ran in 1-28 ms either way; on a random
+  WRN-10-2 (11.4 GFLOP) where 126 of the 128 points broke, it ran in 1.18 s with compaction
+  against 1.98 s without (the two survivors kept the whole batch running), on a WRN-10-1
+  (3.2 GFLOP) in 0.67-0.78 s against 0.77-0.85 s.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> rows, cheap, costly = jnp.ones(150, bool), lambda: 35 * 10**6, lambda: 11 * 10**9
+    >>> compacts(RunOptions(), rows, 50, cheap), compacts(RunOptions(), rows, 50, costly)
+    (False, True)
+    >>> explicit = RunOptions(chunk_size=50)  # a promise of rows per model call
+    >>> compacts(explicit, rows, 50, cheap), compacts(RunOptions(), rows, 30, cheap)  # 5 chunks
+    (True, True)
+  """
+  if not compactable(rows, chunk):
+    return False
+  if options.chunk_size is not None or many_chunks(rows.shape[0], chunk):
+    return True
+  return flops() >= COMPACTION_MIN_FLOPS
 
 
 def _steps_until_done(attack: Attack, logits_fn, lower, upper, count: Array, block: int, state,
