@@ -17,8 +17,8 @@ fusion emitters (``tests/xla_options.py``; about a third less CPU for the whole 
 ``JAXROBUST_TEST_XLA_DEFAULTS=1`` is set or ``XLA_FLAGS`` already chooses; every test passes with
 either, and with ``XLA_FLAGS=--xla_cpu_max_isa=AVX2`` (or ``SSE4_2``) on an AVX-512 machine.
 
-Other test modules compile at XLA's default optimisation level. Unoptimised code can round differently in the
-last bits (other fusion and vectorisation), so a test must not sit on a tie that rounding decides
+Other test modules compile at XLA's default optimisation level. Unoptimised code can round
+differently in the last bits (other fusion and vectorisation), so a test must not sit on a tie that rounding decides
 (the AutoAttack doctest did: its success at exactly the minimal distance flipped); every test
 passes with either setting. A module-scoped fixture compiles with its module's setting.
 """
@@ -91,22 +91,21 @@ def _test_compile_options(request):
 # nothing left to do. ``--no-loadscope-reorder`` (pyproject.toml) keeps the order set here: the
 # longest files first (longest-processing-time-first scheduling), every other file after them in
 # collection order. The figures are each file's seconds in one run of the whole suite on a quiet
-# 2-core machine (2026-11-27, `--durations=0`, summed per file); they only order the queue, so a
-# stale figure costs time, never a test.
+# 2-core machine (2026-11-29, test time summed per file); they only order the queue, so a stale
+# figure costs time, never a test.
 LONGEST_FIRST = {
-    "tests/test_ground_truth.py": 126, "tests/test_notebooks.py": 79,
-    "tests/test_auto_attack.py": 49, "tests/test_honest_scores.py": 48,
-    "tests/test_wide_resnet.py": 46, "tests/test_equivalence.py": 40,
-    "tests/test_early_exit.py": 40, "tests/test_attack_conformance.py": 38,
-    "tests/test_docs.py": 38, "tests/test_propagations.py": 35, "tests/test_min_norm_found.py": 35,
-    "tests/test_square.py": 35, "tests/test_demo.py": 34, "tests/test_apgd.py": 33,
-    "tests/test_brendel_bethge.py": 31, "tests/test_ensemble.py": 30,
-    "tests/test_autoattack_reference.py": 29, "tests/test_training.py": 28,
-    "tests/test_evaluate.py": 26, "tests/test_certify_bounds.py": 25,
-    "tests/test_ground_truth_min_norm.py": 24, "tests/test_pgd_strength.py": 20,
-    "tests/test_certify.py": 19, "tests/test_judged.py": 18, "tests/test_distributed.py": 18,
-    "tests/test_fast_evaluation.py": 18, "tests/test_text_gcg_cache.py": 18,
-    "tests/test_projections.py": 17,
+    "tests/test_ground_truth.py": 98, "tests/test_notebooks.py": 78,
+    "tests/test_honest_scores.py": 53, "tests/test_early_exit.py": 41,
+    "tests/test_attack_conformance.py": 39, "tests/test_auto_attack.py": 39,
+    "tests/test_demo.py": 38, "tests/test_equivalence.py": 36, "tests/test_square.py": 35,
+    "tests/test_brendel_bethge.py": 35, "tests/test_propagations.py": 33, "tests/test_docs.py": 32,
+    "tests/test_wide_resnet.py": 32, "tests/test_ground_truth_min_norm.py": 29,
+    "tests/test_evaluate.py": 29, "tests/test_autoattack_reference.py": 27,
+    "tests/test_min_norm_found.py": 26, "tests/test_ensemble.py": 26, "tests/test_training.py": 23,
+    "tests/test_pgd_strength.py": 23, "tests/test_certify_bounds.py": 22,
+    "tests/test_certify.py": 19, "tests/test_fast_evaluation.py": 19,
+    "tests/test_certify_training_inputs.py": 18, "tests/test_text_gcg_cache.py": 16,
+    "tests/test_apgd.py": 16, "tests/test_judged.py": 15, "tests/test_projections.py": 14,
 }
 
 
