@@ -20,7 +20,8 @@ either, and with ``XLA_FLAGS=--xla_cpu_max_isa=AVX2`` (or ``SSE4_2``) on an AVX-
 Other test modules compile at XLA's default optimisation level. Unoptimised code can round
 differently in the last bits (other fusion and vectorisation), so a test must not sit on a tie
 that rounding decides (the AutoAttack doctest did: its success at exactly the minimal distance
-flipped); every test passes with either setting. A module-scoped fixture compiles with its module's setting.
+flipped); every test passes with either setting. A module-scoped fixture compiles with its
+module's setting.
 """
 
 import importlib.util
