@@ -104,14 +104,13 @@ class RunOptions:
       batch of at least four such chunks would skip fewer than a chunk's rows, the whole batch
       runs at once, :mod:`jaxrobust.engine.early_exit`; a batch of two or three is compacted only
       for a model that costs enough, :func:`jaxrobust.engine.early_exit.compacts`); without, no
-      compaction
-      (:meth:`chunk_rows` says which number is used). A number is kept: at most that many rows
-      per model call in the attack's loop. The chunk loop is a
-      ``lax.while_loop``, which JAX cannot differentiate in reverse mode: to take ``jax.grad``
-      through an attack (adversarial training), leave ``chunk_size=None`` and pass
-      ``early_exit=False``. An explicit ``chunk_size`` compacts per device under an Explicit mesh
-      axis (and selects ``jr.evaluate``'s ``shard_map`` path). In a curve it needs
-      ``eps_batch_size=None`` (for a fixed-budget attack).
+      compaction (:meth:`chunk_rows` says which number is used). A number is kept: at most that
+      many rows per model call in the attack's loop. The chunk loop is a ``lax.while_loop``,
+      which JAX cannot differentiate in reverse mode: to take ``jax.grad`` through an attack
+      (adversarial training), leave ``chunk_size=None`` and pass ``early_exit=False``. An
+      explicit ``chunk_size`` compacts per device under an Explicit mesh axis (and selects
+      ``jr.evaluate``'s ``shard_map`` path). In a curve it needs ``eps_batch_size=None`` (for a
+      fixed-budget attack).
     unroll: passed to ``jax.lax.scan`` (with early exit: steps per iteration of its inner loop,
       the done check running between them). ``True`` unrolls the whole attack loop and so turns
       early exit off (no loop is left to leave). It used to be the fast setting on CPU for

@@ -191,8 +191,14 @@ def run_until_done(attack: Attack, logits_fn: Callable[..., Array], x: Array, y:
 def model_flops(attack: Attack, logits_fn: Callable[..., Array], x: Array) -> float:
   """What one evaluation of the model on the batch ``x`` costs, in floating-point operations
   (:func:`jaxrobust._cost.model_flops`). A randomized model (``attack.samples``: the attacks on
-  one, EOT's, do not exit early today) is not priced: counted as costly, so compacted as before."""
-  return math.inf if attack.samples else cost.model_flops(logits_fn, x)
+  one, EOT's, do not exit early today) and a model that cannot be traced alone are not priced:
+  counted as costly, so compacted as before."""
+  if attack.samples:
+    return math.inf
+  try:
+    return cost.model_flops(logits_fn, x)
+  except Exception:  # noqa: BLE001 - the run itself reports what is wrong with the model
+    return math.inf
 
 
 def whole_when_crowded(options: RunOptions, batch: int, chunk: int) -> bool:
