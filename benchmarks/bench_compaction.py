@@ -7,7 +7,7 @@ finished chunks cost nothing. With the backend's chunks (64 rows on a CPU) a bat
 three chunks is compacted only when one model evaluation of the batch costs at least
 ``COMPACTION_MIN_FLOPS``; a batch of four or more chunks, or an explicit ``chunk_size``, always.
 
-This script runs ``jr.run`` with PGD-10 (Linf) on a batch of ``--rows`` rows (default 128: two
+This script runs ``jr.run`` with PGD-10 (Linf; ``--attack fgsm``: FGSM) on a batch of ``--rows`` rows (default 128: two
 CPU chunks) on the models of ``scale_models.py`` (seeded random weights, random uniform images
 labelled by the clean prediction) and on the digits models of ``bench_peers.py`` (their test
 images), in two schedules:
@@ -27,6 +27,7 @@ the data are arguments of every compiled program.
 Example::
 
   python benchmarks/bench_compaction.py --models wrn-10-1,wrn-10-2,cnn,mlp --rows 128
+  python benchmarks/bench_compaction.py --models mlp,cnn --rows 150 --attack fgsm
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ def main() -> None:
   parser.add_argument("--rows", type=int, default=128)
   parser.add_argument("--eps", type=float, nargs="+", default=[0.5, 8.0, 24.0])
   parser.add_argument("--steps", type=int, default=10)
+  parser.add_argument("--attack", choices=("pgd", "fgsm"), default="pgd")
   parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
 
@@ -63,7 +65,8 @@ def main() -> None:
   from jaxrobust._options import RunOptions
   from bench_peers import ARCHS, get_params, load_examples
 
-  attack = jr.attacks.pgd("linf", steps=args.steps)
+  attack = (jr.attacks.pgd("linf", steps=args.steps) if args.attack == "pgd"
+            else jr.attacks.fgsm("linf"))
   chunk = RunOptions().chunk_rows(args.rows)
   print(f"jax {jax.__version__}, backend {jax.default_backend()}, {args.rows} rows, chunks of "
         f"{chunk}, load average {os.getloadavg()[0]:.2f}", flush=True)
