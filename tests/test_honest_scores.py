@@ -18,6 +18,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import jaxrobust as jr
+from jaxrobust.engine import scoring
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -364,9 +365,74 @@ def test_low_precision_inputs_come_back_in_their_dtype_inside_the_ball(problem, 
   result = low_precision_runs((dtype, norm))
   assert result.x_adv.dtype == dtype
   delta = result.x_adv.astype(jnp.float32) - xl.astype(jnp.float32)
-  assert float(jnp.max(jr.projections.norm(delta, norm))) <= eps * (1 + 1e-6)
+  assert float(jnp.max(jr.projections.norm(delta, norm))) <= float(jnp.float32(eps))
   np.testing.assert_array_equal(np.asarray(result.success),
                                 np.asarray(jnp.argmax(model(result.x_adv), axis=1) != yl))
+
+
+# Float32 points inside the ball exactly (as computed), on a [0, 255] box where x + eps rounds:
+# before, Linf PGD returned max |x_adv - x| = 8.0000076 at eps 8 on every row, L2 Square 0.50000024.
+BALL_ATTACKS = {
+    "pgd-linf": (lambda: jr.attacks.pgd("linf", steps=5), 8.0),
+    "pgd-l2": (lambda: jr.attacks.pgd("l2", steps=5), 0.3 * 255),
+    "pgd-l1": (lambda: jr.attacks.pgd("l1", steps=5), 255.0),
+    "apgd-l2": (lambda: jr.attacks.apgd("l2", steps=5), 0.3 * 255),
+    "square-l2": (lambda: jr.attacks.square("l2", queries=20), 0.3 * 255),
+}
+
+
+@pytest.fixture(scope="module")
+def ball_runs(problem):
+  w, _, x, y = problem
+  x255 = x * 255
+  eps = {name: jnp.float32(eps) for name, (_, eps) in BALL_ATTACKS.items()}
+
+  def run(name, w, x, y, eps, key):
+    model = lambda v: linear(w, v / 255)
+    return jr.run(BALL_ATTACKS[name][0](), model, x, y, jr.Budget(eps[name], 0.0, 255.0), key,
+                  early_exit=False)
+
+  return x255, one_program({name: functools.partial(run, name) for name in BALL_ATTACKS},
+                           w, x255, y, eps, jax.random.key(0))
+
+
+@pytest.mark.parametrize("name", sorted(BALL_ATTACKS))
+def test_float32_points_are_inside_the_ball_as_computed(problem, ball_runs, name):
+  x, results = ball_runs
+  result = results(name)
+  make, eps = BALL_ATTACKS[name]
+  eps = float(jnp.float32(eps))
+  norm = make().norm
+  delta = result.x_adv - x
+  assert float(jnp.max(result.norm)) <= eps
+  assert float(jnp.max(jr.projections.norm(delta, norm))) <= eps
+  if norm == "linf":
+    assert float(jnp.max(jnp.abs(delta))) <= eps
+  assert float(jnp.min(result.x_adv)) >= 0 and float(jnp.max(result.x_adv)) <= 255
+  assert float(jnp.max(result.norm)) >= 0.99 * eps  # the attacks went to the sphere: not vacuous
+  np.testing.assert_array_equal(
+      np.asarray(result.success),
+      np.asarray(jnp.argmax(linear(problem[0], result.x_adv / 255), axis=1) != problem[3]))
+
+
+def test_inside_ball_moves_only_rows_outside_and_keeps_them_between_x_and_x_adv():
+  rng = np.random.default_rng(3)
+  x = jnp.asarray(rng.uniform(0, 255, size=(64, 48)), jnp.float32)
+  direction = jnp.asarray(rng.normal(size=(64, 48)), jnp.float32)
+  eps = jnp.asarray(rng.uniform(0.5, 20, size=64), jnp.float32)
+  for norm in ("linf", "l2", "l1"):
+    unit = direction / jr.projections.norm(direction, norm)[:, None]
+    # Every other row a few units in the last place outside its ball, the others well inside.
+    factor = jnp.where(jnp.arange(64) % 2 == 0, 1 + 4e-7, 0.5)[:, None]
+    x_adv = x + unit * eps[:, None] * factor
+    assert bool(jnp.any(jr.projections.norm(x_adv - x, norm) > eps))
+    inside = scoring.inside_ball(x_adv, x, eps, norm)
+    assert bool(jnp.all(jr.projections.norm(inside - x, norm) <= eps)), norm
+    was_inside = jr.projections.norm(x_adv - x, norm) <= eps
+    np.testing.assert_array_equal(np.asarray(inside)[np.asarray(was_inside)],
+                                  np.asarray(x_adv)[np.asarray(was_inside)])
+    between = (jnp.minimum(x, x_adv) <= inside) & (inside <= jnp.maximum(x, x_adv))
+    assert bool(jnp.all(between)), norm
 
 
 def _meshes():

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrobust import losses, projections
-from jaxrobust._batch import expand, fold_in, is_correct, is_success, rows_finite
+from jaxrobust._batch import expand, fold_in, is_correct, is_success, like_batch, rows_finite
 from jaxrobust._types import Attack, AttackResult, Budget
 from jaxrobust.engine import randomized
 from jaxrobust.metrics import checks as checks_lib
@@ -169,6 +169,61 @@ def round_toward(x_adv: Array, x: Array) -> Array:
   return jnp.where(farther, jnp.nextafter(nearest, x), nearest)
 
 
+SHRINKS = (2.0**-18, 2.0**-14, 2.0**-10)
+"""The relative margins below ``eps`` by which :func:`inside_ball` scales a point that float
+rounding left outside its L2 or L1 ball, one per try."""
+
+
+def inside_ball(x_adv: Array, x: Array, eps: Array, norm: str) -> Array:
+  r"""``x_adv`` with its perturbation inside the ``eps``-ball *as computed*: afterwards
+  ``projections.norm(result - x, norm) <= eps`` holds in ``x``'s floating-point arithmetic.
+
+  A projection computed in floats can land a few units in the last place outside the ball:
+  ``x + eps`` rounds up as often as down (Linf PGD on a ``[0, 255]`` box at eps 8 returned
+  ``max |x_adv - x| = 8.0000076``), and an L2 or L1 rescaling by ``eps / ||d||`` leaves the
+  rounding of the norm and of ``x + d`` (Square L2 at eps 0.5: 0.50000024). Here
+
+  * Linf: each coordinate is clamped to ``[lo, hi]``, where ``hi`` is ``fl(x + eps)``, stepped
+    one float towards ``x`` where ``fl(hi - x) > eps`` (``fl(x + eps)`` is within half a unit of
+    the real sum, so the float below it is not above it, and rounding is monotone), and ``lo``
+    likewise: exact;
+  * L2, L1: a row whose norm exceeds ``eps`` is scaled to ``eps (1 - s)`` for each margin
+    ``s`` of :data:`SHRINKS` in turn until it fits (the first try almost always does: the
+    rounding of ``x + d`` is what can move the norm).
+
+  A scaled row stays between ``x`` and ``x_adv`` coordinate by coordinate, so inside any box that
+  holds both. Rows already inside are returned unchanged, bit for bit. :func:`score` still falls
+  back to ``x`` for a row that is outside after these tries (never seen), so no result claims a
+  point outside its ball.
+
+  Args:
+    x_adv, x: ``[B, ...]`` in the same floating dtype.
+    eps: ``[B]`` radii (``inf``: no ball).
+    norm: ``"linf"``, ``"l2"`` or ``"l1"``.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> x = jnp.array([[200.3, 17.9]])
+    >>> x_adv = jnp.array([[208.30002, 9.9]])  # fl(200.3 + 8), one float above the real sum
+    >>> float(jnp.max(jnp.abs(x_adv - x))) > 8
+    True
+    >>> float(jnp.max(jnp.abs(inside_ball(x_adv, x, jnp.array([8.0]), "linf") - x))) <= 8
+    True
+  """
+  radius = expand(eps.astype(x.dtype), x.ndim)
+  if norm == "linf":
+    hi, lo = x + radius, x - radius
+    hi = jnp.where(hi - x > radius, jnp.nextafter(hi, x), hi)
+    lo = jnp.where(x - lo > radius, jnp.nextafter(lo, x), lo)
+    return jnp.clip(x_adv, lo, hi)
+  for shrink in SHRINKS:  # static: a few element-wise passes, no loop around the model
+    size = projections.norm(x_adv - x, norm)
+    over = size > eps.astype(size.dtype)
+    scale = jnp.where(over, eps.astype(size.dtype) / jnp.where(over, size, 1) * (1 - shrink), 1)
+    x_adv = jnp.where(expand(over, x.ndim), x + (x_adv - x) * expand(scale, x.ndim), x_adv)
+  return x_adv
+
+
 def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Array,
           x_adv: Array, y: Array, budget: Budget, keys: Array, target: Array | None, *,
           todo: Array, clean_correct: Array, findings: CleanFindings | None,
@@ -198,7 +253,12 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
   finite = rows_finite(x_adv)
   lower, upper = (jnp.asarray(b, x.dtype) for b in (budget.lower, budget.upper))
   x_adv = jnp.where(expand(todo & finite, x.ndim), jnp.clip(x_adv, lower, upper), x)
-  x_adv = round_toward(x_adv, x_input)
+  eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), x.shape[:1]), x)
+  x_adv = round_toward(inside_ball(x_adv, x, eps, attack.norm), x_input)
+  # Rounding towards x keeps every coordinate's distance, so the ball still holds; a row that
+  # float rounding still leaves outside (see inside_ball) falls back to x.
+  outside = projections.norm(x_adv.astype(x.dtype) - x, attack.norm) > eps
+  x_adv = jnp.where(expand(outside, x.ndim), x_input, x_adv)
   if attack.samples:
     counts, logits = randomized.votes(logits_fn, x_adv, fold_in(keys, _SCORE_DRAWS),
                                       attack.samples)
