@@ -218,6 +218,42 @@ def test_curve_from_one_run_equals_separate_runs(model_name):
   assert float(curve.clean_accuracy) == pytest.approx(accuracy[0])
 
 
+def test_curve_from_one_run_is_never_weaker_than_separate_runs_and_revisits_make_it_stronger():
+  """A revisit can lower a path's swap count: 4 swaps, then one position put back, broken with 3
+  (a run at budget 3 stopped at the fourth). The curve counts that genuine 3-swap text as broken;
+  whatever a run at budget k breaks, the long run breaks with the same text. A model whose
+  positions interact (sin of the embeddings) has such rows: 4 of these 512 (AVX-512 and AVX2)."""
+  vocab, dim, length, batch, classes, subs, steps = 10, 3, 6, 512, 6, 4, 8
+  keys = jax.random.split(jax.random.key(5), 4)
+  table = jax.random.normal(keys[0], (vocab, dim))
+  w = jax.random.normal(keys[1], (dim, classes))
+  tokens = jax.random.randint(keys[2], (batch, length), 0, vocab)
+  candidates = jax.random.randint(keys[3], (vocab, subs), 0, vocab).astype(jnp.int32)
+  model = lambda w: lambda embeds: jnp.sin(3 * embeds).sum(1) @ w
+  y = jnp.argmax(model(w)(table[tokens]), -1).astype(jnp.int32)
+  swap = text.word_swap(steps=steps, search_width=8)
+  run = jax.jit(lambda w, table, tokens, y, candidates, budget: text.run(
+      swap, model(w), table, tokens, y, KEY, candidates=candidates, max_swaps=budget),
+      compiler_options=FAST_COMPILE)
+  full = run(w, table, tokens, y, candidates, jnp.full(batch, steps))
+  curve = text.swap_curve(full, y, jnp.arange(steps + 1, dtype=jnp.int32))
+  stronger = 0
+  for k in range(steps + 1):
+    alone = run(w, table, tokens, y, candidates, jnp.full(batch, k))
+    robust, broken_alone = np.asarray(curve.robust[k]), np.asarray(alone.success)
+    assert not np.any(robust & broken_alone), k  # never weaker
+    np.testing.assert_array_equal(np.asarray(alone.tokens_adv)[broken_alone],
+                                  np.asarray(full.tokens_adv)[broken_alone])
+    only_curve = ~robust & ~broken_alone
+    # Each break only the curve has is a real one: the long run's text, misclassified, <= k swaps.
+    assert np.all(np.asarray(full.success)[only_curve])
+    assert np.all(np.asarray(full.swaps)[only_curve] <= k)
+    stronger += int(only_curve.sum())
+  assert stronger >= 1
+  changed = np.asarray(full.tokens_adv) != np.asarray(tokens)
+  np.testing.assert_array_equal(changed.sum(1), np.asarray(full.swaps))
+
+
 def test_same_key_same_result_and_batch_order_does_not_matter():
   _, embedding, y = additive_setup()
   max_swaps = data()[3]

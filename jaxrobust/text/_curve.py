@@ -30,8 +30,12 @@ def swap_curve(result: Result, y: Array, budgets: Array) -> Curve:
 
   One run gives the whole curve: :func:`jaxrobust.text.run` returns each point's first success
   and its search path does not depend on ``max_swaps``, so a point broken with :math:`s` swaps in
-  a run at ``max_swaps = steps`` is broken by a run at any budget :math:`k \ge s` and by none at
-  :math:`k < s`. The curve therefore equals separate runs at each budget, provided no point the
+  a run at ``max_swaps = steps`` is broken by no run at a budget :math:`k < s`, and a point a
+  run at budget :math:`k` breaks, the long run breaks with the same text. The curve is therefore
+  never weaker than separate runs at each budget, and equals them unless a word-swap path lowered
+  its swap count by a revisit (through more than :math:`k` swaps to a success with at most
+  :math:`k`, where the run at :math:`k` stopped: the curve counts that genuine :math:`k`-swap
+  adversarial text as broken; TextFooler never revisits), provided no point the
   run did not break was searched (``max_swaps``) below a budget: its verdict there is unknown, and
   calling it robust would overestimate robust accuracy. With concrete inputs that raises; inside
   ``jit``, where they are traced and nothing can raise, the robust accuracy at such a budget is

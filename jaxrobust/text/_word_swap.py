@@ -105,10 +105,14 @@ def run(attack: WordSwap, logits_fn: Callable[[Array], Array], embedding: Array,
     positions that differ from ``tokens``, so a revisited position counts once.
   * *Budget*: the ranking and choice of a move never look at ``max_swaps``; a row whose chosen
     move would exceed its budget stops there (unsuccessful). A run at budget ``k`` therefore
-    follows the same path as a run at ``steps`` up to that point, and one run at
-    ``max_swaps = steps`` gives the result of every smaller budget (see
-    :func:`jaxrobust.text.swap_curve`): a row is broken at budget ``k`` exactly when the long run
-    broke it with at most ``k`` swaps.
+    follows the same path as a run at ``steps`` up to that point, so whatever it breaks the long
+    run breaks too, at the same step with the same tokens. The converse holds unless a revisit
+    lowers the count: the long run may pass through more than ``k`` swaps and then break the row
+    with at most ``k`` (4 swaps, then one position put back: broken with 3), where the run at
+    ``k`` stopped. :func:`jaxrobust.text.swap_curve` counts such a row as broken at ``k``, a
+    genuine ``k``-swap adversarial text, so the curve from one run at ``max_swaps = steps`` is
+    never weaker than separate runs at each budget, and equal to them when no row's path lowers
+    its swap count (TextFooler never revisits a position: always equal).
   * *Ties* are broken by index, never by a random draw: equal first-order scores by position,
     then slot of the substitute list; exact losses within a relative ``1e-5`` of each other (the
     same sum rounds differently in different batch layouts) count as equal, and the move with the
