@@ -95,6 +95,13 @@ def test_unscored_only_and_bad_input():
     metrics.ScoreHistogram.from_scores(jnp.array([1, 0]))
   with pytest.raises(ValueError, match="key"):
     h.compute(interval="bootstrap")
+  with pytest.raises(ValueError, match="jax.random.key"):  # an int, not JAX's internal error
+    h.compute(interval="bootstrap", key=0)
+  with pytest.raises(ValueError, match="one key"):
+    h.compute(interval="bootstrap", key=jax.random.split(jax.random.key(0), 2))
+  with pytest.raises(ValueError, match="jax.random.key"):
+    metrics.JudgedRate.from_verdicts(jnp.array([[1, 0, -1]])).compute(k=2, interval="bootstrap",
+                                                                     key=0)
   with pytest.raises(ValueError, match="same grid"):
     h.merge(metrics.ScoreHistogram.empty(4))
   # Inside jit an off-grid score is rounded to the nearest grid value.

@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrobust._batch import check_keys
 from jaxrobust._validation import bad_entries, check_positive_int, check_values, is_concrete
 from jaxrobust.metrics.conventions import array_namespace, row_mask
 from jaxrobust.metrics.intervals import alpha_of, hoeffding_half_width
@@ -414,9 +415,14 @@ def histogram_mean(counts: ArrayLike, values: ArrayLike, confidence: ArrayLike =
     raise ValueError(f"average must be one of {_AVERAGES}, got {average!r}.")
   if interval not in _INTERVALS:
     raise ValueError(f"interval must be one of {_INTERVALS}, got {interval!r}.")
-  if interval == "bootstrap" and key is None:
-    raise ValueError("interval='bootstrap' draws its resamples from an explicit key: pass "
-                     "key=jax.random.key(seed).")
+  if interval == "bootstrap":
+    if key is None:
+      raise ValueError("interval='bootstrap' draws its resamples from an explicit key: pass "
+                       "key=jax.random.key(seed).")
+    key = check_keys(key, (np.shape(key) or (1,))[0])  # validated as one key or several
+    if key.ndim:
+      raise ValueError(f"interval='bootstrap' takes one key, got keys of shape {key.shape}: "
+                       "pass key=jax.random.key(seed).")
   if isinstance(counts, np.ndarray) or np.isscalar(counts):
     counts = np.asarray(counts, np.float64).astype(np.float32)  # host int64: never via int32
   counts = jnp.asarray(counts).astype(jnp.float32)
