@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack, AttackResult, Budget, as_budget
@@ -106,6 +107,7 @@ def run(attack: Attack, logits_fn: Callable[[Array], Array], x: Array, y: Array,
                targeted=attack.targeted, minimum_norm=attack.minimum_norm,
                allow_large_eps=allow_large_eps, samples=attack.samples, name=attack.name)
   check_cap(max_propagations)
+  x, y = jnp.asarray(x), jnp.asarray(y)  # NumPy float64 without x64: float32 once, here
   options = RunOptions(early_exit=early_exit, chunk_size=chunk_size, unroll=unroll)
   try:
     return run_attack(attack, logits_fn, x, y, budget, key, target, options=options,

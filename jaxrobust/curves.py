@@ -160,6 +160,7 @@ def robustness_curve(attack: Attack, logits_fn: Callable[[Array], Array], x: Arr
   check_eps(epsilons, None, attack.norm, lower=lower, upper=upper,
             input_size=int(np.prod(x.shape[1:])), minimum_norm=attack.minimum_norm,
             allow_large_eps=allow_large_eps, name="epsilons")
+  x, y = jnp.asarray(x), jnp.asarray(y)  # NumPy float64 without x64: float32 once, here
   keys = like_batch(as_keys(key, x.shape[0]), x)
   correct, findings = clean_diagnosis(attack.samples, logits_fn, x, y, keys)
   try:

@@ -595,3 +595,19 @@ def test_non_finite_logits_at_the_returned_point_are_broken_and_counted(problem)
   statuses = {item.check: item.status for item in report.checklist}
   assert statuses["finite adversarial logits"] == "warn" and not report.reliable
   assert statuses["finite adversarial points"] == "pass"
+
+
+def test_numpy_float64_inputs_are_taken_as_float32_without_warnings(problem):
+  """NumPy images are float64 (``x / 255.``); without x64 they become float32 once, at the front
+  door, as ``jnp.asarray`` and ``jr.evaluate`` make them: no dtype warning from inside the library
+  (the suite turns warnings into errors; before, one call raised 14)."""
+  w, _, x, y = problem
+  x64, y64 = np.asarray(x, np.float64), np.asarray(y, np.int64)
+  model = functools.partial(linear, w)
+  attack = jr.attacks.pgd("linf", steps=2)
+  result = jr.run(attack, model, x64, y64, jr.Budget(0.05), jax.random.key(0))
+  assert result.x_adv.dtype == jnp.float32
+  assert float(jnp.max(jnp.abs(result.x_adv - x))) <= float(jnp.float32(0.05))
+  curve = jr.robustness_curve(attack, model, x64, y64, np.array([0.0, 0.05]), jax.random.key(0))
+  assert float(curve.robust_accuracy[0]) == 1.0  # y is the clean prediction
+  np.testing.assert_array_equal(np.asarray(curve.robust[1]), ~np.asarray(result.success))
