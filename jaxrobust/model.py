@@ -253,12 +253,17 @@ TRAIN_MODE_NOTE = (
 """The note :func:`trace_model` adds to an error raised by a model that mutates its state while
 traced."""
 
+TRAIN_MODE_ERRORS = ("TraceContextError", "ModifyScopeVariableError", "InvalidRngError")
+"""Flax's errors for a model left in train mode, by name (Flax is optional): NNX's
+``TraceContextError``; linen's ``ModifyScopeVariableError`` (BatchNorm updating an immutable
+``batch_stats``) and ``InvalidRngError`` (Dropout without an ``rngs`` stream)."""
+
 
 def trace_model(fn: Callable[..., Any], *args: Any, return_shape: bool = False) -> Any:
   """``jax.make_jaxpr(fn, return_shape=return_shape)(*args)``, the one place the library traces
   a user's model to read it (the input validator, the certifiers). An error the model raises
-  because it changes its own state while traced (Flax's ``TraceContextError``, whose text names
-  neither train mode nor eval mode) gets :data:`TRAIN_MODE_NOTE`.
+  because it changes its own state while traced (Flax's errors of :data:`TRAIN_MODE_ERRORS`,
+  whose texts name neither train mode nor eval mode) gets :data:`TRAIN_MODE_NOTE`.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -269,7 +274,7 @@ def trace_model(fn: Callable[..., Any], *args: Any, return_shape: bool = False) 
   try:
     return jax.make_jaxpr(fn, return_shape=return_shape)(*args)
   except Exception as error:
-    if type(error).__name__ == "TraceContextError":
+    if type(error).__name__ in TRAIN_MODE_ERRORS:
       error.add_note(TRAIN_MODE_NOTE)
     raise
 

@@ -116,6 +116,31 @@ def test_a_model_in_train_mode_is_told_to_use_eval_mode():
     jr.certify.interval_bounds(lambda v: v * v, x, x + 0.1)
 
 
+@pytest.mark.parametrize("layer", ["batch_norm", "dropout"])
+def test_a_linen_model_in_train_mode_is_told_to_use_eval_mode(layer):
+  """linen's errors for train mode (BatchNorm updating an immutable ``batch_stats``: a
+  ModifyScopeVariableError; Dropout without an ``rngs`` stream: an InvalidRngError) get the note."""
+  linen = pytest.importorskip("flax.linen")
+
+  class Net(linen.Module):
+    @linen.compact
+    def __call__(self, x, train: bool = True):
+      h = linen.Dense(8)(x.reshape(x.shape[0], -1))
+      if layer == "batch_norm":
+        h = linen.BatchNorm(use_running_average=not train)(h)
+      else:
+        h = linen.Dropout(0.3, deterministic=not train)(h)
+      return linen.Dense(3)(jax.nn.relu(h))
+
+  x = X.reshape(4, 6)
+  variables = Net().init(jax.random.key(0), x, train=False)
+  with pytest.raises(Exception) as caught:
+    run(x=x, fn=functools.partial(Net().apply, variables))  # train=True: the user forgot it
+  notes = " ".join(getattr(caught.value, "__notes__", []))
+  assert "linen: use_running_average=True, deterministic=True" in notes
+  run(x=x, fn=functools.partial(Net().apply, variables, train=False))  # eval mode: runs
+
+
 def test_integer_x_is_a_type_error():
   with pytest.raises(TypeError, match=r"float array.*astype"):
     run(x=jnp.full((4, 2, 3), 128, jnp.int32))
