@@ -224,6 +224,9 @@ def test_smoothing_of_good_sigmas_gives_the_same_certificate():
   traced = jax.jit(lambda w, x, key, s, a: certify.smoothing(affine(w, jnp.zeros(2)), x, key,
                                                              sigma=s, n=200, alpha=a))
   jax.tree.map(np.testing.assert_allclose, traced(W, X, KEY, 0.5, 0.001), eager)
+  for bad in (-0.5, 0.0, NAN):  # traced, so unchecked: abstain with NaN radii, never negative
+    refused = traced(W, X, KEY, bad, 0.001)
+    assert refused.prediction.tolist() == [-1, -1, -1] and bool(jnp.all(jnp.isnan(refused.radius)))
   integer = certify.smoothing(f, X, KEY, sigma=1, n=200)  # an int is a real number
   assert integer.prediction.tolist() == [-1, -1, 1]
   certifier = certify.smoothing_certifier(sigma=np.float32(0.25), n=1000)

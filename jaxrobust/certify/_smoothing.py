@@ -167,7 +167,9 @@ def certify_from_counts(top: Array, count: Array, n: int, sigma: Array,
                         alpha: Array) -> Certificate:
   r"""CERTIFY's decision from ``count`` hits of the selected class ``top`` in ``n`` draws:
   :math:`\underline{p_A}` = one-sided Clopper--Pearson lower bound at :math:`1 - \alpha`, abstain
-  when it is at most 1/2, else radius :math:`\sigma\,\Phi^{-1}(\underline{p_A})`.
+  when it is at most 1/2, else radius :math:`\sigma\,\Phi^{-1}(\underline{p_A})`. A ``sigma``
+  that is not a finite number > 0 (only a traced one gets here: :func:`smoothing` refuses a
+  readable one) abstains everywhere with NaN radii, never a negative radius.
 
   Examples:
     >>> import jax, jax.numpy as jnp
@@ -183,8 +185,11 @@ def certify_from_counts(top: Array, count: Array, n: int, sigma: Array,
   p = jnp.where(certified, p_lower, 0.75)
   radius = jnp.asarray(sigma, jnp.float32) * jnp.sqrt(jnp.float32(2.0)) * lax.erf_inv(
       2.0 * p - 1.0)
-  return Certificate(jnp.where(certified, top.astype(jnp.int32), -1),
-                     jnp.where(certified, radius, 0.0).astype(jnp.float32))
+  sigma = jnp.asarray(sigma, jnp.float32)
+  valid = jnp.isfinite(sigma) & (sigma > 0)
+  return Certificate(jnp.where(certified & valid, top.astype(jnp.int32), -1),
+                     jnp.where(valid, jnp.where(certified, radius, 0.0), jnp.nan)
+                     .astype(jnp.float32))
 
 
 def smoothing(logits_fn: Callable[[Array], Array], x: Array, key: Array, *, sigma: float,
