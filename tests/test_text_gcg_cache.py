@@ -173,6 +173,12 @@ def test_segments_equal_one_run_and_resume_from_a_file(tmp_path):
   for mine, theirs in zip(whole, reference):
     np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
   np.testing.assert_array_equal(np.asarray(load_gcg_state(path, every).best), whole.best)
+  # A traced state past the budget (the concrete check cannot run inside jit): steps beyond the
+  # attack's 6 change nothing and are not counted.
+  past = segment_fn(*inputs(), whole, steps=2)
+  assert int(past.step) == 6
+  for mine, theirs in zip(whole, past):
+    np.testing.assert_array_equal(np.asarray(mine), np.asarray(theirs))
 
 
 def test_inconsistent_cache_and_state_raise_clear_errors(tmp_path):

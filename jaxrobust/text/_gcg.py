@@ -505,13 +505,18 @@ def _start(problem: _Problem, init: Array) -> _State:
 
 
 def _advance(problem: _Problem, attack: GCG, allowed: Array, step_keys: Array, state: _State,
-             steps: Array) -> _State:
-  """The scan of :func:`_step` over the step indices ``steps`` ``[n]`` int32 from ``state``."""
+             steps: Array, *, bounded: bool = False) -> _State:
+  """The scan of :func:`_step` over the step indices ``steps`` ``[n]`` int32 from ``state``;
+  with ``bounded`` (traced indices that may pass the budget), an index at or past
+  ``attack.steps`` leaves the state as it is."""
 
   def body(state, step):
     if not attack.early_stop:
+      if bounded:
+        return lax.cond(step >= attack.steps, lambda s: s,
+                        lambda s: _step(problem, attack, allowed, step_keys, s, step), state), None
       return _step(problem, attack, allowed, step_keys, state, step), None
-    done = state.best_success
+    done = state.best_success | (step >= attack.steps) if bounded else state.best_success
 
     def advance(state):
       new = _step(problem, attack, allowed, step_keys, state, step)

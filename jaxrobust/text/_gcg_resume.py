@@ -111,7 +111,9 @@ def gcg_segment(attack: GCG, lm_logits_fn: Callable[..., Array], embedding: Arra
 
   Raises:
     ValueError: what :func:`run_gcg` raises; ``steps < 1``; a state of the wrong shapes; a
-      (concrete) ``state.step + steps`` above ``attack.steps``.
+      (concrete) ``state.step + steps`` above ``attack.steps``. A traced ``state.step`` (inside
+      ``jit``) cannot raise: the steps past ``attack.steps`` leave the state as it is, and
+      ``state.step`` stops at ``attack.steps``.
   """
   steps = check_positive_int("steps", steps)
   first = jnp.zeros((), jnp.int32)
@@ -130,8 +132,9 @@ def gcg_segment(attack: GCG, lm_logits_fn: Callable[..., Array], embedding: Arra
   else:
     inner = _State(*(like_batch(jnp.asarray(a), init) for a in state[:4]))
   indices = first + jnp.arange(steps, dtype=jnp.int32)
-  inner = _advance(problem, attack, allowed, step_keys, inner, indices)
-  return GCGState(*inner, step=first + steps)
+  # A traced state.step cannot be checked: steps past attack.steps do nothing and are not counted.
+  inner = _advance(problem, attack, allowed, step_keys, inner, indices, bounded=True)
+  return GCGState(*inner, step=jnp.minimum(first + steps, attack.steps))
 
 
 def save_gcg_state(path: os.PathLike | str, state: GCGState, attack: GCG) -> None:
