@@ -64,6 +64,10 @@ MODULE = textwrap.dedent('''
 
       return Flat(layer)
 
+    def make_five_class_model():  # 16 -> 5 classes: fewer than apgd_t's and fab_t's 9 targets
+      w = jnp.asarray(np.random.default_rng(0).normal(size=(16, 5)), jnp.float32)
+      return lambda x: x.reshape(x.shape[0], -1) @ w
+
     def broken():
       raise RuntimeError("the weights are not where I left them")
 
@@ -256,6 +260,10 @@ def test_max_propagations_caps_every_attack(workspace, reference):
     ("train mode", "put it in eval mode first (nnx: model.eval()"),
     ("eps over the box", "epsilons = 1 covers the whole box [0.0, 1.0] in linf (the largest "
      "meaningful budget is < 1). Pass --allow-large-eps if this is intended."),
+    ("batch not a multiple of devices", "--batch-size 7 is not a multiple of --devices 2 (each "
+     "device takes an equal share of every batch): pass --batch-size 6 or 8"),
+    ("targeted DLR on two classes", "--attack apgd_t uses the targeted DLR loss, which needs at "
+     "least 4 classes, but the model has 2: use --attack apgd,fab_t,square instead"),
 ])
 def test_user_mistakes_exit_2_with_one_clear_line(workspace, capsys, monkeypatch, case, match):
   """Every mistake is caught before anything runs (the eps check: before any compilation) and
@@ -285,6 +293,10 @@ def test_user_mistakes_exit_2_with_one_clear_line(workspace, capsys, monkeypatch
     data = root / "x.npy"
   elif case == "out is a file":
     out = "data.npz"
+  elif case == "batch not a multiple of devices":  # the user's own numbers: named, not rounded
+    extra = ["--batch-size", "7", "--devices", "2"]
+  elif case == "targeted DLR on two classes":
+    extra = ["--attack", "apgd_t"]
   elif case == "eps over the box":
     eps, original = "1", driver._compile
     monkeypatch.setattr(driver, "_compile",
@@ -425,3 +437,58 @@ def test_every_attack_name_builds_its_attack_or_names_the_norm():
   assert bb.minimum_norm and bb.num_steps == 7
   bb = cli_evaluate.build_attacks(["brendel_bethge"], "l1", None)["brendel_bethge"]
   assert bb.norm == "l1" and bb.num_steps == 1000
+
+
+def test_data_smaller_than_the_batch_runs_on_devices_that_do_not_divide_it(workspace, reference):
+  """7 examples on 2 devices: the batch, shrunk to the data's 7 (from --batch-size 32), is rounded
+  up to 8 (jr.evaluate pads and masks it) instead of failing on a size the user never typed; the
+  counts are those of the reference run on these 7 examples."""
+  root, *_ = workspace
+  assert evaluate(root, "seven", "--devices", "2", "--limit", "7") == 0
+  got = json.loads((root / "seven" / "report.json").read_text())
+  assert (got["provenance"]["evaluate"]["devices"], got["provenance"]["evaluate"]["batch_size"],
+          got["num_examples"]) == (2, 8, 7)
+  with np.load(root / "reference" / "per_example.npz") as per:
+    want = per["worst_case"][:, :7].sum(axis=1)
+  assert got["worst_case"]["robust_count"] == want.tolist()
+  assert got["clean_correct"] == 2  # the first five are misclassified (see workspace)
+
+
+def test_targeted_attacks_use_at_most_c_minus_1_targets(workspace):
+  """apgd_t and fab_t (9 targets, AutoAttack's) run on a 5-class model with 4 targets and fab_t
+  on the 2-class model with 1, instead of refusing a number the command line cannot change."""
+  root, *_ = workspace
+  for model, attacks, targets in [("make_five_class_model", "apgd_t,fab_t", 4),
+                                  ("make_model", "fab_t", 1)]:
+    out = f"targets{targets}"
+    assert evaluate(root, out, "--attack", attacks, "--steps", "2", "--limit", "8",
+                    "--batch-size", "8", model=model) == 0, model
+    got = json.loads((root / out / "report.json").read_text())
+    configs = {name: a["config"] for name, a in got["provenance"]["attacks"].items()}
+    assert set(configs) == set(attacks.split(","))
+    assert all(c["targeted"] and c["n_target_classes"] == targets for c in configs.values())
+    assert got["worst_case"]["robust_count"][0] <= got["clean_correct"]
+
+
+@pytest.mark.parametrize("classes, targets", [(None, 9), (2, 1), (4, 3), (10, 9), (1000, 9)])
+def test_build_attacks_gives_min_9_c_minus_1_targets(classes, targets):
+  names = ["fab_t"] if classes == 2 else ["fab_t", "apgd_t"]  # targeted DLR needs 4 classes
+  for attack in cli_evaluate.build_attacks(names, "linf", 3, num_classes=classes).values():
+    assert json.loads(attack.config)["n_target_classes"] == targets
+
+
+def test_queries_sets_square_alone_and_in_auto_attack(workspace):
+  """--queries sets Square's query budget (square and auto_attack's member; default 5000), which
+  --steps leaves alone; the report records it."""
+  built = cli_evaluate.build_attacks(["square", "auto_attack"], "linf", 3, queries=7)
+  square, auto = (json.loads(built[n].config) for n in ("square", "auto_attack"))
+  assert square["queries"] == 7 and built["square"].num_steps == 7
+  assert auto["queries"] == 7 and auto["steps"] == 3
+  default = cli_evaluate.build_attacks(["square", "auto_attack"], "linf", 3)
+  assert [json.loads(a.config)["queries"] for a in default.values()] == [5000, 5000]
+  root, *_ = workspace
+  assert evaluate(root, "square", "--attack", "square", "--steps", "2", "--queries", "5",
+                  "--limit", "8", "--batch-size", "8") == 0
+  attack = json.loads((root / "square" / "report.json").read_text())["provenance"]["attacks"][
+      "square"]
+  assert attack["config"]["queries"] == 5 and attack["num_steps"] == 5

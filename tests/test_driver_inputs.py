@@ -170,6 +170,23 @@ def test_a_bad_batch_of_a_stream_is_named_with_its_number(bad, kind, message):
       evaluate(iter([bad]))  # the first batch, before anything is compiled
 
 
+@pytest.mark.parametrize("data, kind, says", [
+    (X, ValueError, r"got a numpy\.ndarray of shape \(10, 4\): pass \(x, y\)"),
+    ({"x": X, "y": Y}, ValueError, r"got a dict with keys 'x', 'y': pass \(data\['x'\], "
+     r"data\['y'\]\)"),
+    ([X, Y], ValueError, r"got a list of 2 elements .*: pass a tuple \(x, y\) instead"),
+    ((X, list(Y)), ValueError, r"make every element an array"),
+    (5, TypeError, r"got an int: pass \(x, y\)"),
+])
+def test_data_that_is_not_x_and_y_says_what_it_got_and_what_to_pass(data, kind, says):
+  """Before, an array was read as a stream whose first batch was one row ("got ndarray of length
+  4"), a dict as its keys ("got str of length 1"), a list [x, y] as two batches."""
+  with pytest.raises(kind, match=r"^data must be a tuple of arrays \(x, y\) or \(x, y, index\)"
+                     rf".*{says}") as got:
+    evaluate(data)
+  assert type(got.value) is kind
+
+
 # ------------------------------------------------------------------------------------------------
 # A model that works at one batch size only.
 

@@ -61,6 +61,13 @@ ATTACKS = ("pgd", "fgsm", "apgd", "apgd_t", "auto_attack", "square", "fab", "fab
            "deepfool", "cw", "ddn", "brendel_bethge")
 """The attack names ``--attack`` accepts (comma-separated for several)."""
 
+MAX_TARGETS = 9
+"""Target classes of ``apgd_t`` and ``fab_t`` (AutoAttack's), at most ``C - 1`` on a ``C``-class
+model."""
+
+DEFAULT_BATCH_SIZE = 256
+"""``--batch-size`` when not given (rounded up to a multiple of the device count)."""
+
 
 def parse_eps(text: str) -> tuple[list[float], list[str]]:
   """``"0.01,0.02"`` or ``"2/255,8/255"`` -> the budgets and their text as given. Each is ``>= 0``;
@@ -135,19 +142,28 @@ def add_parser(commands: Any) -> None:
                  "allowed; inf, no bound, for minimum-norm attacks only)")
   p.add_argument("--attack", type=parse_attacks, default=["pgd"], metavar="NAME[,NAME...]",
                  help=f"attacks, worst case taken per example: {', '.join(ATTACKS)} "
-                 "(default: pgd)")
+                 f"(default: pgd); apgd_t and fab_t target the min({MAX_TARGETS}, C - 1) "
+                 "runner-up classes of a C-class model, as auto_attack's members do")
   p.add_argument("--norm", choices=("linf", "l2", "l1"), default="linf",
                  help="the threat model's norm (default: linf)")
   p.add_argument("--steps", type=int_at_least(1), default=None,
-                 help="iterations of every attack that has steps (default: each attack's own)")
+                 help="iterations of pgd, apgd, apgd_t, fab, fab_t, fmn, deepfool, cw, ddn, "
+                 "brendel_bethge and of auto_attack's APGD and FAB members (default: each "
+                 "attack's own); not Square's queries, see --queries")
+  p.add_argument("--queries", type=int_at_least(1), default=None,
+                 help="queries (iterations, one forward pass each) of square and of "
+                 "auto_attack's Square member (default: 5000, AutoAttack's)")
   p.add_argument("--allow-large-eps", action="store_true",
                  help="accept budgets that cover the whole box (refused by default: usually a "
                  "unit mistake, e.g. 8 for 8/255)")
   p.add_argument("--lower", type=float, default=0.0, help="smallest valid input (default: 0)")
   p.add_argument("--upper", type=float, default=1.0, help="largest valid input (default: 1)")
-  p.add_argument("--batch-size", type=int_at_least(1), default=256,
-                 help="examples per step, all devices together (default: 256; without "
-                 "--devices, rounded up to a multiple of the device count)")
+  p.add_argument("--batch-size", type=int_at_least(1), default=None,
+                 help=f"examples per step, all devices together (default: {DEFAULT_BATCH_SIZE}, "
+                 "rounded up to a multiple of the device count). With --devices N it must be a "
+                 "multiple of N; without --devices it is rounded up to one. A data set smaller "
+                 "than the batch runs as one batch of its size rounded up to a multiple of the "
+                 "device count (the padding is masked)")
   p.add_argument("--limit", type=int_at_least(1), default=None,
                  help="evaluate only the first N examples")
   p.add_argument("--out", type=pathlib.Path, default=pathlib.Path("jaxrobust-report"),
@@ -288,20 +304,32 @@ def load_data(path: pathlib.Path, *, lower: float, upper: float,
   return x, y.astype(np.int32), digest  # in range: the cast keeps every label
 
 
-def build_attacks(names: Sequence[str], norm: str, steps: int | None) -> dict[str, Any]:
+def build_attacks(names: Sequence[str], norm: str, steps: int | None,
+                  queries: int | None = None, num_classes: int | None = None) -> dict[str, Any]:
   """``--attack`` names -> ``{name: jr.Attack}`` for ``norm``; raises :class:`UserError` for a
-  norm an attack does not support."""
+  norm an attack does not support.
+
+  ``steps`` (``--steps``) sets the iterations of every attack that has steps, Square's excepted;
+  ``queries`` (``--queries``) sets Square's, alone and as AutoAttack's member (``None``: each
+  attack's default). ``apgd_t`` and ``fab_t`` target ``min(MAX_TARGETS, num_classes - 1)``
+  classes (:data:`MAX_TARGETS` when ``num_classes`` is ``None``; at least one), so that a model
+  with fewer than ten classes runs them as ``auto_attack`` runs its targeted members.
+  """
+  if num_classes is not None:
+    _check_class_count(names, num_classes)
   a = jr.attacks
   with_steps = {} if steps is None else {"steps": steps}
+  with_queries = {} if queries is None else {"queries": queries}
+  targets = MAX_TARGETS if num_classes is None else max(1, min(MAX_TARGETS, num_classes - 1))
   factories: dict[str, Callable[[], Any]] = {
       "pgd": lambda: a.pgd(norm, **with_steps),
       "fgsm": lambda: a.fgsm(norm),
       "apgd": lambda: a.apgd(norm, **with_steps),
-      "apgd_t": lambda: a.apgd(norm, targeted=True, **with_steps),
-      "auto_attack": lambda: a.auto_attack(norm, **with_steps),
-      "square": lambda: a.square(norm),
+      "apgd_t": lambda: a.apgd(norm, targeted=True, n_target_classes=targets, **with_steps),
+      "auto_attack": lambda: a.auto_attack(norm, **with_steps, **with_queries),
+      "square": lambda: a.square(norm, **with_queries),
       "fab": lambda: a.fab(norm, **with_steps),
-      "fab_t": lambda: a.fab(norm, targeted=True, **with_steps),
+      "fab_t": lambda: a.fab(norm, targeted=True, n_target_classes=targets, **with_steps),
       "fmn": lambda: a.fmn(norm, **with_steps),
       "deepfool": lambda: a.deepfool(norm, **with_steps),
       "cw": lambda: _carlini_wagner(norm, with_steps),
@@ -317,6 +345,17 @@ def build_attacks(names: Sequence[str], norm: str, steps: int | None) -> dict[st
   return out
 
 
+def _check_class_count(names: Sequence[str], num_classes: int) -> None:
+  """``apgd_t`` and ``auto_attack`` use the targeted DLR loss, which needs four classes: on a
+  smaller model a :class:`UserError` names the attacks the command line can run instead."""
+  needed = jr.losses.MIN_CLASSES_TARGETED["dlr"]
+  dlr = [name for name in names if name in ("apgd_t", "auto_attack")]
+  if dlr and num_classes < needed:
+    raise UserError(f"--attack {', '.join(dlr)} uses the targeted DLR loss, which needs at least "
+                    f"{needed} classes, but the model has {num_classes}: use --attack "
+                    "apgd,fab_t,square instead")
+
+
 def _ddn(norm: str, with_steps: dict[str, int]) -> Any:
   if norm != "l2":
     raise ValueError("DDN is an L2 attack; pass --norm l2")
@@ -329,8 +368,9 @@ def _carlini_wagner(norm: str, with_steps: dict[str, int]) -> Any:
   return jr.attacks.carlini_wagner_l2(**with_steps)
 
 
-def _check_model(model: Any, x: Any) -> None:
-  """Runs the model abstractly on two examples: a failure there is the user's, in one line."""
+def _check_model(model: Any, x: Any) -> int:
+  """Runs the model abstractly on two examples: a failure there is the user's, in one line.
+  Returns the model's class count ``C`` (its logits are ``[B, C]``)."""
   spec = jax.ShapeDtypeStruct((min(2, x.shape[0]),) + x.shape[1:], x.dtype)
   try:  # the library's own trace of a model: its notes (train mode, NCHW) reach one_line
     shape = logits_shape(lambda inputs: model(inputs), spec)
@@ -340,6 +380,7 @@ def _check_model(model: Any, x: Any) -> None:
   if len(shape) != 2 or shape[0] != spec.shape[0]:
     raise UserError(f"the model must return logits [B, C]; on inputs of shape "
                     f"{tuple(spec.shape)} it returned shape {shape}")
+  return int(shape[1])
 
 
 def convert_torch(module: Any, x: Any) -> Any:
@@ -398,12 +439,25 @@ def _use_devices(count: int | None) -> Any:
 
 
 def _batch_size(args: argparse.Namespace, num_examples: int, mesh: Any) -> int:
-  """``--batch-size`` (at most the data's size); without ``--devices``, rounded up to a multiple
-  of the devices chosen (the last batch is padded and masked by :func:`jaxrobust.evaluate`)."""
-  batch = min(args.batch_size, num_examples)
-  if mesh is not None and args.devices is None:
-    batch = -(-batch // mesh.size) * mesh.size
-  return batch
+  """The global batch size: a multiple of the mesh's device count, as :func:`jaxrobust.evaluate`
+  requires (it pads and masks the last batch).
+
+  ``--batch-size`` (default :data:`DEFAULT_BATCH_SIZE`) is used as given when it is a multiple of
+  the device count; otherwise it is rounded up to one, unless the user gave both ``--batch-size``
+  and ``--devices``: then a :class:`UserError` names both and suggests valid sizes. A data set
+  smaller than the batch runs as one batch of its size rounded up to a multiple of the devices,
+  whatever the options.
+  """
+  devices = 1 if mesh is None else mesh.size
+  batch = DEFAULT_BATCH_SIZE if args.batch_size is None else args.batch_size
+  if batch >= num_examples:  # one batch holds the whole data set
+    batch = num_examples
+  elif batch % devices and args.batch_size is not None and args.devices is not None:
+    below, above = batch // devices * devices, -(-batch // devices) * devices
+    valid = f"{below} or {above}" if below else f"{above}"
+    raise UserError(f"--batch-size {batch} is not a multiple of --devices {args.devices} (each "
+                    f"device takes an equal share of every batch): pass --batch-size {valid}")
+  return -(-batch // devices) * devices
 
 
 def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
@@ -416,7 +470,7 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
     check_file_target("--checkpoint", args.checkpoint, example="run.ckpt", create_folders=True)
   mesh = _use_devices(args.devices)
   epsilons, eps_text = args.eps
-  attacks = build_attacks(args.attack, args.norm, args.steps)
+  attacks = build_attacks(args.attack, args.norm, args.steps, args.queries)  # fails early
   check_eps_for_attacks(epsilons, attacks)
   if (args.model is None) == (args.torch is None):
     raise UserError("give the model either as MODULE:FUNCTION (a JAX model) or as --torch "
@@ -426,10 +480,13 @@ def run_evaluate(args: argparse.Namespace, argv: Sequence[str]) -> Any:
   x, y, digest = load_data(args.data, lower=args.lower, upper=args.upper, limit=args.limit)
   if args.torch is not None:
     model = convert_torch(model, x)
-  _check_model(model, x)
+  num_classes = _check_model(model, x)
+  # Again for the model's class count: the targets of apgd_t and fab_t, targeted DLR's minimum.
+  attacks = build_attacks(args.attack, args.norm, args.steps, args.queries, num_classes)
+  batch_size = _batch_size(args, len(x), mesh)
   try:
     report = jr.evaluate(model, (x, y), attacks=attacks, epsilons=epsilons,
-                         key=jax.random.key(args.seed), batch_size=_batch_size(args, len(x), mesh),
+                         key=jax.random.key(args.seed), batch_size=batch_size,
                          mesh=mesh, checkpoint=args.checkpoint, progress=not args.quiet,
                          lower=args.lower, upper=args.upper, keep_per_example=True,
                          max_propagations=args.max_propagations,

@@ -154,9 +154,8 @@ def read_batch(batch: Any, plan: Plan, x_spec: tuple | None) -> tuple[np.ndarray
   """``(x, y, index or None)`` of one data element, checked for shape and dtype (``x_spec``:
   the example shape and dtype of the first batch, which every batch must share)."""
   if not isinstance(batch, (tuple, list)) or len(batch) not in (2, 3):
-    raise ValueError("Each batch must be a tuple (x, y) or (x, y, index), got "
-                     f"{type(batch).__name__}" + (f" of length {len(batch)}."
-                                                  if hasattr(batch, "__len__") else "."))
+    raise ValueError(f"Each batch must be a tuple (x, y) or (x, y, index), got "
+                     f"{describe(batch)}.")
   x, y = np.asarray(batch[0]), np.asarray(batch[1])
   index = None if len(batch) == 2 else np.asarray(batch[2])
   if x.dtype == np.float64:
@@ -304,6 +303,72 @@ def _is_array(a: Any) -> bool:
   return hasattr(a, "shape") and hasattr(a, "dtype")
 
 
+def _type_name(value: Any) -> str:
+  """``value``'s type as a user knows it: ``numpy.ndarray``, ``jax.Array``, ``list``, ..."""
+  if isinstance(value, jax.Array):
+    return "jax.Array"
+  kind = type(value)
+  if kind.__module__ == "builtins":
+    return kind.__qualname__
+  return f"{kind.__module__.split('.')[0]}.{kind.__qualname__}"
+
+
+def describe(value: Any) -> str:
+  """What a message says ``value`` is: its type (with ``a``/``an``) and, for an array its shape,
+  for a mapping its keys, for a list or tuple its elements' types.
+
+  Examples:
+    >>> describe(np.zeros((10, 32, 32, 3)))
+    'a numpy.ndarray of shape (10, 32, 32, 3)'
+    >>> describe({"x": 1, "y": 2})
+    "a dict with keys 'x', 'y'"
+    >>> describe([np.zeros(3), np.zeros(3)])
+    'a list of 2 elements (numpy.ndarray, numpy.ndarray)'
+    >>> describe(5)
+    'an int'
+  """
+  name = _type_name(value)
+  if _is_array(value):
+    text = f"{name} of shape {tuple(value.shape)}"
+  elif isinstance(value, Mapping):
+    keys = [repr(k) for k in list(value)[:6]]
+    text = f"{name} with keys {', '.join(keys)}" + (", ..." if len(value) > 6 else "")
+    text = text if value else f"empty {name}"
+  elif isinstance(value, (list, tuple)):
+    kinds = ", ".join(_type_name(v) for v in value[:4]) + (", ..." if len(value) > 4 else "")
+    text = f"{name} of {len(value)} elements ({kinds})"
+  else:
+    text = name
+  return ("an " if text[0] in "aeiou" else "a ") + text
+
+
+DATA_FORMS = ("data must be a tuple of arrays (x, y) or (x, y, index), or an iterable of such "
+              "batches")
+
+
+def _refuse_misshapen_data(data: Any) -> None:
+  """Raises, with what to pass instead, for ``data`` that is not a tuple of arrays and that as an
+  iterable of batches could only fail at its first batch: an array (its rows would be the
+  batches), a mapping (its keys would be) or a list or tuple starting with an array (each array
+  would be one batch)."""
+  if _is_array(data) and getattr(data, "dtype", None) != object:
+    hint = "pass (x, y), the inputs x [N, ...] with their labels y [N]"
+  elif isinstance(data, Mapping) and not all(isinstance(k, tuple) for k in data):
+    hint = ("pass (data['x'], data['y'])" if "x" in data and "y" in data else
+            "pass (x, y), the inputs x [N, ...] with their labels y [N]")
+  elif isinstance(data, (list, tuple)) and data and _is_array(data[0]):
+    if len(data) in (2, 3) and all(map(_is_array, data)):  # a list: a tuple is taken above
+      hint = (f"pass a tuple ({'x, y' if len(data) == 2 else 'x, y, index'}) instead: a list is "
+              "read as an iterable of batches")
+    elif len(data) in (2, 3):
+      hint = "make every element an array, e.g. (x, np.asarray(y))"
+    else:
+      hint = "pass (x, y) or (x, y, index)"
+  else:
+    return
+  raise ValueError(f"{DATA_FORMS}; got {describe(data)}: {hint}.")
+
+
 def batches(data: Any, local_batch: int) -> tuple[Iterator[tuple], int | None]:
   """An iterator of ``(x, y)`` or ``(x, y, index)`` host batches, and the example count if known."""
   if isinstance(data, tuple) and len(data) in (2, 3) and all(map(_is_array, data)):
@@ -325,9 +390,9 @@ def batches(data: Any, local_batch: int) -> tuple[Iterator[tuple], int | None]:
         yield tuple(a[start:start + local_batch] for a in arrays)
 
     return sliced(), n
+  _refuse_misshapen_data(data)
   if not isinstance(data, Iterable):
-    raise TypeError("data must be a tuple of arrays (x, y) or an iterable of (x, y) batches, got "
-                    f"{type(data).__name__}.")
+    raise TypeError(f"{DATA_FORMS}; got {describe(data)}: pass (x, y).")
   return iter(data), None
 
 
