@@ -12,8 +12,17 @@ every ``x`` in the input box. Rules, with the constant operands fixed:
   for each output element of one affine layer;
 * ``integer_pow``/``square`` with an even power: ``0`` is the minimum when ``l <= 0 <= u``.
 
-Bounds are computed in float32 at least (a bfloat16 model is bounded in float32); they are sound
-for the real-number computation, up to the float rounding of the bound arithmetic itself.
+Bounds are computed in float32 at least (a bfloat16 model is bounded in float32). A model that
+computes in bfloat16 or float16 rounds each result to that type: for such an equation
+(:func:`jaxrobust.certify._primitives.rounding_dtype`) the interval ``[l, u]`` of the exact
+result ``t`` becomes ``[min(l, fl(l)), max(u, fl(u))]``, ``fl`` rounding to the output type and
+back. Round to nearest is monotone, so ``fl(l) <= fl(t) <= fl(u)``: the interval holds the
+rounded result and the unrounded one (XLA's excess precision may skip a rounding), and so every
+interval holds the model's own value, as long as its products, convolutions and sums accumulate
+in float32 or wider and round once to their output type (XLA on CPU, cuBLAS and TPU matrix units
+on accelerators). The bounds are sound for the model's own low-precision arithmetic under that
+assumption, and otherwise for the real-number computation, up to the float rounding of the bound
+arithmetic itself. A float32 model bounded in float32 has no rounding equation: nothing changes.
 """
 
 from __future__ import annotations
@@ -85,6 +94,22 @@ def _centre_radius(eqn: Equation, intervals: dict, dtype) -> Interval:
   return Interval(mid - spread, mid + spread)
 
 
+def rounded(box: Interval, dtype) -> Interval:
+  """``[min(l, fl(l)), max(u, fl(u))]``, ``fl`` rounding to nearest in ``dtype`` (and back): it
+  holds ``t`` and ``fl(t)`` for every ``t`` in ``box``, since ``fl`` is nondecreasing.
+
+  Examples:
+    >>> import jax.numpy as jnp
+    >>> t = jnp.array([1 + 2 ** -10, 1 + 3 * 2 ** -9])  # bfloat16 steps by 2**-7 above 1
+    >>> [v.tolist() for v in rounded(Interval(t, t), jnp.bfloat16)]
+    [[1.0, 1.005859375], [1.0009765625, 1.0078125]]
+  """
+  def fl(v):
+    return v.astype(dtype).astype(v.dtype)
+
+  return Interval(jnp.minimum(box.lower, fl(box.lower)), jnp.maximum(box.upper, fl(box.upper)))
+
+
 def propagate(graph: Graph, lower: Array, upper: Array,
               refine: Optional[Callable[[int, dict], Interval]] = None) -> dict:
   """Intervals of every node of ``graph`` for inputs in ``[lower, upper]``.
@@ -104,7 +129,8 @@ def propagate(graph: Graph, lower: Array, upper: Array,
   for eqn in graph.equations:
     result = interval_rule(eqn, intervals, lower.dtype)
     (node,) = eqn.outputs
-    intervals[node] = result
+    rounding = prim.rounding_dtype(eqn, graph.avals[node].dtype, lower.dtype)
+    intervals[node] = result if rounding is None else rounded(result, rounding)
     if refine is not None:
       intervals[node] = refine(node, intervals)
   return intervals

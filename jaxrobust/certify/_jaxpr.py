@@ -4,7 +4,8 @@
 jaxpr is then flattened: call-like equations (``jit``/``pjit``, ``closed_call``,
 ``custom_jvp_call``, ``custom_vjp_call``, ``checkpoint``) are inlined recursively, so
 ``jax.nn.relu`` (a custom JVP around ``max(x, 0)``) and Flax modules (``jit``-wrapped helpers) are
-seen as the primitives they are made of. Every value is classified on the way:
+seen as the primitives they are made of; the multiple-output ``split`` and ``unstack`` become one
+``slice`` per output (:data:`SPLITS`). Every value is classified on the way:
 
 * **constant**: it depends only on literals and the jaxpr's constants (weights, BatchNorm
   statistics, ``rsqrt(var + eps) * scale``): it is evaluated on the spot, with the primitive's own
@@ -18,6 +19,7 @@ equations whose operands are node ids (``int``) or :class:`Const`, in topologica
 
 from __future__ import annotations
 
+import functools
 import inspect
 
 from typing import Any, Callable, NamedTuple, Union
@@ -171,9 +173,36 @@ class _Builder:
       raise NotImplementedError(
           f"primitive '{eqn.primitive.name}' (a loop or conditional) on input-dependent values is "
           "not supported by bound propagation; write fn without control flow over its input")
+    if eqn.primitive.name in SPLITS:
+      return self.inline_split(eqn, operands)
     outputs = tuple(self.new_node(var.aval) for var in eqn.outvars)
     self.equations.append(Equation(eqn.primitive, dict(eqn.params), tuple(operands), outputs))
     return list(outputs)
+
+  def inline_split(self, eqn, operands: list) -> list:
+    """A multiple-output ``split``/``unstack`` as one ``slice`` (then ``squeeze`` for
+    ``unstack``) per output, traced with :mod:`jax.lax` and inlined: every rule then sees
+    single-output equations."""
+    (operand,) = operands
+    closed = jax.make_jaxpr(functools.partial(SPLITS[eqn.primitive.name], **eqn.params))(
+        self.avals[operand])
+    return self.inline(closed.jaxpr, list(closed.consts), [operand])
+
+
+def _split(x, *, axis: int, sizes, **_) -> list:
+  starts = np.cumsum([0, *sizes])
+  return [jax.lax.slice_in_dim(x, int(start), int(stop), axis=axis)
+          for start, stop in zip(starts[:-1], starts[1:])]
+
+
+def _unstack(x, *, axis: int, **_) -> list:
+  return [jax.lax.squeeze(jax.lax.slice_in_dim(x, i, i + 1, axis=axis), (axis,))
+          for i in range(x.shape[axis])]
+
+
+SPLITS = {"split": _split, "unstack": _unstack}
+"""Multiple-output primitives (``jnp.split``, ``jnp.unstack`` in recent JAX releases), by name,
+and the same outputs from ``slice``/``squeeze``: :class:`_Builder` rewrites them so."""
 
 
 def _is_call(eqn) -> bool:

@@ -16,6 +16,18 @@ reverse topological order:
   input-dependent values, ...) is replaced by the constant bounds of its output's interval:
   ``<Λ, z> >= <Λ⁺, l_z> + <Λ⁻, u_z>``; so is the input, with the box ``[lower, upper]``.
 
+A model computing in bfloat16 or float16 rounds each result to its type
+(:func:`jaxrobust.certify._primitives.rounding_dtype`; products and sums accumulated in float32
+or wider, rounded once). Through such an affine equation ``z = fl(A(v)) = A(v) + e`` with
+``|e| <= u M_z`` elementwise (``u`` the unit roundoff, ``2**-8`` for bfloat16, ``M_z`` the
+largest magnitude of ``z``'s interval, which holds the rounded and the unrounded value; plus the
+smallest subnormal), so the step's offset loses ``<|Λ|, u M_z>``. Nonlinear equations need
+nothing more: a relaxed ``max``/``min`` is exact in any precision, and a concretized one (an
+explicit conversion to a narrower type among them) uses its output's interval, already widened
+for the rounding by IBP (:func:`jaxrobust.certify._interval.rounded`); the intermediate bounds
+come from the same backward pass. A float32 model bounded in float32 rounds nowhere: its bounds
+are unchanged.
+
 The result is a lower bound of each row of ``<Λ, v(x)>`` over the box (upper bounds use ``-Λ``).
 The intervals the relaxations need are computed by the same backward pass, started from every
 input of a nonlinear equation with the identity specification (CROWN's intermediate bounds), and
@@ -98,6 +110,18 @@ def _affine_step(eqn: Equation, graph: Graph, coeff: Array, dtype) -> tuple:
   return _row_sum(coeff * offset[None]), dict(zip(positions, pulled))
 
 
+def _rounding_error(coeff: Array, box: Interval, dtype) -> Array:
+  """``[K]``: the most ``<coeff[k], e>`` can be when the model rounds ``z = A(v)`` to ``dtype``,
+  ``z = A(v) + e``: ``|e| <= u max(|l_z|, |u_z|) + s`` elementwise (``u`` the unit roundoff,
+  ``s`` the smallest subnormal, for results below the normal range), ``[l_z, u_z]`` ``z``'s
+  interval, which holds both the rounded and the unrounded value."""
+  finfo = jnp.finfo(dtype)
+  size = jnp.maximum(jnp.abs(box.lower), jnp.abs(box.upper))
+  error = prim.unit_roundoff(dtype) * size + float(finfo.smallest_subnormal)
+  weight = jnp.abs(coeff)
+  return _row_sum(jnp.where(weight > 0, weight * error[None], jnp.zeros_like(weight)))
+
+
 def backward_lower(graph: Graph, intervals: dict, target, spec: Array, *, relax: bool,
                    dtype) -> Array:
   """Lower bounds ``[K]`` of ``<spec[k], target(x)>`` over the box held in ``intervals[0]``.
@@ -127,6 +151,9 @@ def backward_lower(graph: Graph, intervals: dict, target, spec: Array, *, relax:
     if prim.is_affine(eqn, dtype):
       offset, pulled = _affine_step(eqn, graph, coeff, dtype)
       sources = [(eqn.inputs[position], value) for position, value in pulled.items()]
+      rounding = prim.rounding_dtype(eqn, graph.avals[node].dtype, dtype)
+      if rounding is not None:
+        offset = offset - _rounding_error(coeff, intervals[node], rounding)
     elif relaxation is not None:
       source, (a_low, b_low, a_up, b_up) = relaxation
       positive = coeff >= 0
