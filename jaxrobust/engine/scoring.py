@@ -169,9 +169,14 @@ def round_toward(x_adv: Array, x: Array) -> Array:
   return jnp.where(farther, jnp.nextafter(nearest, x), nearest)
 
 
-SHRINKS = (2.0**-18, 2.0**-14, 2.0**-10)
-"""The relative margins below ``eps`` by which :func:`inside_ball` scales a point that float
-rounding left outside its L2 or L1 ball, one per try."""
+MARGIN = 2.0**-20
+"""How far inside its L2 or L1 ball (relative to ``eps``) :func:`inside_ball` puts a row whose
+norm comes within this of ``eps``: more than a norm's rounding differs between two orders of
+summation, so that any program, and the user's own check, finds the point inside."""
+
+SHRINKS = (2.0**-19, 2.0**-15, 2.0**-11)
+"""The relative distances below ``eps`` to which :func:`inside_ball` scales such a row, one per
+try (the first almost always suffices: the rounding of ``x + d`` is what can undo it)."""
 
 
 def inside_ball(x_adv: Array, x: Array, eps: Array, norm: str) -> Array:
@@ -183,18 +188,23 @@ def inside_ball(x_adv: Array, x: Array, eps: Array, norm: str) -> Array:
   ``max |x_adv - x| = 8.0000076``), and an L2 or L1 rescaling by ``eps / ||d||`` leaves the
   rounding of the norm and of ``x + d`` (Square L2 at eps 0.5: 0.50000024). Here
 
-  * Linf: each coordinate is clamped to ``[lo, hi]``, where ``hi`` is ``fl(x + eps)``, stepped
-    one float towards ``x`` where ``fl(hi - x) > eps`` (``fl(x + eps)`` is within half a unit of
-    the real sum, so the float below it is not above it, and rounding is monotone), and ``lo``
-    likewise: exact;
-  * L2, L1: a row whose norm exceeds ``eps`` is scaled to ``eps (1 - s)`` for each margin
-    ``s`` of :data:`SHRINKS` in turn until it fits (the first try almost always does: the
-    rounding of ``x + d`` is what can move the norm).
+  * Linf: each coordinate is clipped to ``[fl(x - eps), fl(x + eps)]``, then stepped one float
+    towards ``x`` where ``|fl(result - x)| > eps``, twice (a bound ``fl(x + eps)`` is within half
+    a unit of the real sum, so the float below it is not above it, and rounding is monotone):
+    exact;
+  * L2, L1: a norm is a sum, whose rounding depends on the order of summation, which XLA
+    chooses per program (fusion, vectorisation, the batch's layout over devices): the same
+    array's norm can differ by a unit in the last place between two places of one program. So a
+    row whose norm exceeds ``eps (1 - MARGIN)`` (:data:`MARGIN`, ``2**-20``; a point on the sphere
+    does) is scaled to ``eps (1 - s)``, ``s`` the first of :data:`SHRINKS` that brings it below
+    that (the first, ``2**-19``, almost always does): a few times ``2**-20`` of ``eps`` inside,
+    more than any order of summation changes a norm.
 
-  A scaled row stays between ``x`` and ``x_adv`` coordinate by coordinate, so inside any box that
-  holds both. Rows already inside are returned unchanged, bit for bit. :func:`score` still falls
-  back to ``x`` for a row that is outside after these tries (never seen), so no result claims a
-  point outside its ball.
+  Every check reads the values as stored, behind ``jax.lax.optimization_barrier``: otherwise XLA
+  may simplify ``(x + eps) - x`` to ``eps`` and pass a point that is outside. A scaled row stays
+  between ``x`` and ``x_adv`` coordinate by coordinate, so inside any box that holds both; other
+  rows are returned unchanged, bit for bit. :func:`score` still falls back to ``x`` for a row
+  that is outside after these tries (never seen), so no result claims a point outside its ball.
 
   Args:
     x_adv, x: ``[B, ...]`` in the same floating dtype.
@@ -212,16 +222,19 @@ def inside_ball(x_adv: Array, x: Array, eps: Array, norm: str) -> Array:
   """
   radius = expand(eps.astype(x.dtype), x.ndim)
   if norm == "linf":
-    hi, lo = x + radius, x - radius
-    hi = jnp.where(hi - x > radius, jnp.nextafter(hi, x), hi)
-    lo = jnp.where(x - lo > radius, jnp.nextafter(lo, x), lo)
-    return jnp.clip(x_adv, lo, hi)
+    out = jnp.clip(x_adv, x - radius, x + radius)
+    for _ in range(2):  # static
+      out = jax.lax.optimization_barrier(out)
+      out = jnp.where(jnp.abs(out - x) > radius, jnp.nextafter(out, x), out)
+    return jax.lax.optimization_barrier(out)
+  eps = eps.astype(x.dtype)
   for shrink in SHRINKS:  # static: a few element-wise passes, no loop around the model
+    x_adv = jax.lax.optimization_barrier(x_adv)
     size = projections.norm(x_adv - x, norm)
-    over = size > eps.astype(size.dtype)
-    scale = jnp.where(over, eps.astype(size.dtype) / jnp.where(over, size, 1) * (1 - shrink), 1)
+    over = size > eps * (1 - MARGIN)
+    scale = jnp.where(over, eps / jnp.where(over, size, 1) * (1 - shrink), 1)
     x_adv = jnp.where(expand(over, x.ndim), x + (x_adv - x) * expand(scale, x.ndim), x_adv)
-  return x_adv
+  return jax.lax.optimization_barrier(x_adv)
 
 
 def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Array,
