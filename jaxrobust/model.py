@@ -218,6 +218,7 @@ def model_of(logits_fn: Callable[..., Array] | Model) -> Model:
   """
   if isinstance(logits_fn, Model):
     return logits_fn
+  refuse_torch_module(logits_fn)
   nnx = _nnx()
   if nnx is not None and isinstance(logits_fn, nnx.Module):
     graphdef, state = nnx.split(logits_fn)
@@ -229,6 +230,17 @@ def model_of(logits_fn: Callable[..., Array] | Model) -> Model:
     statics = tuple(v for v, a in zip(leaves, is_array) if not a)
     return Model(arrays, "partial", (logits_fn.func, treedef, is_array, statics))
   return Model([], "function", logits_fn)
+
+
+def refuse_torch_module(logits_fn: Any) -> None:
+  """A ``TypeError`` saying to convert it when ``logits_fn`` is a ``torch.nn.Module`` (known by
+  its classes, without importing torch): JAX cannot trace one, and what fails inside it says
+  nothing of the cause."""
+  if any(c.__module__ == "torch.nn.modules.module" and c.__name__ == "Module"
+         for c in type(logits_fn).__mro__):
+    raise TypeError(f"logits_fn is a PyTorch module ({type(logits_fn).__name__}), which JAX "
+                    "cannot trace: convert it first, model = jr.interop.from_torch(module.eval(), "
+                    "example_batch), and pass model.")
 
 
 def captured_constants(closed_jaxpr: Any) -> list:
@@ -271,6 +283,7 @@ def trace_model(fn: Callable[..., Any], *args: Any, return_shape: bool = False) 
     >>> closed.jaxpr.eqns[0].primitive
     mul
   """
+  refuse_torch_module(fn)
   try:
     return jax.make_jaxpr(fn, return_shape=return_shape)(*args)
   except Exception as error:

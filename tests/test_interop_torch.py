@@ -185,6 +185,32 @@ def test_refusals_name_the_fix(setup):
 
   with pytest.raises(ValueError, match=r"differ from the module's on example_input by up to"):
     jr.interop.from_torch(Noisy().eval(), np.zeros((2, 3), np.float32))
+  nchw = x[:2].transpose(0, 3, 1, 2)
+  for dtype in (torch.float16, torch.bfloat16, torch.float64):  # the attacks call it in float32
+    with pytest.raises(ValueError, match=rf"are {str(dtype)[6:]}; convert a float32 module, "
+                       r"module\.float\(\).*compute_in"):
+      jr.interop.from_torch(make_net().to(dtype), torch.from_numpy(nchw).to(dtype))
+  hooked = make_net()
+  hooked.register_forward_pre_hook(lambda module, args: (args[0] * 2,))  # torchax would skip it
+  with pytest.raises(ValueError, match=r"forward hooks registered on itself \(forward_pre_hooks\)"):
+    jr.interop.from_torch(hooked, nchw)
+  with pytest.raises(TypeError, match=r"PyTorch module \(Net\).*jr\.interop\.from_torch"):
+    jr.run(jr.attacks.fgsm("linf"), net, x[:2], np.zeros(2, np.int32), jr.Budget(0.1),
+           jax.random.key(0))  # the module itself, not converted
+
+
+def test_a_module_put_back_in_training_mode_after_the_conversion_is_refused(setup):
+  """torchax runs the live module's forward at every trace: in training mode BatchNorm would use
+  the batch's statistics (the converted weights are a copy, the mode is not)."""
+  x = setup[3]
+  net = make_net()
+  model = jr.interop.from_torch(net, x[:2].transpose(0, 3, 1, 2))
+  net.train()
+  with pytest.raises(ValueError, match=r"put back in training mode after from_torch"):
+    jax.jit(lambda m, v: m(v))(model, x[:4])
+  net.eval()
+  np.testing.assert_allclose(np.asarray(jax.jit(lambda m, v: m(v))(model, x[:4])),
+                             np.asarray(setup[1](x[:4])), atol=1e-6)
 
 
 def test_flat_inputs_and_nchw_layout():
@@ -242,6 +268,12 @@ def test_checkpoints_load_into_a_fresh_module(setup, tmp_path, suffix):
     safetensors.torch.save_file(partial, path)
   with pytest.raises(RuntimeError, match=r'(?s)net.*Missing key\(s\) in state_dict: "bn.running_var"'):
     jr.interop.load_state_dict(make_net(), path)
+  if suffix == ".safetensors":  # bfloat16 tensors, which NumPy (or ml_dtypes) cannot hand torch
+    state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v
+             for k, v in net.state_dict().items()}
+    safetensors.torch.save_file(state, path)
+    loaded = jr.interop.load_state_dict(make_net(seed=5), path)
+    assert torch.equal(loaded.fc.weight, net.fc.weight.to(torch.bfloat16).float())
 
 
 def test_readme_pytorch_example_runs(tmp_path, monkeypatch):

@@ -31,11 +31,13 @@ def _read_safetensors(torch: Any, path: pathlib.Path) -> dict[str, Any]:
 
   try:
     arrays = safetensors.numpy.load_file(path)
-  except (TypeError, ValueError):  # a dtype NumPy has not (bfloat16): PyTorch reads it
+    return {name: torch.from_numpy(np.array(value)) for name, value in arrays.items()}
+  except (TypeError, ValueError):
+    # A dtype NumPy has not (bfloat16): an error in older safetensors releases, an ml_dtypes
+    # array that torch.from_numpy refuses in newer ones. PyTorch reads it.
     import safetensors.torch  # noqa: PLC0415
 
     return safetensors.torch.load_file(path, device="cpu")
-  return {name: torch.from_numpy(np.array(value)) for name, value in arrays.items()}
 
 
 def load_state_dict(module: Any, path: str | os.PathLike, *, strict: bool = True) -> Any:

@@ -159,10 +159,13 @@ jax.tree_util.register_pytree_node(
 _NO_LOWERING = re.compile(r"Operator with name (\S+) has no lowering")
 
 
-def _apply(jax_fn: Any, layout: str, not_found: type, params: Any, buffers: Any, x: Any) -> Any:
+def _apply(jax_fn: Any, layout: str, not_found: type, module: Any, params: Any, buffers: Any,
+           x: Any) -> Any:
   """The module on ``x`` (NHWC images transposed to NCHW) with ``params`` and ``buffers``;
   PyTorch's implicit broadcasting and type promotion allowed inside (the module's semantics,
-  whatever the caller's JAX promotion settings)."""
+  whatever the caller's JAX promotion settings). torchax runs the live ``module``'s ``forward``
+  at every trace, so a module put back in training mode after the conversion is refused here."""
+  _refuse_training(module, after=True)
   x = jnp.asarray(x)
   if layout == "nhwc" and x.ndim == 4:
     x = jnp.transpose(x, (0, 3, 1, 2))
@@ -184,13 +187,37 @@ def _example(torch: Any, example_input: Any) -> Any:
   return torch.from_numpy(np.array(example_input))  # a copy: writable, contiguous
 
 
-def _refuse_training(module: Any) -> None:
+def _refuse_training(module: Any, *, after: bool = False) -> None:
   training = [name or type(module).__name__ for name, m in module.named_modules() if m.training]
   if training:
     shown = ", ".join(training[:3]) + (f" and {len(training) - 3} more" if len(training) > 3 else "")
-    raise ValueError(f"the module is in training mode ({shown}): BatchNorm would normalise with "
+    when = ("was put back in training mode after from_torch" if after else
+            "is in training mode")
+    raise ValueError(f"the module {when} ({shown}): BatchNorm would normalise with "
                      "the batch's statistics and Dropout would drop, so the attacked model would "
-                     "not be the one you evaluate; call module.eval() before from_torch")
+                     "not be the one you evaluate; call module.eval()"
+                     + (" (the converted model runs the module's own forward)" if after else
+                        " before from_torch"))
+
+
+def _refuse_unconvertible(torch: Any, module: Any) -> None:
+  """What torchax would convert wrongly or not at all: parameters or buffers that are not float32
+  (the attacks call the model in float32; bfloat16 ones do not even reach NumPy) and hooks on
+  the module itself (torchax calls its ``forward`` directly, so they would be skipped)."""
+  dtypes = sorted({str(t.dtype).replace("torch.", "") for t in (*module.parameters(),
+                                                                 *module.buffers())
+                   if t.is_floating_point() and t.dtype != torch.float32})
+  if dtypes:
+    raise ValueError(f"the module's parameters or buffers are {', '.join(dtypes)}; convert a "
+                     "float32 module, module.float(), and to compute in low precision use "
+                     "from_torch(module.float(), example).compute_in(jnp.bfloat16) (or float16)")
+  hooks = [kind for kind in ("_forward_pre_hooks", "_forward_hooks")
+           if getattr(module, kind, None)]
+  if hooks:
+    raise ValueError("the module has forward hooks registered on itself "
+                     f"({', '.join(h.strip('_') for h in hooks)}), which the conversion would "
+                     "skip (torchax calls module.forward directly): register them on a submodule, "
+                     "fold them into forward, or wrap the module in another one")
 
 
 def _reference(torch: Any, module: Any, example: Any) -> np.ndarray:
@@ -242,8 +269,11 @@ def from_torch(module: Any, example_input: Any, *, layout: str = "nhwc", atol: f
 
   Raises:
     ImportError: PyTorch or torchax is not installed (``pip install 'jaxrobust[torch]'``).
-    ValueError: a submodule is in training mode, the module fails on ``example_input`` or returns
-      no ``[B, C]`` logits, or the converted logits differ beyond the tolerance.
+    ValueError: a submodule is in training mode (also when the converted model is called after
+      the module was put back in it), parameters or buffers that are not float32 (convert a
+      float32 module and use ``compute_in``), forward hooks on the module itself, the module
+      fails on ``example_input`` or returns no ``[B, C]`` logits, or the converted logits differ
+      beyond the tolerance.
     UnsupportedOperationError: an ATen operation torchax cannot lower (its name in the message
       and in ``.operation``); also raised when a later call traces such an operation.
 
@@ -256,13 +286,14 @@ def from_torch(module: Any, example_input: Any, *, layout: str = "nhwc", atol: f
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
   _refuse_training(module)
+  _refuse_unconvertible(torch, module)
   example = _example(torch, example_input)
   expected = _reference(torch, module, example)
   from torchax.tensor import OperatorNotFound  # noqa: PLC0415 - the optional extra
 
   states, jax_fn = torchax.extract_jax(module)
   params, buffers = _split(module, states)
-  apply = functools.partial(_apply, jax_fn, layout, OperatorNotFound)
+  apply = functools.partial(_apply, jax_fn, layout, OperatorNotFound, module)
   x = jnp.asarray(example.numpy())
   if layout == "nhwc" and x.ndim == 4:
     x = jnp.transpose(x, (0, 2, 3, 1))
