@@ -194,6 +194,10 @@ def test_refusals_name_the_fix(setup):
   hooked.register_forward_pre_hook(lambda module, args: (args[0] * 2,))  # torchax would skip it
   with pytest.raises(ValueError, match=r"forward hooks registered on itself \(forward_pre_hooks\)"):
     jr.interop.from_torch(hooked, nchw)
+  spectral = torch.nn.Sequential(
+      torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(3, 2))).eval()
+  with pytest.raises(ValueError, match=r"torchax could not run the module's forward in JAX"):
+    jr.interop.from_torch(spectral, np.ones((2, 3), np.float32))  # torchax's AssertionError
   with pytest.raises(TypeError, match=r"PyTorch module \(Net\).*jr\.interop\.from_torch"):
     jr.run(jr.attacks.fgsm("linf"), net, x[:2], np.zeros(2, np.int32), jr.Budget(0.1),
            jax.random.key(0))  # the module itself, not converted

@@ -297,7 +297,15 @@ def from_torch(module: Any, example_input: Any, *, layout: str = "nhwc", atol: f
   x = jnp.asarray(example.numpy())
   if layout == "nhwc" and x.ndim == 4:
     x = jnp.transpose(x, (0, 2, 3, 1))
-  got = np.asarray(apply(params, buffers, x), np.float64)
+  try:
+    got = np.asarray(apply(params, buffers, x), np.float64)
+  except (UnsupportedOperationError, ValueError):
+    raise
+  except Exception as error:  # noqa: BLE001 - torchax's own failures on the user's module
+    raise ValueError(f"torchax could not run the module's forward in JAX: "
+                     f"{type(error).__name__}: {error}; the module uses something torchax does "
+                     "not convert (e.g. a spectral_norm parametrization): rewrite that part "
+                     "with plain operations") from error
   reference = expected.astype(np.float64)
   if got.shape != reference.shape:
     raise ValueError(f"the converted model returned logits of shape {got.shape}, the module "
