@@ -416,7 +416,7 @@ class Report:
         per-example certified flags ``[K, N]`` of the same ``N`` examples, or ``[K]`` integer
         counts of certified examples.
       description: how the curve was obtained (the certifier's configuration).
-      norm: the norm of the certified radii (default: the report's norm).
+      norm: the norm of the certified radii (default, and the only one accepted: the report's).
       allow_above_empirical: accept certified counts above the empirical worst case. For
         randomized smoothing both sides are Monte-Carlo estimates of the smoothed classifier (the
         certificate holds with probability ``1 - alpha`` per example, the attack's verdict is a
@@ -428,7 +428,8 @@ class Report:
       A :class:`Report`.
 
     Raises:
-      ValueError: a name already used, a curve over another eps grid or other examples, counts
+      ValueError: a name already used, a ``norm`` other than the report's, a curve over another
+        eps grid or other examples, counts
         that are not ``[K]`` integers, outside ``[0, N]``, or above the empirical worst case
         (which is at most ``clean_correct``) without ``allow_above_empirical``: the rule of
         :meth:`from_counts`, applied by one function to both.
@@ -444,6 +445,10 @@ class Report:
     """
     if name in self.certified:
       raise ValueError(f"The report already has a certified curve {name!r}.")
+    if norm is not None and norm != self.worst_case.norm:
+      raise ValueError(f"The certified curve is for the {norm} norm and the report's attacks for "
+                       f"the {self.worst_case.norm} norm: a bracket compares one threat model. "
+                       "Certify in the attacks' norm, or evaluate attacks in the certificate's.")
     if isinstance(certified, Curve):
       if not np.array_equal(np.asarray(certified.epsilons, np.float32), self.epsilons):
         raise ValueError(f"The certified curve's eps grid {np.asarray(certified.epsilons)} is "
@@ -606,8 +611,18 @@ class Report:
 
   @classmethod
   def load(cls, directory: os.PathLike | str) -> Report:
-    """Reads a report written by :meth:`save` (the inverse of :meth:`save`)."""
+    """Reads a report written by :meth:`save` (the inverse of :meth:`save`): ``directory`` is the
+    folder :meth:`save` wrote, or its ``report.json``.
+
+    Raises:
+      FileNotFoundError: no ``report.json`` there.
+    """
     directory = pathlib.Path(directory)
+    if directory.name == "report.json" and directory.is_file():
+      directory = directory.parent
+    if not (directory / "report.json").is_file():
+      raise FileNotFoundError(f"no report.json in {directory}: give the folder Report.save (or "
+                              "jaxrobust evaluate --out) wrote")
     d = json.loads((directory / "report.json").read_text())
     per_example = None
     if d["per_example"] is not None:

@@ -323,6 +323,16 @@ def test_compare_overlays_saved_reports(workspace, reference, nnx_report, capsys
   assert f"clean {reference['clean_accuracy']:.4f}" in text
   assert text.count("\n  Gradient masking (static): none found\n") == 2  # under each report
   assert cli.main(["compare", str(root / "reference"), str(root / "missing")]) == 2
+  capsys.readouterr()
+  # A report is its folder or its report.json; reports of two norms are overlaid with a warning.
+  l2 = jr.Report.load(root / "reference" / "report.json")
+  l2 = jr.Report.from_dict({**l2.to_dict(), "attacks": {
+      name: {**summary, "norm": "l2"} for name, summary in l2.to_dict()["attacks"].items()}})
+  l2.save(root / "l2")
+  assert cli.main(["compare", str(root / "reference" / "report.json"), str(root / "l2"),
+                   "--out", str(out)]) == 0
+  assert "warning: the reports are for different norms (reference: linf, l2: l2)" in \
+      capsys.readouterr().err
 
 
 def test_a_masked_model_is_diagnosed_printed_and_saved(workspace, capsys):

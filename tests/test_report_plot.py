@@ -185,6 +185,11 @@ def test_with_certified_save_load_and_refusals(tmp_path):
   with pytest.raises(ValueError, match="eps grid"):
     r.with_certified("x", jr.Curve(EPS + 1, np.float32(0.9), flags.mean(1), flags,
                                    np.float32(0)))
+  with pytest.raises(ValueError, match="certified curve is for the l2 norm and the report's"):
+    r.with_certified("smoothing", certified, norm="l2")  # a Linf report
+  assert jr.Report.load(tmp_path / "report.json") == c  # the file names its folder
+  with pytest.raises(FileNotFoundError, match="no report.json in"):
+    jr.Report.load(tmp_path / "nowhere")
 
 
 def _line(ax, gid):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import pathlib
+import sys
 import textwrap
 from collections.abc import Sequence
 from typing import Any
@@ -35,16 +36,19 @@ def add_parser(commands: Any) -> None:
 def run_compare(args: argparse.Namespace) -> dict[str, Any]:
   """Loads the saved reports, prints their worst-case curves side by side, writes the overlay.
   Raises :class:`UserError` for a ``--out`` that could not be written (checked first: a folder, a
-  missing or unwritable folder), bad labels, and a missing or malformed ``report.json``."""
+  missing or unwritable folder), bad labels, a missing or malformed ``report.json`` (a report is
+  its folder or that file); warns (stderr) when the reports are for different norms."""
   check_file_target("--out", args.out, example="compare.png", create_folders=False)
+  # A report is its folder or that folder's report.json.
+  folders = [d.parent if d.name == "report.json" and d.is_file() else d for d in args.reports]
   labels = ([s.strip() for s in args.labels.split(",")] if args.labels
-            else [d.resolve().name for d in args.reports])
-  if len(labels) != len(args.reports):
-    raise UserError(f"{len(labels)} labels for {len(args.reports)} reports")
+            else [d.resolve().name for d in folders])
+  if len(labels) != len(folders):
+    raise UserError(f"{len(labels)} labels for {len(folders)} reports")
   if len(set(labels)) != len(labels):
     raise UserError(f"labels must differ, got {labels} (pass --labels)")
   reports = {}
-  for label, directory in zip(labels, args.reports):
+  for label, directory in zip(labels, folders):
     if not (directory / "report.json").is_file():
       raise UserError(f"{directory} has no report.json")
     try:
@@ -55,6 +59,11 @@ def run_compare(args: argparse.Namespace) -> dict[str, Any]:
       raise UserError(f"cannot read {directory / 'report.json'}: it is not a report written by "
                       f"jaxrobust evaluate or Report.save (a field has the wrong type: "
                       f"{one_line(error)})") from error
+  norms = {label: r.worst_case.norm for label, r in reports.items()}
+  if len(set(norms.values())) > 1:
+    shown = ", ".join(f"{label}: {norm}" for label, norm in norms.items())
+    print(f"warning: the reports are for different norms ({shown}): their eps axes measure "
+          "different things, so the overlay's curves are not comparable", file=sys.stderr)
   print(compare_table(reports))
   jr.plotting.plot_reports(reports, args.out)
   print(f"Overlay written to {args.out.resolve()}")
