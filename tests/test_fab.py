@@ -149,10 +149,14 @@ def test_linear_model_lands_on_the_minimal_distance(norm, mode):
   assert not np.asarray(below.success).any()
   assert np.all(np.isinf(np.asarray(below.norm)))
   np.testing.assert_array_equal(np.asarray(below.x_adv), np.asarray(x))
-  # ... and a budget equal to the norm found keeps every point (no strict "< eps" test).
+  # ... and a budget equal to the norm found keeps every point (no strict "< eps" test). In L2
+  # and L1 a point on the sphere comes back 2**-19 of eps inside it (engine/scoring.inside_ball:
+  # a norm's rounding depends on the order of summation), in Linf exactly where it was.
   exact = run(x, y, result.norm)
   assert np.asarray(exact.success).all()
-  np.testing.assert_array_equal(np.asarray(exact.x_adv), x_adv)
+  assert np.all(np.asarray(exact.norm) <= np.asarray(result.norm))
+  np.testing.assert_allclose(np.asarray(exact.x_adv), x_adv, rtol=0,
+                             atol=0 if norm == "linf" else 2e-6)
 
 
 def _targeted_distance(model, x, target):

@@ -269,9 +269,12 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
   eps = like_batch(jnp.broadcast_to(jnp.asarray(budget.eps, x.dtype), x.shape[:1]), x)
   x_adv = round_toward(inside_ball(x_adv, x, eps, attack.norm), x_input)
   # Rounding towards x keeps every coordinate's distance, so the ball still holds; a row that
-  # float rounding still leaves outside (see inside_ball) falls back to x.
-  outside = projections.norm(x_adv.astype(x.dtype) - x, attack.norm) > eps
+  # float rounding still leaves outside (see inside_ball) falls back to x. The norm reported is
+  # this one computation of it, so result.norm <= eps holds exactly.
+  size = projections.norm(x_adv.astype(x.dtype) - x, attack.norm)
+  outside = size > eps
   x_adv = jnp.where(expand(outside, x.ndim), x_input, x_adv)
+  size = jnp.where(outside, jnp.zeros_like(size), size)
   if attack.samples:
     counts, logits = randomized.votes(logits_fn, x_adv, fold_in(keys, _SCORE_DRAWS),
                                       attack.samples)
@@ -293,7 +296,6 @@ def score(attack: Attack, logits_fn: Callable[..., Array], x_input: Array, x: Ar
   broken = broken | clean_wrong
   if target is None:
     success = success | clean_wrong
-  size = projections.norm(x_adv.astype(x.dtype) - x, attack.norm)
   if attack.minimum_norm:
     size = jnp.where(success, size, jnp.inf)
   info = dict(info)
