@@ -86,6 +86,16 @@ def mlp(seed: int, dim: int, hidden: int, classes: int):
   return lambda x: mlp_logits(params, x)
 
 
+def box_points(lower, upper, seed, count=256):
+  """``[2 * count, *shape]``: uniform points of the box ``[lower, upper]``, then random vertices
+  (where bounds of a piecewise-linear model are tightest)."""
+  key_uniform, key_vertex = jax.random.split(jax.random.key(seed))
+  uniform = jax.random.uniform(key_uniform, (count,) + lower.shape)
+  vertex = jax.random.bernoulli(key_vertex, 0.5, (count,) + lower.shape).astype(jnp.float32)
+  lower, width = lower[None], (upper - lower)[None]
+  return jnp.concatenate([lower + uniform * width, lower + vertex * width])
+
+
 def assert_explicit_sharding_matches_one_device(run, *args, sharded_args):
   """``run(*args, *batch_arrays)`` on 8 devices (Explicit mesh, batch-sharded) equals one device.
 

@@ -16,6 +16,7 @@ from jax import lax
 
 from jaxrobust import certify
 from jaxrobust.certify._jaxpr import trace
+from tests.models import box_points
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -34,15 +35,6 @@ def _box(seed, shape, radius=0.3):
   centre = _normal(seed, shape)
   spread = jnp.asarray(np.random.default_rng(seed + 1).uniform(0, radius, size=shape), jnp.float32)
   return centre - spread, centre + spread
-
-
-def _points(lower, upper, seed, count=256):
-  """``[2 * count, *shape]``: uniform points of the box, then random vertices."""
-  key_uniform, key_vertex = jax.random.split(jax.random.key(seed))
-  uniform = jax.random.uniform(key_uniform, (count,) + lower.shape)
-  vertex = jax.random.bernoulli(key_vertex, 0.5, (count,) + lower.shape).astype(jnp.float32)
-  lower, width = lower[None], (upper - lower)[None]
-  return jnp.concatenate([lower + uniform * width, lower + vertex * width])
 
 
 def _assert_inside(values, lo, hi):
@@ -66,7 +58,7 @@ def _jitted(fn):
 
 def _assert_sound(fn, lower, upper, seed=0):
   """Both methods contain ``fn`` at sampled points and CROWN's interval lies inside IBP's."""
-  values, ibp, crown = _jitted(fn)(_points(lower, upper, seed), lower, upper)
+  values, ibp, crown = _jitted(fn)(box_points(lower, upper, seed), lower, upper)
   for lo, hi in (ibp, crown):
     assert lo.shape == hi.shape == values.shape[1:] and lo.dtype == jnp.float32
     _assert_inside(values, lo, hi)
@@ -315,7 +307,7 @@ def _all_cases(shape):
 def test_each_primitive_is_bounded_soundly(shape):
   combined, owner = _all_cases(shape)
   lower, upper = _box(30, shape, radius=0.5)
-  values, ibp, crown = _jitted(combined)(_points(lower, upper, 0), lower, upper)
+  values, ibp, crown = _jitted(combined)(box_points(lower, upper, 0), lower, upper)
   values = np.asarray(values, np.float64)
   tol = 1e-5 * (1.0 + np.abs(values))
   for method, (lo, hi) in (("ibp", ibp), ("crown", crown)):
@@ -377,7 +369,7 @@ def test_jit_equals_eager_and_a_new_box_does_not_retrace():
 
 def test_vmap_over_boxes_matches_one_box_at_a_time():
   lower, upper = _box(42, (3, 2, 3))
-  points = _points(lower[0], upper[0], 0)  # the MLP test compiled this shape already
+  points = box_points(lower[0], upper[0], 0)  # the MLP test compiled this shape already
   singles = [_jitted(MLP)(points, lower[i], upper[i])[1:] for i in range(3)]
   for index, method in enumerate((certify.interval_bounds, certify.linear_bounds)):
     batched = _jit(jax.vmap(lambda l, u: method(MLP, l, u)))(lower, upper)
@@ -488,7 +480,7 @@ def test_stack_split_tile_and_unstack_are_bounded_as_their_concatenate_and_slice
   if hasattr(lax, "stack_p"):  # JAX releases that have these primitives
     assert {"stack", "tile", "slice"} <= names
   lower, upper = _box(62, (2, 3), radius=0.5)
-  points = _points(lower, upper, 63)
+  points = box_points(lower, upper, 63)
   values, ibp, crown = _bounds_with_weights(_with_stack_split_tile)(weights, points, lower, upper)
   _, ibp_ref, crown_ref = _bounds_with_weights(_with_concatenate_slices)(weights, points, lower,
                                                                          upper)
@@ -506,7 +498,7 @@ def test_margin_bounds_are_sound_and_merging_the_margin_is_tighter():
   ibp = margins_of(MLP, y, lower, upper, method="ibp")
   crown_ibp = margins_of(MLP, y, lower, upper, method="crown-ibp")
   crown = margins_of(MLP, y, lower, upper, method="crown")
-  logits = jax.vmap(MLP)(_points(lower, upper, 48))  # [N, B, C]
+  logits = jax.vmap(MLP)(box_points(lower, upper, 48))  # [N, B, C]
   margins = jnp.take_along_axis(logits, y[None, :, None], axis=2) - logits
   others = np.asarray(jnp.arange(4)[None, :] != y[:, None])
   for bound in (ibp, crown_ibp, crown):

@@ -27,6 +27,7 @@ from jaxrobust import certify
 from jaxrobust.certify import _primitives as prim
 from jaxrobust.certify._jaxpr import trace
 from jaxrobust.model import model_of
+from tests.models import box_points
 
 pytestmark = pytest.mark.compile_bound  # see tests/conftest.py
 
@@ -114,15 +115,6 @@ CNN_PARAMS = (_normal(30, (3, 3, 1, 4), 0.5), _normal(31, (1, 1, 1, 4), 0.2),
 NETWORKS = {"mlp": (_mlp, MLP_PARAMS, (2, 8)), "cnn": (_cnn, CNN_PARAMS, (2, 6, 6, 1))}
 
 
-def _points(lower, upper, seed, count=256):
-  """``[2 * count, *shape]``: uniform points of the box, then random vertices."""
-  key_uniform, key_vertex = jax.random.split(jax.random.key(seed))
-  uniform = jax.random.uniform(key_uniform, (count,) + lower.shape)
-  vertex = jax.random.bernoulli(key_vertex, 0.5, (count,) + lower.shape).astype(jnp.float32)
-  lower, width = lower[None], (upper - lower)[None]
-  return jnp.concatenate([lower + uniform * width, lower + vertex * width])
-
-
 def _extremes(model, lower, upper, steps=30):
   """``[2C, *shape]``: points of the box pushed (signed gradient) to each logit's maximum, then
   minimum, for every example at once."""
@@ -165,7 +157,7 @@ def _bounds_and_points(name, dtype_name):
     lower, upper = jnp.clip(x - eps, 0.0, 1.0), jnp.clip(x + eps, 0.0, 1.0)
     y = jnp.argmax(model(x), axis=-1)
     points = jnp.concatenate([
-        _points(lower, upper, 0), _extremes(model, lower, upper),
+        box_points(lower, upper, 0), _extremes(model, lower, upper),
         _attacked(model, x, y, eps, lower, upper, key)])
     margins = {method: certify.margin_bounds(model, y, lower, upper, method=method)
                for method in ("ibp", "crown-ibp", "crown")}

@@ -174,7 +174,7 @@ MARGIN = 2.0**-20
 norm comes within this of ``eps``: more than a norm's rounding differs between two orders of
 summation, so that any program, and the user's own check, finds the point inside."""
 
-SHRINKS = (2.0**-19, 2.0**-15, 2.0**-11)
+SHRINKS = (2.0**-19, 2.0**-11)
 """The relative distances below ``eps`` to which :func:`inside_ball` scales such a row, one per
 try (the first almost always suffices: the rounding of ``x + d`` is what can undo it)."""
 
@@ -189,16 +189,16 @@ def inside_ball(x_adv: Array, x: Array, eps: Array, norm: str) -> Array:
   rounding of the norm and of ``x + d`` (Square L2 at eps 0.5: 0.50000024). Here
 
   * Linf: each coordinate is clipped to ``[fl(x - eps), fl(x + eps)]``, then stepped one float
-    towards ``x`` where ``|fl(result - x)| > eps``, twice (a bound ``fl(x + eps)`` is within half
-    a unit of the real sum, so the float below it is not above it, and rounding is monotone):
-    exact;
+    towards ``x`` where ``|fl(result - x)| > eps`` (a bound ``fl(x + eps)`` is within half a unit
+    of the real sum, so the float below it is not above it, and rounding is monotone): exact;
   * L2, L1: a norm is a sum, whose rounding depends on the order of summation, which XLA
     chooses per program (fusion, vectorisation, the batch's layout over devices): the same
     array's norm can differ by a unit in the last place between two places of one program. So a
     row whose norm exceeds ``eps (1 - MARGIN)`` (:data:`MARGIN`, ``2**-20``; a point on the sphere
     does) is scaled to ``eps (1 - s)``, ``s`` the first of :data:`SHRINKS` that brings it below
-    that (the first, ``2**-19``, almost always does): a few times ``2**-20`` of ``eps`` inside,
-    more than any order of summation changes a norm.
+    that (the first, ``2**-19``, almost always does; the second, ``2**-11``, where the rounding of
+    ``x + d`` is large against ``eps``, e.g. an eps of a few units on a ``[0, 255]`` box): a few
+    times ``2**-20`` of ``eps`` inside, more than any order of summation changes a norm.
 
   Every check reads the values as stored, behind ``jax.lax.optimization_barrier``: otherwise XLA
   may simplify ``(x + eps) - x`` to ``eps`` and pass a point that is outside. A scaled row stays
@@ -222,11 +222,8 @@ def inside_ball(x_adv: Array, x: Array, eps: Array, norm: str) -> Array:
   """
   radius = expand(eps.astype(x.dtype), x.ndim)
   if norm == "linf":
-    out = jnp.clip(x_adv, x - radius, x + radius)
-    for _ in range(2):  # static
-      out = jax.lax.optimization_barrier(out)
-      out = jnp.where(jnp.abs(out - x) > radius, jnp.nextafter(out, x), out)
-    return jax.lax.optimization_barrier(out)
+    out = jax.lax.optimization_barrier(jnp.clip(x_adv, x - radius, x + radius))
+    return jnp.where(jnp.abs(out - x) > radius, jnp.nextafter(out, x), out)
   eps = eps.astype(x.dtype)
   for shrink in SHRINKS:  # static: a few element-wise passes, no loop around the model
     x_adv = jax.lax.optimization_barrier(x_adv)
