@@ -93,6 +93,26 @@ def check_keys(key: Array, batch: int) -> Array:
   return key
 
 
+def single_key(key: Array, per_example: str) -> Array:
+  """``key`` (a typed ``[]`` PRNG key or raw ``uint32[2]``) typed; a ``ValueError`` for anything
+  else, ``per_example`` saying why several keys are not taken.
+
+  Examples:
+    >>> import jax
+    >>> single_key(jax.random.key(0), "").shape
+    ()
+  """
+  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+  if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+    if key.dtype != jnp.uint32 or key.ndim != 1:
+      raise ValueError(f"key must be one jax.random.key (or raw uint32[2]), got dtype {key.dtype},"
+                       f" shape {key.shape}.")
+    key = jax.random.wrap_key_data(key)
+  if key.shape != ():
+    raise ValueError(f"key must be a single PRNG key, got shape {key.shape}; {per_example}.")
+  return key
+
+
 def like_batch(a: Array, x: Array) -> Array:
   """``a`` (``[B, ...]``) typed like ``x``'s batch: resharded like its batch axis when ``x``'s type
   shows one, and varying over the manual axes ``x`` varies over.

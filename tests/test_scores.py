@@ -97,7 +97,7 @@ def test_unscored_only_and_bad_input():
     h.compute(interval="bootstrap")
   with pytest.raises(ValueError, match="jax.random.key"):  # an int, not JAX's internal error
     h.compute(interval="bootstrap", key=0)
-  with pytest.raises(ValueError, match="one key"):
+  with pytest.raises(ValueError, match=r"single PRNG key, got shape \(2,\); interval='bootstrap'"):
     h.compute(interval="bootstrap", key=jax.random.split(jax.random.key(0), 2))
   with pytest.raises(ValueError, match="jax.random.key"):
     metrics.JudgedRate.from_verdicts(jnp.array([[1, 0, -1]])).compute(k=2, interval="bootstrap",

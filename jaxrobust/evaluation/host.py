@@ -14,12 +14,12 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from jaxrobust._batch import single_key
 from jaxrobust._options import RunOptions
 from jaxrobust._types import Attack
 from jaxrobust._validation import check_batch, check_bounds, check_positive_int
@@ -86,7 +86,7 @@ def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, 
   for attack in attacks.values():
     options.check_curve(attack)
   check_bounds(lower, upper)
-  key = _single_key(key)
+  key = single_key(key, "per-example keys derive from it and the global example index")
   num_processes, process_index = jax.process_count(), jax.process_index()
   if batch_size % num_processes:
     raise ValueError(f"batch_size {batch_size} must be a multiple of the process count "
@@ -112,19 +112,6 @@ def plan_run(attacks: Any, epsilons: Any, key: Any, batch_size: Any, mesh: Any, 
               key=key, key_data=np.asarray(jax.random.key_data(key)), lower=float(lower),
               upper=float(upper), mesh=mesh, axis=axis, use_shard_map=use_shard_map,
               num_processes=num_processes, process_index=process_index, options=options)
-
-
-def _single_key(key: Any) -> Array:
-  key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-  if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-    if key.dtype != jnp.uint32 or key.ndim != 1:
-      raise ValueError(f"key must be one jax.random.key (or raw uint32[2]), got dtype {key.dtype},"
-                       f" shape {key.shape}.")
-    key = jax.random.wrap_key_data(key)
-  if key.shape != ():
-    raise ValueError(f"key must be a single PRNG key, got shape {key.shape}; per-example keys "
-                     "derive from it and the global example index.")
-  return key
 
 
 def put(plan: Plan, a: np.ndarray, batched: bool) -> Any:

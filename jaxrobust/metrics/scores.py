@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrobust._batch import check_keys
+from jaxrobust._batch import single_key
 from jaxrobust._validation import bad_entries, check_positive_int, check_values, is_concrete
 from jaxrobust.metrics.conventions import array_namespace, row_mask
 from jaxrobust.metrics.intervals import alpha_of, hoeffding_half_width
@@ -419,10 +419,7 @@ def histogram_mean(counts: ArrayLike, values: ArrayLike, confidence: ArrayLike =
     if key is None:
       raise ValueError("interval='bootstrap' draws its resamples from an explicit key: pass "
                        "key=jax.random.key(seed).")
-    key = check_keys(key, (np.shape(key) or (1,))[0])  # validated as one key or several
-    if key.ndim:
-      raise ValueError(f"interval='bootstrap' takes one key, got keys of shape {key.shape}: "
-                       "pass key=jax.random.key(seed).")
+    key = single_key(key, "interval='bootstrap' draws all its resamples from one key")
   if isinstance(counts, np.ndarray) or np.isscalar(counts):
     counts = np.asarray(counts, np.float64).astype(np.float32)  # host int64: never via int32
   counts = jnp.asarray(counts).astype(jnp.float32)
